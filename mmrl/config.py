@@ -1,0 +1,238 @@
+"""Typed run configuration: nested dataclasses, YAML deltas, `key=value` overrides.
+
+`load("recipe.yaml", ["train.lr=1e-4"])` merges defaults <- YAML <- overrides with OmegaConf in
+struct mode, so an unknown key or a wrong type fails at load time with the key's full path.
+Algorithm presets (`algo.preset: dapo`) fill in the family's defaults *under* whatever the YAML
+sets explicitly, so a recipe can say "DAPO, but with clip_high 0.3".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+@dataclass
+class DataConfig:
+    train: str = MISSING  # JSONL / JSON / Parquet / HF dataset dir
+    eval: Optional[str] = None  # held-out set for before/after and in-loop evaluation
+    format: str = "mmrl"  # record adapter: mmrl | vlm_r1 | r1v | video_r1 | r1_aqa | time_r1
+    generate: Optional[str] = None  # synthetic generator that writes `train`/`eval` if missing
+    generate_kwargs: dict[str, Any] = field(default_factory=dict)
+    max_samples: Optional[int] = None
+    shuffle: bool = True
+    on_bad_sample: str = "error"  # error: stop naming record and file | skip: skip and count
+    image_min_pixels: Optional[int] = None  # per-image pixel budget (rounded to multiples of 28^2)
+    image_max_pixels: Optional[int] = None
+
+
+@dataclass
+class ModelConfig:
+    family: str = "qwen2_5_vl"  # registered adapter: `mmrl ls models`
+    path: str = "tiny"  # HF-format checkpoint dir, or "tiny" for the adapter's offline tiny twin
+    tiny: dict[str, Any] = field(default_factory=dict)  # overrides for adapter.tiny()
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2
+    gradient_checkpointing: bool = False
+    freeze: list[str] = field(default_factory=list)  # parameter-name prefixes or: vision, audio
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "hf"  # hf | vllm
+    prompts_per_step: int = 8  # B: prompts sampled per optimizer step
+    num_generations: int = 8  # G: completions per prompt (one group)
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+
+
+@dataclass
+class RewardSpec:
+    name: str = MISSING  # a reward in `mmrl ls rewards`, or "pkg.mod:fn"
+    weight: float = 1.0
+    params: dict[str, Any] = field(default_factory=dict)  # bound as keyword arguments
+    tasks: Optional[list[str]] = None  # score only samples of these tasks (None: all)
+
+
+@dataclass
+class AlgoConfig:
+    preset: Optional[str] = None  # grpo | dr_grpo | dapo | gspo | rloo | reinforce_pp
+    advantage: str = "grpo"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    agg: str = "seq_mean_token_mean"  # token_mean | seq_mean_token_mean | seq_mean_token_sum_norm
+    ratio: str = "token"  # token | sequence (GSPO)
+    beta: float = 0.0  # KL weight; 0 loads no reference model
+    kl: str = "k3"
+    num_iterations: int = 1  # updates per rollout (>1 reuses it with stored old logprobs)
+    dynamic_sampling: bool = False  # DAPO: drop zero-std groups, sample until the batch is full
+    max_sampling_rounds: int = 8
+    overlong_filter: bool = False  # DAPO: mask truncated completions out of the loss
+
+
+# What each preset means; applied under explicit YAML/CLI values.
+PRESETS: dict[str, dict[str, Any]] = {
+    "grpo": {"advantage": "grpo", "agg": "seq_mean_token_mean"},
+    "dr_grpo": {"advantage": "dr_grpo", "agg": "seq_mean_token_sum_norm"},
+    "dapo": {"advantage": "grpo", "agg": "token_mean", "clip_high": 0.28,
+             "dynamic_sampling": True, "overlong_filter": True},
+    "gspo": {"advantage": "grpo", "ratio": "sequence", "agg": "seq_mean_token_mean",
+             "clip_low": 3e-4, "clip_high": 4e-4},
+    "rloo": {"advantage": "rloo", "agg": "token_mean"},
+    "reinforce_pp": {"advantage": "reinforce_pp", "agg": "token_mean"},
+}
+
+
+@dataclass
+class SFTConfig:
+    """Optional supervised warm-up on the answers before RL (teaches format on a fresh model)."""
+
+    steps: int = 0  # 0 = off (maximum steps when stop_accuracy is set)
+    target: str = "<answer>{solution}</answer>"  # completion to imitate, formatted per sample
+    val_samples: int = 64  # held out of the SFT draws to decide when to stop
+    lr: float = 1e-3
+    batch_size: int = 32
+    eval_every: int = 10
+    stop_accuracy: Optional[float] = None  # stop once held-out greedy accuracy reaches this
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 100
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    lr_schedule: str = "constant"  # constant | linear | cosine (all after warmup)
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 8  # rows per forward/backward; result independent of it
+    seed: int = 0
+    save_every: int = 0  # 0 = only at the end
+    keep_checkpoints: int = 2
+    resume: str = "none"  # none | auto | path to a checkpoint dir
+    eval_every: int = 0  # in-loop held-out evaluation (0 = off)
+    keep_best: bool = False  # restore the best in-loop checkpoint at the end (needs eval_every)
+
+
+@dataclass
+class EvalConfig:
+    max_samples: Optional[int] = None
+    batch_size: int = 32
+    max_new_tokens: Optional[int] = None  # default: rollout.max_new_tokens
+    metric_reward: str = "accuracy"  # reward whose mean is reported as `accuracy`
+    before_rl: bool = True  # evaluate before RL (after SFT) for summary.json
+    shuffled_images: bool = False  # also evaluate with images shuffled across samples
+
+
+@dataclass
+class LogConfig:
+    run_dir: Optional[str] = None  # default: runs/<name>
+    tensorboard: bool = True
+    wandb: bool = False
+    rollouts_every: int = 10  # write a sample of rollouts every N steps
+    rollouts_per_step: int = 8
+    progress: str = "auto"  # auto (rich bar on a TTY, lines otherwise) | bar | lines | off
+    log_every: int = 10  # lines mode: print a line every N steps
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    rewards: list[RewardSpec] = field(default_factory=list)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.log.run_dir or f"runs/{self.name}")
+
+
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _apply_preset(merged: DictConfig, explicit_keys: set[str]) -> None:
+    preset = merged.algo.preset
+    if preset is None:
+        return
+    if preset not in PRESETS:
+        raise ConfigError(f"algo.preset: unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    for key, value in PRESETS[preset].items():
+        if key not in explicit_keys:
+            merged.algo[key] = value
+
+
+def _override(merged: DictConfig, item: str) -> str:
+    """Apply one `a.b.c=value` (value parsed as YAML) with the schema's checks; returns the key."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {item!r}: expected key=value")
+    value = yaml.safe_load(raw) if raw else ""
+    if isinstance(value, str) and _NUMBER.fullmatch(value):  # YAML 1.1 reads "1e-4" as a string
+        value = float(value)
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(merged, parent_key) if parent_key else merged
+    if parent is None:
+        raise ConfigError(f"override {item!r}: no config section {parent_key!r}")
+    if isinstance(parent, ListConfig):
+        parent[int(leaf)] = value
+    else:
+        setattr(parent, leaf, value)  # struct mode: unknown key / wrong type raise with full_key
+    return key
+
+
+def load(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """Defaults <- YAML <- overrides; returns a typed RunConfig (dataclass instance)."""
+    where = f"{path}: " if path else ""
+    try:
+        merged = OmegaConf.structured(RunConfig)
+        explicit: set[str] = set()
+        if path:
+            layer = OmegaConf.load(path)
+            explicit |= set((layer.get("algo") or {}).keys())
+            merged = OmegaConf.merge(merged, layer)
+        for item in overrides or []:
+            key = _override(merged, item)
+            if key.startswith("algo."):
+                explicit.add(key.split(".")[1])
+        _apply_preset(merged, explicit)
+        missing = sorted(OmegaConf.missing_keys(merged))
+        if missing:
+            raise ConfigError(f"{where}required key(s) not set: {', '.join(missing)}")
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:  # unknown key / wrong type: message carries the key path
+        raise ConfigError(f"{where}{_short(e)}") from None
+    if path and cfg.log.run_dir is None and cfg.name == "run":
+        cfg.name = Path(path).stem if Path(path).stem != "config" else Path(path).parent.name
+    return cfg
+
+
+def _short(e: Exception) -> str:
+    lines = [ln for ln in str(e).splitlines() if ln.strip()]
+    keep = [ln for ln in lines if not ln.strip().startswith(("object_type", "reference_type"))]
+    return " | ".join(keep)
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def save(cfg: RunConfig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(to_yaml(cfg))

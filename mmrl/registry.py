@@ -1,0 +1,54 @@
+"""Name -> object registries. `Registry.get("pkg.mod:attr")` imports user code without registering it."""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def deco(obj: T) -> T:
+            if name in self._items and self._items[name] is not obj:
+                raise KeyError(f"{self.kind} {name!r} is already registered")
+            self._items[name] = obj
+            return obj
+
+        return deco
+
+    def add(self, name: str, obj: T) -> T:
+        return self.register(name)(obj)
+
+    def get(self, name: str) -> T:
+        if name in self._items:
+            return self._items[name]
+        if ":" in name:  # escape hatch: "my_pkg.my_mod:my_fn"
+            mod, _, attr = name.partition(":")
+            try:
+                return getattr(importlib.import_module(mod), attr)
+            except (ImportError, AttributeError) as e:
+                raise KeyError(f"{self.kind} {name!r}: cannot import ({e})") from e
+        raise KeyError(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._items
+
+    def __getitem__(self, name: str) -> T:
+        return self.get(name)
+
+    def __iter__(self):
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(n, self._items[n]) for n in self.names()]
