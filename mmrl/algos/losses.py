@@ -1,0 +1,187 @@
+"""Clipped policy-gradient loss (PPO / GRPO / DAPO / Dr.GRPO / GSPO), pure over tensors.
+
+Shapes: ``logp, old_logp, ref_logp, mask: [N, L]`` (completion tokens), ``adv: [N]`` (or
+``[N, L]`` for per-token advantages). ``mask`` may be bool or float (float values act as
+per-token weights; a token is *valid* where mask > 0).
+
+Per-token loss (DAPO "clip-higher" when clip_high > clip_low):
+
+    l_t = max(-A r_t, -A clip(r_t, 1 - clip_low, 1 + clip_high)) + beta * KL_t
+
+Importance ratio ``r_t``:
+
+* ``ratio="token"`` (PPO/GRPO):  r_t = exp(logp_t - old_logp_t)
+* ``ratio="sequence"`` (GSPO):   s_i = exp(mean_{t valid}(logp_t - old_logp_t)), implemented as
+  GSPO-token  r_t = sg[s_i] * exp(logp_t - sg[logp_t])  so the value is s_i on every token and
+  the gradient of any aggregation that weights a sequence's tokens uniformly equals the gradient
+  of the per-sequence objective (checked against autograd of the direct formula in the tests).
+
+Aggregation (``agg``), with m the mask and ``normalizer`` replacing the batch-local denominator:
+
+* "token_mean"              (DAPO):    sum_{i,t} m l / (normalizer or sum m)
+* "seq_mean_token_mean"     (GRPO):    sum_i [sum_t m l / sum_t m] / (normalizer or N)
+* "seq_mean_token_sum_norm" (Dr.GRPO): sum_i [sum_t m l / max_len] / (normalizer or N)
+
+Micro-batching: every mode is a plain sum over rows divided by one number, so a trainer that
+splits N rows into micro-batches and passes ``normalizer`` = the *global* token count
+(token_mean) or the global N (seq modes) gets sum(micro losses) == one-shot loss, and the same
+gradients. Metrics are computed over the micro-batch only.
+
+Log-ratios are clamped to +-20 before exp (float32 overflows near 88; verl clamps likewise).
+Inputs below float32 are upcast to float32. ``old_logp``, ``ref_logp`` and ``adv`` are detached.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from mmrl.algos.kl import KL_KINDS, kl_penalty
+
+AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+RATIO_LEVELS = ("token", "sequence")
+_MAX_LOG_RATIO = 20.0
+
+
+def _safe_div(num: Tensor, denom) -> Tensor:
+    """num / denom, with denom <= 0 treated as 1 (an all-masked batch has num == 0 -> loss 0)."""
+    d = torch.as_tensor(denom, dtype=num.dtype, device=num.device)
+    return num / torch.where(d > 0, d, torch.ones_like(d))
+
+
+def _validate(logp, old_logp, adv, mask, ref_logp, *, agg, ratio, beta, kl, max_len, clip_low):
+    if logp.dim() != 2:
+        raise ValueError(f"logp must be [N, L]; got {tuple(logp.shape)}")
+    for name, t in (("old_logp", old_logp), ("mask", mask)):
+        if t.shape != logp.shape:
+            raise ValueError(f"{name} {tuple(t.shape)} must match logp {tuple(logp.shape)}")
+    if adv.shape not in (logp.shape[:1], logp.shape):
+        raise ValueError(f"adv must be [N] or [N, L]; got {tuple(adv.shape)} for logp {tuple(logp.shape)}")
+    if agg not in AGG_MODES:
+        raise ValueError(f"unknown agg {agg!r}; expected one of {AGG_MODES}")
+    if ratio not in RATIO_LEVELS:
+        raise ValueError(f"unknown ratio {ratio!r}; expected one of {RATIO_LEVELS}")
+    if agg == "seq_mean_token_sum_norm" and (max_len is None or max_len <= 0):
+        raise ValueError("agg='seq_mean_token_sum_norm' needs max_len (the generation budget) > 0")
+    if not 0.0 <= clip_low < 1.0:
+        raise ValueError(f"clip_low must be in [0, 1); got {clip_low}")
+    if beta != 0.0:
+        if ref_logp is None:
+            raise ValueError("beta != 0 needs ref_logp")
+        if ref_logp.shape != logp.shape:
+            raise ValueError(f"ref_logp {tuple(ref_logp.shape)} must match logp {tuple(logp.shape)}")
+        if kl not in KL_KINDS:
+            raise ValueError(f"unknown kl {kl!r}; expected one of {KL_KINDS}")
+
+
+def importance_ratio(logp: Tensor, old_logp: Tensor, valid: Tensor, level: str = "token") -> Tensor:
+    """Per-token ratio [N, L]; 1.0 on invalid tokens. See the module docstring for both levels.
+
+    Invalid positions are replaced *before* any arithmetic that could overflow, so padding that
+    holds -inf/NaN log-probs can neither poison the forward value nor the gradient.
+    """
+    zero = torch.zeros_like(logp)
+    log_ratio = torch.where(valid, logp - old_logp, zero)
+    if level == "token":
+        return log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).exp()
+    m = valid.to(logp.dtype)
+    seq_log_ratio = (log_ratio * m).sum(-1) / m.sum(-1).clamp(min=1.0)  # length-normalised (GSPO)
+    seq_log_ratio = seq_log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    # value: exactly s_i (logp - sg[logp] == 0); gradient: s_i * d logp_t (GSPO-token).
+    token_delta = torch.where(valid, logp - logp.detach(), zero)
+    return (seq_log_ratio.detach().unsqueeze(-1) + token_delta).exp()
+
+
+def aggregate_loss(per_token: Tensor, mask: Tensor, agg: str, *, max_len=None, normalizer=None) -> Tensor:
+    """Reduce a per-token loss [N, L] to a scalar; formulas in the module docstring.
+
+    ``mask`` is float (weights); ``per_token`` must already be finite where mask == 0.
+    """
+    weighted = per_token * mask
+    if agg == "token_mean":
+        denom = mask.sum() if normalizer is None else normalizer
+        return _safe_div(weighted.sum(), denom)
+    if agg == "seq_mean_token_mean":
+        per_seq = _safe_div(weighted.sum(-1), mask.sum(-1))  # all-masked row -> 0, not NaN
+    elif agg == "seq_mean_token_sum_norm":
+        if max_len is None:
+            raise ValueError("agg='seq_mean_token_sum_norm' needs max_len")
+        per_seq = weighted.sum(-1) / float(max_len)
+    else:
+        raise ValueError(f"unknown agg {agg!r}; expected one of {AGG_MODES}")
+    denom = per_token.shape[0] if normalizer is None else normalizer
+    return _safe_div(per_seq.sum(), denom)
+
+
+@torch.no_grad()
+def _metrics(r: Tensor, a: Tensor, valid: Tensor, clip_low: float, clip_high: float, kl_tok) -> dict:
+    """Micro-batch metrics over valid tokens, as Python floats (one device sync for all)."""
+    r, a = r.detach(), a.detach().expand_as(r)
+    n = valid.sum().clamp(min=1).to(r.dtype)
+    low = (valid & (r < 1.0 - clip_low) & (a < 0)).sum() / n
+    high = (valid & (r > 1.0 + clip_high) & (a > 0)).sum() / n
+    has_any = valid.any()
+    one = torch.ones((), dtype=r.dtype, device=r.device)
+    # No valid token: report the neutral ratio 1.0 rather than NaN/inf.
+    r_mean = torch.where(has_any, torch.where(valid, r, 0).sum() / n, one)
+    r_min = torch.where(has_any, torch.where(valid, r, torch.inf).min(), one)
+    r_max = torch.where(has_any, torch.where(valid, r, -torch.inf).max(), one)
+    names = ["clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_min", "ratio_max"]
+    values = [low, high, r_mean, r_min, r_max]
+    if kl_tok is not None:
+        names.append("kl")
+        values.append(torch.where(valid, kl_tok.detach(), 0).sum() / n)
+    return dict(zip(names, torch.stack([v.to(r.dtype) for v in values]).tolist()))
+
+
+def policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    agg: str = "token_mean",
+    ratio: str = "token",
+    ref_logp: Tensor | None = None,
+    beta: float = 0.0,
+    kl: str = "k3",
+    max_len: int | None = None,
+    normalizer: float | Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped surrogate loss + optional per-token KL penalty; returns (loss, metrics).
+
+    l_t = max(-A r_t, -A clip(r_t, 1-clip_low, 1+clip_high)) + beta * KL_t, aggregated by
+    ``agg`` (module docstring). ``ratio`` is "token" (PPO/GRPO) or "sequence" (GSPO).
+    ``kl`` in {"k1","k2","k3"} (see mmrl.algos.kl); with beta == 0 the KL is not computed and
+    ``ref_logp`` may be None.
+
+    metrics (Python floats, over this call's valid tokens only): clip_frac_low (r < 1-clip_low
+    and A < 0), clip_frac_high (r > 1+clip_high and A > 0), ratio_mean/min/max, and kl (mean
+    KL_t) when beta != 0.
+    """
+    _validate(logp, old_logp, adv, mask, ref_logp, agg=agg, ratio=ratio, beta=beta, kl=kl,
+              max_len=max_len, clip_low=clip_low)
+    dtype = torch.promote_types(logp.dtype, torch.float32)
+    logp = logp.to(dtype)
+    old_logp = old_logp.detach().to(dtype)
+    valid = mask > 0 if mask.dtype != torch.bool else mask
+    m = mask.to(dtype)
+    a = adv.detach().to(dtype)
+    a = a.unsqueeze(-1) if a.dim() == 1 else a
+
+    r = importance_ratio(logp, old_logp, valid, ratio)
+    clipped = r.clamp(1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(-a * r, -a * clipped)
+
+    kl_tok = None
+    if beta != 0.0:
+        zero = torch.zeros_like(logp)
+        # Masked positions get logp == ref == 0 -> KL 0, so padding cannot overflow exp().
+        ref = torch.where(valid, ref_logp.detach().to(dtype), zero)
+        kl_tok = kl_penalty(torch.where(valid, logp, zero), ref, kl)
+        per_token = per_token + beta * kl_tok
+
+    per_token = torch.where(valid, per_token, torch.zeros_like(per_token))
+    loss = aggregate_loss(per_token, m, agg, max_len=max_len, normalizer=normalizer)
+    return loss, _metrics(r, a, valid, clip_low, clip_high, kl_tok)
