@@ -1,0 +1,213 @@
+"""Family-agnostic model calls: batch building, completion log-probabilities, HF sampling.
+
+One layout serves generation and training: prompts LEFT-padded to a common length, completions
+appended right-padded. generate() needs left padding; using the same layout for the training
+forward makes its log-probabilities equal the generation-time ones (to float error), which a
+unit test checks for every family.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import torch
+
+from mmrl.models.base import TOKEN_KEYS
+from mmrl.types import PromptFeatures
+
+
+def collate(prompts: Sequence[PromptFeatures], completion_ids: torch.Tensor | None = None,
+            completion_mask: torch.Tensor | None = None, pad_id: int = 0) -> dict:
+    """Model inputs for N rows (prompt i -> row i), ready for `model(**inputs)`.
+
+    input_ids/attention_mask/mm_token_type_ids: [N, P + L], prompts left-padded to P = the
+    longest prompt, completions (if given) appended; attention is 0 on left pads and where
+    `completion_mask` is 0. Media tensors: each row's own, concatenated along dim 0 in row order
+    (a PromptFeatures shared by G rows contributes its media G times). With completions the dict
+    also holds `logits_to_keep = L + 1`, so the LM head only runs over the positions that
+    predict completion tokens (logits[:, :-1] predict completion tokens 0..L-1).
+    """
+    if completion_ids is not None and completion_ids.shape[0] != len(prompts):
+        raise ValueError(f"collate: {len(prompts)} prompts but {completion_ids.shape[0]} completion rows")
+    width = max(p.tensors["input_ids"].shape[1] for p in prompts)
+    token_rows: dict[str, list[torch.Tensor]] = {k: [] for k in TOKEN_KEYS}
+    for p in prompts:
+        ids = p.tensors["input_ids"][0]
+        pad = width - ids.shape[0]
+        attn = p.tensors.get("attention_mask", torch.ones_like(ids[None]))[0]
+        types = p.tensors["mm_token_type_ids"][0]
+        token_rows["input_ids"].append(torch.cat([ids.new_full((pad,), pad_id), ids]))
+        token_rows["attention_mask"].append(torch.cat([attn.new_zeros(pad), attn]))
+        token_rows["mm_token_type_ids"].append(torch.cat([types.new_zeros(pad), types]))
+    out = {k: torch.stack(v) for k, v in token_rows.items()}
+    if completion_ids is not None:
+        if completion_mask is None:
+            completion_mask = torch.ones_like(completion_ids)
+        mask = completion_mask.to(out["attention_mask"].dtype)
+        # Tokens under mask 0 are never attended to, but the model still counts placeholder ids
+        # anywhere in input_ids against the media features: blank them to pad.
+        ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids, pad_id))
+        out["input_ids"] = torch.cat([out["input_ids"], ids.to(out["input_ids"].dtype)], 1)
+        out["attention_mask"] = torch.cat([out["attention_mask"], mask], 1)
+        out["mm_token_type_ids"] = torch.cat(
+            [out["mm_token_type_ids"], out["mm_token_type_ids"].new_zeros(ids.shape)], 1)
+        out["logits_to_keep"] = completion_ids.shape[1] + 1
+    media_keys = dict.fromkeys(k for p in prompts for k in p.tensors if k not in TOKEN_KEYS)
+    for key in media_keys:
+        out[key] = torch.cat([p.tensors[key] for p in prompts if key in p.tensors], 0)
+    return out
+
+
+def _to_device(inputs: dict, device: torch.device) -> dict:
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+
+
+def check_no_placeholders(completion_ids: torch.Tensor, completion_mask: torch.Tensor | None,
+                          placeholder_ids: Sequence[int]) -> None:
+    """ValueError naming the first row whose (unmasked) completion holds a media placeholder id:
+    fed back to the model it would fail deep inside ("features and tokens do not match")."""
+    if not placeholder_ids:
+        return
+    bad = torch.isin(completion_ids, torch.as_tensor(list(placeholder_ids), device=completion_ids.device))
+    if completion_mask is not None:
+        bad &= completion_mask.bool()
+    if bad.any():
+        row, col = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"completion row {row} holds media placeholder token id {int(completion_ids[row, col])} "
+            f"at position {col}; placeholders must be suppressed at sampling time")
+
+
+def completion_logprobs(model, inputs: dict, completion_ids: torch.Tensor,
+                        completion_mask: torch.Tensor | None = None, *, temperature: float = 1.0,
+                        return_entropy: bool = False, placeholder_ids: Sequence[int] = ()):
+    """Per-token log p(completion token | prefix) under `model` at `temperature`: [N, L] float32
+    (and the entropy of each predictive distribution, [N, L], if `return_entropy`).
+
+    `inputs` is `collate(prompts, completion_ids, completion_mask, pad_id)`. Values where the
+    mask is 0 are meaningless (not zeroed); losses must mask them. Differentiable.
+    """
+    check_no_placeholders(completion_ids, completion_mask, placeholder_ids)
+    length = completion_ids.shape[1]
+    inputs = dict(inputs, logits_to_keep=length + 1, use_cache=False)
+    device = next(model.parameters()).device
+    logits = model(**_to_device(inputs, device)).logits[:, :-1]  # [N, L, V]
+    targets = completion_ids.to(device)
+    logps, entropies = [], []
+    # Row by row: the float32 copy of one row's logits is small; all rows at once can be GBs.
+    for row_logits, row_targets in zip(logits, targets):
+        scaled = row_logits.float() / temperature
+        lse = torch.logsumexp(scaled, dim=-1)
+        logps.append(scaled.gather(-1, row_targets[:, None]).squeeze(-1) - lse)
+        if return_entropy:
+            probs = torch.softmax(scaled, dim=-1)
+            entropies.append(lse - (probs * scaled).sum(-1))
+    logp = torch.stack(logps)
+    return (logp, torch.stack(entropies)) if return_entropy else logp
+
+
+class Generation(NamedTuple):
+    completion_ids: torch.Tensor  # [N, L] pad after the first EOS
+    completion_mask: torch.Tensor  # [N, L] 1 up to and including the first EOS
+    sampler_logp: torch.Tensor  # [N, L] float32, 0 where the mask is 0
+    truncated: torch.Tensor  # [N] bool: no EOS within max_new_tokens
+
+
+class _PolicyLogprobs:
+    """Logits processor that records log p(chosen token) under softmax(raw logits / T) and then
+    masks the suppressed ids.
+
+    Why not HF's `suppress_tokens` + `output_scores`: HF applies suppress_tokens before custom
+    processors, and `scores` hold one [N, V] tensor per step (GBs for real vocabularies). This
+    keeps one step of log-probs; the token chosen at step t is read at step t+1 (last column of
+    input_ids) and the final step's after generate() returns.
+    """
+
+    def __init__(self, temperature: float, suppress_ids: Sequence[int]):
+        self.temperature = temperature
+        self.suppress_ids = list(suppress_ids)
+        self.pending: torch.Tensor | None = None  # [N, V] log-probs of the last step
+        self.steps: list[torch.Tensor] = []
+
+    def _flush(self, chosen: torch.Tensor) -> None:
+        self.steps.append(self.pending.gather(-1, chosen[:, None]).squeeze(-1))
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.pending is not None:
+            self._flush(input_ids[:, -1])
+        self.pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        if self.suppress_ids:
+            scores = scores.index_fill(-1, torch.as_tensor(self.suppress_ids, device=scores.device),
+                                       float("-inf"))
+        return scores
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        if self.pending is not None:
+            self._flush(last_tokens)
+        return torch.stack(self.steps, dim=1)
+
+
+def completion_mask_from_eos(completion_ids: torch.Tensor, eos_ids: Sequence[int]):
+    """(mask [N, L]: 1 up to and including the first EOS, truncated [N]: no EOS at all)."""
+    is_eos = torch.isin(completion_ids, torch.as_tensor(list(eos_ids), device=completion_ids.device))
+    truncated = ~is_eos.any(1)
+    # Index of the first EOS, or L when there is none.
+    first = torch.where(truncated, completion_ids.shape[1], is_eos.int().argmax(1))
+    positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
+    return (positions[None] <= first[:, None]).long(), truncated
+
+
+def _eos_ids(model, processor) -> list[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = getattr(processor, "tokenizer", processor).eos_token_id
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+@torch.no_grad()
+def generate(model, processor, prompts: Sequence[PromptFeatures], *, num_generations: int = 1,
+             max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0,
+             top_k: int = 0, do_sample: bool = True, suppress_ids: Sequence[int] = (),
+             seed: int | None = None, eos_ids: Sequence[int] | None = None) -> Generation:
+    """Sample `num_generations` completions per prompt with HF generate.
+
+    Rows are group-major: rows g*G .. g*G+G-1 belong to prompts[g]. `sampler_logp` is the
+    log-prob of each sampled token under softmax(logits / temperature) of the unmodified model:
+    BEFORE top-p/top-k truncation and placeholder suppression, i.e. exactly what
+    `completion_logprobs` computes (so it can serve as PPO's old log-probs when the policy did
+    not change). `seed` makes sampling reproducible without touching the global RNG stream.
+    """
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    tokenizer = getattr(processor, "tokenizer", processor)
+    pad_id = tokenizer.pad_token_id
+    eos_ids = list(eos_ids) if eos_ids is not None else _eos_ids(model, processor)
+    inputs = _to_device(collate(prompts, pad_id=pad_id), next(model.parameters()).device)
+    recorder = _PolicyLogprobs(temperature, suppress_ids)
+    config = GenerationConfig(
+        do_sample=do_sample, temperature=temperature if do_sample else None,
+        top_p=top_p if do_sample else None, top_k=top_k if do_sample else None,
+        max_new_tokens=max_new_tokens, num_return_sequences=num_generations,
+        eos_token_id=eos_ids, pad_token_id=pad_id, bos_token_id=None, use_cache=True)
+    # The model's own generation_config (e.g. a checkpoint's repetition_penalty or top_k) would
+    # fill every field left unset here and warp the logits: swap in a neutral one for the call.
+    saved = model.generation_config
+    model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=pad_id)
+    try:
+        # Without a seed, sampling must advance the global stream (two calls, two samples).
+        with torch.random.fork_rng(devices=_rng_devices(model), enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            sequences = model.generate(**inputs, generation_config=config,
+                                       logits_processor=LogitsProcessorList([recorder]))
+    finally:
+        model.generation_config = saved
+    completion = sequences[:, inputs["input_ids"].shape[1]:]
+    sampler_logp = recorder.finish(completion[:, -1])
+    mask, truncated = completion_mask_from_eos(completion, eos_ids)
+    completion = torch.where(mask.bool(), completion, torch.full_like(completion, pad_id))
+    return Generation(completion, mask, sampler_logp * mask, truncated)
+
+
+def _rng_devices(model) -> list[int]:
+    device = next(model.parameters()).device
+    return [device.index or 0] if device.type == "cuda" else []
