@@ -1,0 +1,129 @@
+"""Where metrics go: metrics.jsonl (always), TensorBoard, wandb (opt-in, offline by default),
+rollouts.jsonl, and the live display (rich bar on a TTY, plain lines in logs)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+    TimeRemainingColumn
+from rich.table import Table
+
+# Shown on the live line, in this order, when present.
+HEADLINE = [("reward/total_mean", "reward"), ("eval/accuracy", "acc"),
+            ("completion/length_mean", "len"), ("time/step", "s/step")]
+
+
+def _jsonable(v: Any) -> Any:
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None  # JSON has no NaN/inf; null keeps the file parseable by every tool
+    return v
+
+
+class RunLogger:
+    def __init__(self, run_dir: Path, *, tensorboard: bool = True, wandb: bool = False,
+                 progress: str = "auto", log_every: int = 10, config: dict | None = None):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.console = Console(stderr=True)
+        self._metrics = (self.run_dir / "metrics.jsonl").open("a")
+        self._rollouts = (self.run_dir / "rollouts.jsonl").open("a")
+        self._tb = self._wandb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+        if wandb:
+            self._wandb = _start_wandb(self.run_dir, config)
+        self.mode = progress
+        if progress == "auto":
+            self.mode = "bar" if sys.stderr.isatty() else "lines"
+        self.log_every = max(1, log_every)
+        self._progress: Progress | None = None
+        self._task = None
+        self.history: list[dict] = []
+
+    # -- live display -------------------------------------------------------------------------
+    def start(self, total: int, done: int = 0, description: str = "RL") -> None:
+        if self.mode != "bar":
+            return
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+            TextColumn("{task.fields[info]}"), console=self.console, transient=False)
+        self._progress.start()
+        self._task = self._progress.add_task(description, total=total, completed=done, info="")
+
+    def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def print(self, msg: str) -> None:
+        if self.mode != "off":
+            self.console.print(msg)
+
+    def _headline(self, metrics: dict) -> str:
+        parts = [f"{short} {metrics[k]:.3g}" for k, short in HEADLINE
+                 if isinstance(metrics.get(k), (int, float))]
+        return "  ".join(parts)
+
+    # -- records ------------------------------------------------------------------------------
+    def log(self, step: int, metrics: dict[str, Any], total: int | None = None) -> None:
+        row = {"step": step, "time": time.time(), **{k: _jsonable(v) for k, v in metrics.items()}}
+        self.history.append(row)
+        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.flush()
+        for k, v in row.items():
+            if self._tb is not None and k not in ("step", "time") and isinstance(v, (int, float)):
+                self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in row.items() if v is not None}, step=step)
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, info=self._headline(row))
+        elif self.mode == "lines" and (step % self.log_every == 0 or step == total or step == 1):
+            self.console.print(f"step {step}/{total or '?'}  {self._headline(row)}")
+
+    def log_rollouts(self, step: int, rows: list[dict]) -> None:
+        for r in rows:
+            self._rollouts.write(json.dumps({"step": step, **{k: _jsonable(v) if not isinstance(
+                v, (list, dict, str)) else v for k, v in r.items()}}) + "\n")
+        self._rollouts.flush()
+
+    def summary_table(self, title: str, rows: list[tuple[str, str]]) -> None:
+        if self.mode == "off":
+            return
+        table = Table(title=title)
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for k, v in rows:
+            table.add_row(k, v)
+        self.console.print(table)
+
+    def close(self) -> None:
+        self.stop()
+        self._metrics.close()
+        self._rollouts.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def _start_wandb(run_dir: Path, config: dict | None):
+    try:
+        import wandb
+    except ImportError:
+        raise RuntimeError("log.wandb=true but wandb is not installed: pip install 'mmrl[wandb]' "
+                           "(or set log.wandb=false; metrics.jsonl and TensorBoard are always on)")
+    os.environ.setdefault("WANDB_MODE", "offline")  # no account or network needed by default
+    return wandb.init(project="mmrl", dir=str(run_dir), config=config or {},
+                      name=run_dir.name)

@@ -1,0 +1,265 @@
+"""The GRPO-family training loop. One step, in stages:
+
+    prompts  -> rollout (G completions each) -> rewards -> [dynamic sampling] -> advantages
+             -> old/ref logprobs -> update (micro-batches, accumulate, clip, step) -> log/checkpoint
+
+This is the only module that knows about devices, micro-batches and the optimizer.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import asdict
+
+import torch
+
+from mmrl import algos
+from mmrl.config import RunConfig, save as save_config
+from mmrl.data.media import MediaError, load_media
+from mmrl.models import get_adapter
+from mmrl.models.forward import collate, completion_logprobs, generate
+from mmrl.train import checkpoint, setup
+from mmrl.train.logging import RunLogger
+from mmrl.train.rollout_utils import concat_rollouts, rollout_metrics, rollout_records
+from mmrl.train.scoring import RewardSet
+from mmrl.types import PromptFeatures, RolloutBatch, Sample, ScoredBatch
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, logger: RunLogger | None = None):
+        self.cfg = cfg
+        setup.set_seed(cfg.train.seed)
+        self.run_dir = cfg.run_dir
+        self.train_set, self.eval_set = setup.build_datasets(cfg)
+        self.adapter = get_adapter(cfg.model.family)
+        resume = checkpoint.resolve_resume(cfg.train.resume, self.run_dir)
+        self.model, self.processor = setup.build_model(cfg, self.adapter, resume)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.model.to(self.device)
+        self.suppress_ids = self.adapter.placeholder_token_ids(self.processor)
+        self.pad_id = self.processor.tokenizer.pad_token_id
+        self.rewards = RewardSet(cfg.rewards)
+        self.sampler = setup.PromptSampler(len(self.train_set), cfg.train.seed, cfg.data.shuffle)
+        self.optimizer, self.scheduler = setup.build_optimizer(cfg.train, self.model,
+                                                               cfg.train.steps)
+        self.ref_model = None
+        self.step, self.skipped, self.state_extra = 0, 0, {}
+        self._features: dict[int, PromptFeatures] = {}
+        self.log = logger or RunLogger(self.run_dir, tensorboard=cfg.log.tensorboard,
+                                       wandb=cfg.log.wandb, progress=cfg.log.progress,
+                                       log_every=cfg.log.log_every, config=asdict(cfg))
+        save_config(cfg, self.run_dir / "config.yaml")
+        if resume is not None:
+            self._restore(resume)
+
+    # ---------------------------------------------------------------- stage: prompts -----------
+    def features(self, sample: Sample, key: int | None = None) -> PromptFeatures:
+        """One processor call per sample, reused by rollout and every training forward."""
+        if key is not None and key in self._features:
+            return self._features[key]
+        feats = self.adapter.prompt_features(self.processor, sample, **load_media(sample))
+        if key is not None:
+            self._features[key] = feats
+        return feats
+
+    def next_prompts(self, n: int) -> list[PromptFeatures]:
+        """Draw n prompts; bad media raises (on_bad_sample=error) or is skipped and counted."""
+        out = []
+        while len(out) < n:
+            idx = self.sampler.next()
+            try:
+                out.append(self.features(self.train_set[idx], idx))
+            except MediaError as e:
+                if self.cfg.data.on_bad_sample != "skip":
+                    raise MediaError(f"{e}\n(set data.on_bad_sample=skip to skip such samples "
+                                     f"and count them in metrics)") from None
+                self.skipped += 1
+                if self.skipped > len(self.train_set):
+                    raise RuntimeError("every training sample failed to load") from e
+        return out
+
+    # ---------------------------------------------------------------- stage: rollout -----------
+    @torch.no_grad()
+    def rollout(self, prompts: list[PromptFeatures], group_offset: int = 0) -> RolloutBatch:
+        rc = self.cfg.rollout
+        self.model.eval()
+        ids, mask, slogp, truncated = generate(
+            self.model, self.processor, prompts, num_generations=rc.num_generations,
+            max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
+            top_k=rc.top_k, do_sample=True, suppress_ids=self.suppress_ids)
+        g = rc.num_generations
+        texts = self.processor.tokenizer.batch_decode(
+            [row[m.bool()] for row, m in zip(ids, mask)], skip_special_tokens=True)
+        return RolloutBatch(
+            prompts=[p for p in prompts for _ in range(g)], completion_ids=ids,
+            completion_mask=mask, texts=texts, truncated=truncated, sampler_logp=slogp,
+            group_ids=torch.arange(len(prompts)).repeat_interleave(g) + group_offset)
+
+    # ---------------------------------------------------------------- stage: rewards -----------
+    def score(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, list]]:
+        lengths = batch.completion_mask.sum(1).tolist()
+        extra = {"completion_length": lengths,
+                 "max_completion_length": [self.cfg.rollout.max_new_tokens] * batch.n}
+        totals, per = self.rewards.score([p.sample for p in batch.prompts], batch.texts, extra)
+        return torch.tensor(totals, dtype=torch.float32), per
+
+    def sample_batch(self) -> tuple[RolloutBatch, torch.Tensor, dict[str, list], dict]:
+        """Rollout + rewards; with dynamic sampling, keep only groups with reward signal and
+        sample more prompts until the batch is full (DAPO)."""
+        ac, b = self.cfg.algo, self.cfg.rollout.prompts_per_step
+        if not ac.dynamic_sampling:
+            batch = self.rollout(self.next_prompts(b))
+            scores, per = self.score(batch)
+            return batch, scores, per, {"sampling/rounds": 1}
+        acc = algos.GroupAccumulator(target_groups=b, max_rounds=ac.max_sampling_rounds)
+        pieces, offset = [], 0
+        while not acc.full:
+            batch = self.rollout(self.next_prompts(b), group_offset=offset)
+            offset += b
+            scores, per = self.score(batch)
+            ids, keep = algos.groups_with_signal(scores, batch.group_ids)
+            acc.add(ids.tolist(), keep)  # raises with advice after max_rounds
+            rows = torch.isin(batch.group_ids, ids[keep]).nonzero().flatten().tolist()
+            pieces.append((batch.select(rows), scores[rows],
+                           {k: [v[i] for i in rows] for k, v in per.items()}))
+        batch, scores, per = concat_rollouts(pieces, self.pad_id)
+        rows = torch.isin(batch.group_ids, torch.tensor(acc.take())).nonzero().flatten().tolist()
+        return (batch.select(rows), scores[rows], {k: [v[i] for i in rows] for k, v in per.items()},
+                {"sampling/rounds": acc.round})
+
+    # ---------------------------------------------------------------- stage: logprobs ----------
+    def micro_batches(self, n: int) -> list[list[int]]:
+        mb = max(1, self.cfg.train.micro_batch_size)
+        return [list(range(i, min(n, i + mb))) for i in range(0, n, mb)]
+
+    def _forward(self, model, batch: RolloutBatch, rows: list[int], entropy: bool = False):
+        sub = batch.select(rows)
+        width = int(sub.completion_mask.sum(1).max().clamp(min=1))  # drop all-pad columns
+        ids, mask = sub.completion_ids[:, :width], sub.completion_mask[:, :width]
+        inputs = collate(sub.prompts, ids, mask, self.pad_id)
+        inputs = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+        out = completion_logprobs(model, inputs, ids.to(self.device), mask.to(self.device),
+                                  temperature=self.cfg.rollout.temperature,
+                                  return_entropy=entropy, placeholder_ids=self.suppress_ids)
+        return out, width
+
+    @torch.no_grad()
+    def logprobs(self, model, batch: RolloutBatch) -> torch.Tensor:
+        out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32)
+        model.eval()
+        for rows in self.micro_batches(batch.n):
+            logp, width = self._forward(model, batch, rows)
+            out[rows, :width] = logp.float().cpu()
+        return out
+
+    # ---------------------------------------------------------------- stage: update ------------
+    def update(self, sb: ScoredBatch) -> dict[str, float]:
+        ac, batch = self.cfg.algo, sb.rollout
+        mask = batch.completion_mask.float()
+        if ac.overlong_filter:
+            mask = algos.overlong_filter_mask(mask, batch.truncated)
+        # The normaliser is global so that summing micro-batch losses equals the one-shot loss.
+        normalizer = mask.sum().clamp(min=1) if ac.agg == "token_mean" else float(batch.n)
+        sums: dict[str, float] = {}
+        self.model.train()
+        for _ in range(ac.num_iterations):
+            self.optimizer.zero_grad(set_to_none=True)
+            for rows in self.micro_batches(batch.n):
+                (logp, ent), width = self._forward(self.model, batch, rows, entropy=True)
+                m = mask[rows, :width].to(logp.device)
+                old = logp.detach() if sb.old_logp is None else sb.old_logp[rows, :width]
+                ref = None if sb.ref_logp is None else sb.ref_logp[rows, :width].to(logp.device)
+                loss, metrics = algos.policy_loss(
+                    logp, old.to(logp.device), sb.advantages[rows].to(logp.device), m,
+                    clip_low=ac.clip_low, clip_high=ac.clip_high, agg=ac.agg, ratio=ac.ratio,
+                    ref_logp=ref, beta=ac.beta, kl=ac.kl, max_len=self.cfg.rollout.max_new_tokens,
+                    normalizer=normalizer)
+                loss.backward()
+                frac = len(rows) / batch.n  # metrics are micro-batch means: weight by rows
+                metrics = {**metrics, "loss": loss.detach() / frac,
+                           "entropy": (ent * m).sum() / m.sum().clamp(min=1)}
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + float(v) * frac / ac.num_iterations
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                [p for p in self.model.parameters() if p.requires_grad],
+                self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf"))
+            self.optimizer.step()
+            sums["grad_norm"] = float(grad_norm)
+        self.scheduler.step()
+        return {f"loss/{k}" if k not in ("grad_norm", "entropy") else k: v for k, v in sums.items()}
+
+    # ---------------------------------------------------------------- one step -----------------
+    def train_step(self) -> dict[str, float]:
+        ac, timer = self.cfg.algo, StageTimer()
+        with timer("rollout"):
+            batch, scores, per_reward, extra = self.sample_batch()
+        with timer("advantage"):
+            adv = algos.ADVANTAGES.get(ac.advantage)(scores, batch.group_ids)
+        sb = ScoredBatch(rollout=batch, scores=scores, per_reward=per_reward, advantages=adv)
+        with timer("logprob"):
+            if ac.num_iterations > 1:
+                sb.old_logp = self.logprobs(self.model, batch)
+            if self.ref_model is not None:
+                sb.ref_logp = self.logprobs(self.ref_model, batch)
+        with timer("update"):
+            metrics = self.update(sb)
+        self.step += 1
+        metrics.update(extra)
+        metrics.update(rollout_metrics(sb, self.rewards.keys))
+        metrics.update(timer.metrics())
+        tokens = int(batch.completion_mask.sum()) + sum(p.input_ids.numel() for p in batch.prompts)
+        metrics["time/tokens_per_s"] = tokens / max(timer.total, 1e-9)
+        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        metrics["data/skipped"] = self.skipped
+        if self.cfg.log.rollouts_every and self.step % self.cfg.log.rollouts_every == 0:
+            self.log.log_rollouts(self.step, rollout_records(sb, self.cfg.log.rollouts_per_step))
+        return metrics
+
+    # ---------------------------------------------------------------- state --------------------
+    def save(self) -> None:
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "sampler": self.sampler.state_dict(), "skipped": self.skipped,
+                 "extra": self.state_extra}
+        checkpoint.save(self.run_dir, self.step, self.model, self.processor, state,
+                        keep=self.cfg.train.keep_checkpoints)
+
+    def _restore(self, ckpt) -> None:
+        state = checkpoint.load_state(ckpt)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.skipped, self.state_extra = state["skipped"], state.get("extra", {})
+        self.step = state["step"]
+        checkpoint.set_rng_state(state["rng"])
+        self.log.print(f"resumed from {ckpt} at step {self.step}")
+
+    def enable_reference(self) -> None:
+        """The KL reference is the policy as RL starts (after any SFT warm-up). It is saved once
+        in the run dir so that a resumed run keeps the same reference, not the resumed policy."""
+        if self.cfg.algo.beta <= 0 or self.ref_model is not None:
+            return
+        path = self.run_dir / "reference"
+        if path.is_dir():
+            ref, _ = self.adapter.load(str(path), dtype=next(self.model.parameters()).dtype)
+            self.ref_model = setup.build_reference(ref.to(self.device))
+        else:
+            self.ref_model = setup.build_reference(self.model)
+            self.ref_model.save_pretrained(path)
+
+
+class StageTimer:
+    def __init__(self):
+        self.times: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        t = time.perf_counter()
+        yield
+        self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t
+
+    @property
+    def total(self) -> float:
+        return sum(self.times.values())
+
+    def metrics(self) -> dict[str, float]:
+        return {**{f"time/{k}": v for k, v in self.times.items()}, "time/step": self.total}

@@ -1,0 +1,88 @@
+"""Helpers over rollout batches: concatenation (dynamic sampling), metrics, logged records."""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from mmrl import algos
+from mmrl.types import RolloutBatch, ScoredBatch
+from rewards import extract_answer
+
+
+def _pad_cols(t: torch.Tensor, width: int, value) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+
+def concat_rollouts(pieces: list[tuple[RolloutBatch, torch.Tensor, dict]], pad_id: int):
+    """[(batch, scores, per_reward)] -> one (batch, scores, per_reward), completions re-padded."""
+    width = max(b.completion_ids.shape[1] for b, _, _ in pieces)
+    batches = [b for b, _, _ in pieces]
+    has_slogp = all(b.sampler_logp is not None for b in batches)
+    batch = RolloutBatch(
+        prompts=[p for b in batches for p in b.prompts],
+        completion_ids=torch.cat([_pad_cols(b.completion_ids, width, pad_id) for b in batches]),
+        completion_mask=torch.cat([_pad_cols(b.completion_mask, width, 0) for b in batches]),
+        group_ids=torch.cat([b.group_ids for b in batches]),
+        sampler_logp=torch.cat([_pad_cols(b.sampler_logp, width, 0.0) for b in batches])
+        if has_slogp else None,
+        texts=[t for b in batches for t in b.texts],
+        truncated=torch.cat([b.truncated for b in batches]),
+    )
+    scores = torch.cat([s for _, s, _ in pieces])
+    per = {k: [v for _, _, p in pieces for v in p[k]] for k in pieces[0][2]}
+    return batch, scores, per
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
+
+
+def rollout_metrics(sb: ScoredBatch, reward_keys: list[str]) -> dict[str, float]:
+    b = sb.rollout
+    lengths = b.completion_mask.sum(1).float()
+    m = {
+        "reward/total_mean": float(sb.scores.mean()), "reward/total_std": float(sb.scores.std())
+        if b.n > 1 else 0.0,
+        "adv/mean": float(sb.advantages.mean()), "adv/std": float(sb.advantages.std())
+        if b.n > 1 else 0.0, "adv/abs_mean": float(sb.advantages.abs().mean()),
+        "completion/length_mean": float(lengths.mean()), "completion/length_max": float(lengths.max()),
+        "completion/truncated_frac": float(b.truncated.float().mean()),
+        "groups/zero_std_frac": float(algos.frac_zero_std_groups(sb.scores, b.group_ids)),
+    }
+    for key in reward_keys:
+        applicable = [v for v in sb.per_reward[key] if v is not None]
+        m[f"reward/{key}_mean"], m[f"reward/{key}_std"] = _mean_std(applicable)
+    return m
+
+
+def rollout_records(sb: ScoredBatch, limit: int) -> list[dict]:
+    """The first `limit` rows (whole groups first) as JSON-able records for rollouts.jsonl.
+    Media are referenced by path, never copied."""
+    b = sb.rollout
+    out = []
+    for i in range(min(limit, b.n)):
+        s = b.prompts[i].sample
+        out.append({
+            "sample_id": s.id, "task": s.task, "group": int(b.group_ids[i]),
+            "prompt": _prompt_text(s.messages), "images": s.images, "videos": s.videos,
+            "audios": s.audios, "completion": b.texts[i], "answer": extract_answer(b.texts[i]),
+            "solution": s.solution, "fields": s.fields,
+            "rewards": {k: v[i] for k, v in sb.per_reward.items()},
+            "reward": float(sb.scores[i]), "advantage": float(sb.advantages[i]),
+            "length": int(b.completion_mask[i].sum()), "truncated": bool(b.truncated[i]),
+        })
+    return out
+
+
+def _prompt_text(messages: list[dict]) -> str:
+    parts = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        else:
+            parts.extend(c.get("text") or f"<{c.get('type')}>" for c in content or [])
+    return " ".join(p for p in parts if p)

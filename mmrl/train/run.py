@@ -1,0 +1,70 @@
+"""`mmrl train`: [SFT warm-up] -> evaluate before RL -> RL steps -> evaluate after -> summary.json.
+
+Every stage's result is stored in the checkpoint's trainer state, so a resumed run neither
+repeats the warm-up nor re-measures the "before" accuracy on an already-trained model.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+from mmrl.config import RunConfig
+from mmrl.train.evaluate import evaluate, majority_baseline
+from mmrl.train.loop import Trainer
+from mmrl.train.sft import sft_warmup
+
+
+def _eval(trainer: Trainer, name: str, **kw) -> dict:
+    return evaluate(trainer.model, trainer.processor, trainer.adapter, trainer.eval_set,
+                    trainer.cfg, out_file=trainer.run_dir / "eval" / f"{name}.jsonl", **kw)
+
+
+def train(cfg: RunConfig) -> dict:
+    trainer = Trainer(cfg)
+    log, tc = trainer.log, cfg.train
+    summary = trainer.state_extra.setdefault("summary", {})
+    try:
+        if trainer.step == 0 and cfg.sft.steps > 0 and "sft" not in summary:
+            summary["sft"] = sft_warmup(trainer)
+        if trainer.eval_set and cfg.eval.before_rl and "accuracy_before_rl" not in summary:
+            summary["eval_before_rl"] = _eval(trainer, "before_rl")
+            summary["accuracy_before_rl"] = summary["eval_before_rl"]["accuracy"]
+            log.print(f"accuracy before RL: {summary['accuracy_before_rl']:.3f}")
+        trainer.enable_reference()
+        log.start(total=tc.steps, done=trainer.step)
+        while trainer.step < tc.steps:
+            metrics = trainer.train_step()
+            if tc.eval_every and trainer.eval_set and trainer.step % tc.eval_every == 0:
+                res = _eval(trainer, f"step_{trainer.step:06d}")
+                metrics.update({f"eval/{k}": v for k, v in res.items() if k != "n"})
+            log.log(trainer.step, metrics, total=tc.steps)
+            if not math.isfinite(metrics.get("loss/loss", 0.0)):
+                raise FloatingPointError(f"step {trainer.step}: loss is {metrics['loss/loss']}; "
+                                         f"lower train.lr or raise train.max_grad_norm clipping")
+            if tc.save_every and trainer.step % tc.save_every == 0 and trainer.step < tc.steps:
+                trainer.save()
+        log.stop()
+        if trainer.eval_set:
+            summary["eval_after_rl"] = _eval(trainer, "after_rl")
+            summary["accuracy_after_rl"] = summary["eval_after_rl"]["accuracy"]
+            if cfg.eval.shuffled_images:
+                res = _eval(trainer, "after_rl_shuffled_images", shuffled=True)
+                summary["accuracy_shuffled_images"] = res["accuracy"]
+                summary["chance"] = majority_baseline(trainer.eval_set)
+        summary["steps"] = trainer.step
+        trainer.save()
+    finally:
+        log.close()
+    (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    _print_table(trainer, summary)
+    return summary
+
+
+def _print_table(trainer: Trainer, summary: dict) -> None:
+    rows = [(k, f"{summary[k]:.3f}") for k in ("accuracy_before_rl", "accuracy_after_rl",
+                                                "accuracy_shuffled_images", "chance")
+            if isinstance(summary.get(k), (int, float))]
+    rows.append(("steps", str(summary.get("steps"))))
+    rows.append(("run dir", str(trainer.run_dir)))
+    trainer.log.mode = "lines" if trainer.log.mode == "off" else trainer.log.mode
+    trainer.log.summary_table("mmrl run summary", rows)

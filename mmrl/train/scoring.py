@@ -1,0 +1,79 @@
+"""Bind the configured rewards and score completions, routing each sample to its task's rewards.
+
+A reward sees per-sample lists of every field of the samples it scores (plus `task`,
+`completion_length`, `max_completion_length`); samples whose task is not in a reward's `tasks`
+get None from it. The weighted total treats None as 0, so a sample is scored only by the rewards
+that apply to it.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+from rewards import get_reward
+
+from mmrl.config import RewardSpec
+from mmrl.types import Sample
+
+
+def bind_reward(spec: RewardSpec) -> Callable[..., list]:
+    """Resolve a reward by name and bind its params; unknown params fail here, not mid-run."""
+    try:
+        fn = get_reward(spec.name)
+    except KeyError as e:
+        raise KeyError(f"rewards: {e.args[0]} (see `mmrl ls rewards`)") from None
+    params = dict(spec.params)
+    sig = inspect.signature(fn)
+    # Params must be named parameters: anything else would vanish into **fields unnoticed.
+    named = {n for n, p in sig.parameters.items() if p.kind is p.KEYWORD_ONLY or
+             (p.kind is p.POSITIONAL_OR_KEYWORD and n not in ("completions", "solution"))}
+    unknown = sorted(set(params) - named)
+    if unknown:
+        raise TypeError(f"reward {spec.name!r}: unknown param(s) {unknown}; it takes "
+                        f"{sorted(named) or 'none'}")
+    return functools.partial(fn, **params) if params else fn
+
+
+class RewardSet:
+    def __init__(self, specs: list[RewardSpec]):
+        if not specs:
+            raise ValueError("config has no rewards: add e.g. rewards: [{name: accuracy}]")
+        self.specs = list(specs)
+        names = [s.name.rsplit(":", 1)[-1] for s in specs]
+        # Same reward twice (different params) gets a positional suffix to keep metrics apart.
+        self.keys = [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]
+        self.fns = [bind_reward(s) for s in specs]
+
+    def score(self, samples: list[Sample], completions: list[str],
+              extra: dict[str, list] | None = None) -> tuple[list[float], dict[str, list]]:
+        """-> (weighted totals [N], {reward key: [N] scores with None = not applicable})."""
+        fields = _field_lists(samples, extra or {})
+        solutions = [s.solution for s in samples]
+        per_reward: dict[str, list] = {}
+        totals = [0.0] * len(samples)
+        for key, spec, fn in zip(self.keys, self.specs, self.fns):
+            rows = [i for i, s in enumerate(samples) if spec.tasks is None or s.task in spec.tasks]
+            scores: list[Any] = [None] * len(samples)
+            if rows:
+                sub = fn([completions[i] for i in rows], [solutions[i] for i in rows],
+                         **{k: [v[i] for i in rows] for k, v in fields.items()})
+                if len(sub) != len(rows):
+                    raise RuntimeError(f"reward {key!r} returned {len(sub)} scores for {len(rows)}")
+                for i, v in zip(rows, sub):
+                    scores[i] = None if v is None else float(v)
+            per_reward[key] = scores
+            for i, v in enumerate(scores):
+                if v is not None:
+                    totals[i] += spec.weight * v
+        return totals, per_reward
+
+
+def _field_lists(samples: list[Sample], extra: dict[str, list]) -> dict[str, list]:
+    keys: list[str] = []
+    for s in samples:
+        keys.extend(k for k in s.fields if k not in keys)
+    fields = {k: [s.fields.get(k) for s in samples] for k in keys}
+    fields["task"] = [s.task for s in samples]
+    fields.update(extra)
+    return fields

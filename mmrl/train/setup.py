@@ -1,0 +1,148 @@
+"""Build what a run needs from its config: data, model, reference, optimizer, schedule.
+
+Kept apart from loop.py so the loop reads as stages and `mmrl validate` can check a config with
+the same resolution rules without building anything heavy.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mmrl.config import RunConfig, TrainConfig
+from mmrl.data import synthetic
+from mmrl.data.schema import load_samples
+from mmrl.types import Sample
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_datasets(cfg: RunConfig) -> tuple[list[Sample], list[Sample] | None]:
+    """Load train/eval samples, generating the synthetic dataset first if asked and missing."""
+    d = cfg.data
+    if d.generate and not Path(d.train).exists():
+        out = Path(d.train).parent
+        synthetic.GENERATORS.get(d.generate)(out, **d.generate_kwargs)
+    train = load_samples(d.train, d.format, d.max_samples)
+    evals = load_samples(d.eval, d.format, cfg.eval.max_samples) if d.eval else None
+    return train, evals
+
+
+def build_model(cfg: RunConfig, adapter, checkpoint: Path | None = None):
+    """-> (model, processor). From a checkpoint when resuming, else from model.path / tiny."""
+    m = cfg.model
+    dtype = DTYPES[m.dtype]
+    if checkpoint is not None:
+        model, processor = adapter.load(str(checkpoint), dtype=dtype,
+                                        attn_implementation=m.attn_implementation)
+    elif m.path == "tiny":
+        model, processor = adapter.tiny(seed=cfg.train.seed, **m.tiny)
+        model = model.to(dtype)
+    else:
+        model, processor = adapter.load(m.path, dtype=dtype,
+                                        attn_implementation=m.attn_implementation)
+    _image_budget(processor, cfg)
+    freeze(model, m.freeze, adapter)
+    if m.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    return model, processor
+
+
+def _image_budget(processor, cfg: RunConfig) -> None:
+    ip = getattr(processor, "image_processor", None)
+    if ip is None:
+        return
+    for key in ("image_min_pixels", "image_max_pixels"):
+        value = getattr(cfg.data, key)
+        if value is not None:
+            attr = key.replace("image_", "")
+            setattr(ip, attr, value)
+            if isinstance(getattr(ip, "size", None), dict):
+                ip.size["shortest_edge" if attr == "min_pixels" else "longest_edge"] = value
+
+
+def freeze(model, names: list[str], adapter) -> None:
+    """Freeze parameters by family part (vision, audio, language) or by name prefix."""
+    parts = getattr(adapter, "module_prefixes", {})
+    prefixes = [parts.get(n, n) for n in names]
+    prefixes = [p for group in prefixes for p in ([group] if isinstance(group, str) else group)]
+    hit = set()
+    for name, param in model.named_parameters():
+        for p in prefixes:
+            if name.startswith(p):
+                param.requires_grad_(False)
+                hit.add(p)
+    missing = [p for p in prefixes if p not in hit]
+    if missing:
+        raise ValueError(f"model.freeze: {missing} matched no parameter; parts known for this "
+                         f"family: {sorted(parts)}")
+
+
+def build_reference(model):
+    """Frozen copy of the starting policy for the KL term (only built when beta > 0)."""
+    ref = copy.deepcopy(model)
+    ref.requires_grad_(False)
+    ref.eval()
+    return ref
+
+
+def build_optimizer(tc: TrainConfig, model, total_steps: int):
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay)
+
+    def factor(step: int) -> float:
+        # Warm-up matters for RL on a fresh optimizer: without it early steps overshoot
+        # (observed collapses in ../shared/ENVIRONMENT.md).
+        if step < tc.warmup_steps:
+            return (step + 1) / tc.warmup_steps
+        progress = (step - tc.warmup_steps) / max(1, total_steps - tc.warmup_steps)
+        if tc.lr_schedule == "linear":
+            return max(0.0, 1.0 - progress)
+        if tc.lr_schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        if tc.lr_schedule != "constant":
+            raise ValueError(f"train.lr_schedule: {tc.lr_schedule!r}; use constant|linear|cosine")
+        return 1.0
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+class PromptSampler:
+    """Epoch-wise shuffled order over sample indices; its state (epoch, position) is saved in
+    checkpoints so a resumed run sees exactly the prompts the uninterrupted run would."""
+
+    def __init__(self, n: int, seed: int, shuffle: bool = True):
+        self.n, self.seed, self.shuffle = n, seed, shuffle
+        self.epoch, self.pos = 0, 0
+        self._order = self._make_order()
+
+    def _make_order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.n))
+        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return torch.randperm(self.n, generator=g).tolist()
+
+    def next(self) -> int:
+        if self.pos >= self.n:
+            self.epoch, self.pos = self.epoch + 1, 0
+            self._order = self._make_order()
+        self.pos += 1
+        return self._order[self.pos - 1]
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.pos = state["epoch"], state["pos"]
+        self._order = self._make_order()
