@@ -187,6 +187,14 @@ def _override(merged: DictConfig, item: str) -> str:
     if isinstance(value, str) and _NUMBER.fullmatch(value):  # YAML 1.1 reads "1e-4" as a string
         value = float(value)
     parent_key, _, leaf = key.rpartition(".")
+    if isinstance(value, (dict, list)) and not any(part.isdigit() for part in key.split(".")):
+        # Containers go through a merge so the schema converts them (e.g. dicts -> RewardSpec);
+        # a list replaces the old list whole.
+        nested: Any = value
+        for part in reversed(key.split(".")):
+            nested = {part: nested}
+        merged.merge_with(OmegaConf.create(nested))
+        return key
     parent = OmegaConf.select(merged, parent_key) if parent_key else merged
     if parent is None:
         raise ConfigError(f"override {item!r}: no config section {parent_key!r}")

@@ -179,7 +179,7 @@ class Trainer:
                 metrics = {**metrics, "loss": loss.detach() / frac,
                            "entropy": (ent * m).sum() / m.sum().clamp(min=1)}
                 for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + float(v) * frac / ac.num_iterations
+                    sums[k] = sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v) * frac / ac.num_iterations
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 [p for p in self.model.parameters() if p.requires_grad],
                 self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf"))

@@ -1,0 +1,173 @@
+"""The trainer end to end on a tiny offline Qwen2.5-VL: parameters move (vision tower included),
+micro-batching does not change the update, resume continues bit-for-bit, and a process killed
+while writing a checkpoint leaves the previous one loadable."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmrl import config
+from mmrl.train import checkpoint
+from mmrl.train.loop import Trainer
+from mmrl.train.run import train
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+TINY = """
+name: tiny
+data: {{train: {data}/train.jsonl, eval: {data}/eval.jsonl, generate: counting,
+        generate_kwargs: {{n_train: 48, n_eval: 8}}}}
+model: {{family: qwen2_5_vl, path: tiny, tiny: {{min_pixels: 3136, max_pixels: 3136}}}}
+rollout: {{prompts_per_step: 2, num_generations: 4, max_new_tokens: 6}}
+rewards: [{{name: accuracy}}, {{name: format, weight: 0.5, params: {{think: false}}}}]
+train: {{steps: 2, lr: 1.0e-3, micro_batch_size: 8}}
+eval: {{before_rl: false}}
+log: {{progress: off, tensorboard: false, rollouts_every: 1}}
+"""
+
+
+# A random model never writes the answer format, so accuracy/format give every group zero
+# variance and nothing to learn from. This user reward (loaded through the "module:function"
+# escape hatch) varies with the text itself, so random completions get non-zero advantages.
+VARIETY = "rewards=[{name: 'mmrl_test_rewards:char_variety'}]"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def variety_reward(tmp_path_factory):
+    root = tmp_path_factory.mktemp("user_rewards")
+    (root / "mmrl_test_rewards.py").write_text(
+        "def char_variety(completions, solution, **fields):\n"
+        "    return [len(set(c)) / 10 for c in completions]\n")
+    sys.path.insert(0, str(root))
+    yield
+    sys.path.remove(str(root))
+
+
+@pytest.fixture(scope="module")
+def tiny_yaml(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("tiny")
+    path = root / "tiny.yaml"
+    path.write_text(TINY.format(data=root / "data"))
+    return path
+
+
+def _cfg(tiny_yaml: Path, run_dir: Path, *overrides: str) -> config.RunConfig:
+    return config.load(tiny_yaml, [f"log.run_dir={run_dir}", *overrides])
+
+
+def test_step_changes_parameters_and_vision_tower_gets_gradient(tiny_yaml, tmp_path):
+    t = Trainer(_cfg(tiny_yaml, tmp_path, VARIETY))
+    before = {k: v.detach().clone() for k, v in t.model.named_parameters()}
+    metrics = t.train_step()
+    assert metrics["adv/abs_mean"] > 0, "no reward variance: the test would prove nothing"
+    changed = {k for k, v in t.model.named_parameters() if not torch.equal(v, before[k])}
+    assert any(k.startswith("model.visual") for k in changed), "vision tower got no update"
+    assert any("language_model" in k for k in changed)
+    for key in ("loss/loss", "loss/clip_frac_low", "entropy", "completion/length_mean",
+                "groups/zero_std_frac", "time/rollout", "time/update", "time/tokens_per_s"):
+        assert key in metrics and metrics[key] == metrics[key], key  # present and not NaN
+    t.log.close()
+
+
+def test_micro_batch_size_does_not_change_the_update(tiny_yaml, tmp_path):
+    """Same rollout, accumulated over 1 micro-batch of 8 rows vs 4 of 2 rows: same gradients.
+    (Compared before the optimizer: Adam turns float noise in near-zero gradients into full-size
+    steps, so parameters would differ more than the gradients do.)"""
+    grads = []
+    for mb in (8, 2):
+        t = Trainer(_cfg(tiny_yaml, tmp_path / f"mb{mb}", VARIETY, f"train.micro_batch_size={mb}",
+                         "algo.agg=token_mean"))
+        seen = {}
+        step = t.optimizer.step
+
+        def capture(*a, **kw):
+            seen.update({k: p.grad.clone() for k, p in t.model.named_parameters()
+                         if p.grad is not None})
+            return step(*a, **kw)
+
+        t.optimizer.step = capture
+        torch.manual_seed(0)
+        t.train_step()
+        grads.append(seen)
+        t.log.close()
+    assert grads[0].keys() == grads[1].keys() and any(k.startswith("model.visual") for k in grads[0])
+    for k in grads[0]:
+        scale = float(grads[0][k].abs().max()) + 1e-12
+        assert float((grads[0][k] - grads[1][k]).abs().max()) / scale < 1e-5, k
+
+
+def _metrics(run_dir: Path) -> dict[int, dict]:
+    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r for r in rows}
+
+
+def test_resume_equals_uninterrupted_run(tiny_yaml, tmp_path):
+    common = ["train.steps=4", "train.save_every=2", "train.keep_checkpoints=0",
+              VARIETY]
+    full = _cfg(tiny_yaml, tmp_path / "full", *common)
+    train(full)
+    # A second run dir that starts from the uninterrupted run's step-2 checkpoint.
+    resumed_dir = tmp_path / "resumed"
+    (resumed_dir / "checkpoints").mkdir(parents=True)
+    src = full.run_dir / "checkpoints" / "step_000002"
+    subprocess.run(["cp", "-r", str(src), str(resumed_dir / "checkpoints")], check=True)
+    train(_cfg(tiny_yaml, resumed_dir, *common, "train.resume=auto"))
+    a, b = _metrics(full.run_dir), _metrics(resumed_dir)
+    assert sorted(b) == [3, 4]
+    for step in (3, 4):
+        assert b[step]["loss/loss"] == a[step]["loss/loss"]
+        assert b[step]["reward/total_mean"] == a[step]["reward/total_mean"]
+    wa = checkpoint.latest(full.run_dir) / "model.safetensors"
+    wb = checkpoint.latest(resumed_dir) / "model.safetensors"
+    from safetensors.torch import load_file
+
+    ta, tb = load_file(wa), load_file(wb)
+    assert all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+def test_sigkill_during_checkpoint_write_keeps_previous(tiny_yaml, tmp_path):
+    run_dir = tmp_path / "killed"
+    cli = [sys.executable, "-m", "mmrl.cli", "train", str(tiny_yaml), f"log.run_dir={run_dir}",
+           "eval.before_rl=false", "data.eval=null"]
+    subprocess.run(cli + ["train.steps=1"], check=True, cwd=ROOT, capture_output=True)
+    assert checkpoint.latest(run_dir).name == "step_000001"
+    flag = tmp_path / "writing"
+    env = dict(os.environ, MMRL_TEST_CHECKPOINT_DELAY="60", MMRL_TEST_CHECKPOINT_FLAG=str(flag))
+    proc = subprocess.Popen(cli + ["train.steps=2", "train.resume=auto"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not flag.exists():
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert time.time() < deadline, "checkpoint write never started"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert any(p.name.startswith(".tmp-step_000002") for p in (run_dir / "checkpoints").iterdir())
+    assert checkpoint.latest(run_dir).name == "step_000001"  # the half-written one is invisible
+    done = subprocess.run(cli + ["train.steps=2", "train.resume=auto"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resumed from" in done.stderr and "step_000001" in done.stderr
+    assert checkpoint.latest(run_dir).name == "step_000002"
+
+
+def test_summary_and_rollouts_written(tiny_yaml, tmp_path):
+    summary = train(_cfg(tiny_yaml, tmp_path, "eval.before_rl=true", "eval.shuffled_images=true"))
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    for key in ("accuracy_before_rl", "accuracy_after_rl", "accuracy_shuffled_images", "chance"):
+        assert key in on_disk and 0.0 <= on_disk[key] <= 1.0
+    assert on_disk["steps"] == summary["steps"] == 2
+    rollouts = [json.loads(ln) for ln in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    assert rollouts and {"completion", "answer", "rewards", "advantage", "images"} <= set(rollouts[0])
+    assert Path(rollouts[0]["images"][0]).is_file()  # media referenced by path, not copied
+    saved = config.load(tmp_path / "config.yaml")
+    assert saved.rollout.num_generations == 4
