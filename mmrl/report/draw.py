@@ -1,0 +1,168 @@
+"""Pictures of one rollout: boxes on its image, a frame strip + timeline for its video, a waveform
++ spectrogram for its audio. Everything returns a PIL image; html.py embeds it as a PNG data URI.
+
+Colours are fixed so a reader learns them once: prediction red, ground truth green.
+"""
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from mmrl.report.media import DISPLAY_SIDE, display_scale
+
+PRED = (230, 0, 0)
+GT = (0, 170, 0)
+LINE = 3  # px at display scale: visible on a 320 px image, thin enough not to hide objects
+
+
+def png_data_uri(im: Image.Image) -> str:
+    buf = io.BytesIO()
+    im.save(buf, format="PNG", optimize=True)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def box_frame(boxes: list[list[float]], image_size: tuple[int, int],
+              declared_size: list | tuple | None) -> list[list[float]]:
+    """Boxes in the pixel frame of the image file.
+
+    Models answer in the frame they were shown: normalised [0, 1] coordinates, or the resized
+    frame recorded as fields.image_size. Both are mapped back to the file's pixels here, so a box
+    the reward scored as correct is also drawn on the right object.
+
+    >>> box_frame([[0.1, 0.2, 0.5, 0.5]], (200, 100), None)
+    [[20.0, 20.0, 100.0, 50.0]]
+    >>> box_frame([[10, 10, 20, 20]], (200, 100), [100, 50])
+    [[20.0, 20.0, 40.0, 40.0]]
+    """
+    w, h = image_size
+    sx = sy = 1.0
+    values = [v for b in boxes for v in b]
+    if values and max(abs(v) for v in values) <= 1.0 and any(v != int(v) for v in values):
+        sx, sy = w, h
+    elif (isinstance(declared_size, (list, tuple)) and len(declared_size) == 2
+          and all(isinstance(v, (int, float)) and v > 0 for v in declared_size)):
+        sx, sy = w / declared_size[0], h / declared_size[1]
+    return [[b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy] for b in boxes]
+
+
+def draw_boxes(image: Image.Image, pred: list[list[float]], gt: list[list[float]],
+               side: int = DISPLAY_SIDE) -> tuple[Image.Image, float]:
+    """A display-sized copy of `image` with ground truth (green) under predictions (red).
+
+    Returns the drawn image and the scale from file pixels to drawn pixels (tests use it to
+    find the edges). Nearest-neighbour upscaling keeps tiny synthetic images crisp.
+    """
+    scale = display_scale(image.width, image.height, side)
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    resample = Image.NEAREST if scale > 1 else Image.BILINEAR
+    out = image.resize(size, resample)
+    draw = ImageDraw.Draw(out)
+    for boxes, colour in ((gt, GT), (pred, PRED)):  # predictions on top: they are what changed
+        for x1, y1, x2, y2 in boxes:
+            xa, xb = sorted((x1 * scale, x2 * scale))  # degenerate answers may swap corners
+            ya, yb = sorted((y1 * scale, y2 * scale))
+            draw.rectangle([xa, ya, xb, yb], outline=colour, width=LINE)
+    return out, scale
+
+
+def frame_strip(frames: list[Image.Image]) -> Image.Image:
+    """Frames side by side, each centred in an equal-width cell (cell i = time bin i), with a
+    white gap so that similar neighbouring frames still read as separate pictures."""
+    gap = 3
+    cell_w = max(f.width for f in frames) + gap
+    height = max(f.height for f in frames)
+    strip = Image.new("RGB", (cell_w * len(frames), height), (255, 255, 255))
+    for i, f in enumerate(frames):
+        strip.paste(f, (i * cell_w + (cell_w - f.width) // 2, (height - f.height) // 2))
+    return strip
+
+
+def draw_timeline(strip: Image.Image | None, duration: float, pred: list[tuple[float, float]],
+                  gt: list[tuple[float, float]], width: int = 2 * DISPLAY_SIDE) -> Image.Image:
+    """The frame strip above a time axis with the ground-truth segment (green, upper lane) and
+    the predicted segment (red, lower lane). Lanes instead of overlap so both stay visible."""
+    strip_h = 0
+    if strip is not None:
+        strip = strip.resize((width, max(1, round(strip.height * width / strip.width))))
+        strip_h = strip.height
+    lane, pad = 12, 4
+    axis_h = 2 * lane + 3 * pad + 12
+    out = Image.new("RGB", (width, strip_h + axis_h), (255, 255, 255))
+    if strip is not None:
+        out.paste(strip, (0, 0))
+    draw = ImageDraw.Draw(out)
+    top = strip_h + pad
+    draw.rectangle([0, top, width - 1, top + 2 * lane + pad], fill=(235, 235, 235))
+
+    def x(t: float) -> float:
+        return max(0.0, min(width - 1.0, t / duration * (width - 1))) if duration > 0 else 0.0
+
+    for segs, colour, y in ((gt, GT, top), (pred, PRED, top + lane + pad)):
+        for a, b in segs:
+            draw.rectangle([x(a), y, max(x(b), x(a) + 1), y + lane], fill=colour)
+    ticks = 5
+    for i in range(ticks + 1):  # labels at 0, 20%, ..., 100% of the duration
+        t = duration * i / ticks
+        tx = x(t)
+        draw.line([tx, top + 2 * lane + pad, tx, top + 2 * lane + 2 * pad], fill=(90, 90, 90))
+        label = f"{t:.1f}s"
+        anchor_x = min(max(0, tx - 3 * len(label)), width - 6 * len(label))
+        draw.text((anchor_x, top + 2 * lane + 2 * pad), label, fill=(60, 60, 60))
+    return out
+
+
+def audio_picture(samples: np.ndarray, sr: int, width_px: int = 2 * DISPLAY_SIDE) -> Image.Image:
+    """Waveform (min/max envelope) above a log-magnitude spectrogram, sharing the time axis."""
+    # matplotlib's object API, not pyplot: no global figure registry, no backend switching
+    # behind the caller's back (the report may run inside a notebook or the trainer).
+    from matplotlib.figure import Figure
+
+    dpi = 100
+    fig = Figure(figsize=(width_px / dpi, 2.6), dpi=dpi)
+    ax_w, ax_s = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [1, 1.6]})
+    seconds = samples.size / sr
+    env_t, lo, hi = _envelope(samples, sr, columns=width_px)
+    ax_w.fill_between(env_t, lo, hi, color="#3366aa", linewidth=0)
+    ax_w.set_ylim(-1.05, 1.05)
+    ax_w.set_yticks([])
+    ax_w.set_ylabel("wave", fontsize=7)
+    db, freqs = _spectrogram(samples, sr)
+    ax_s.imshow(db, origin="lower", aspect="auto", cmap="magma",
+                extent=(0.0, seconds, 0.0, freqs[-1] / 1000.0))
+    ax_s.set_ylabel("kHz", fontsize=7)
+    ax_s.set_xlabel("seconds", fontsize=7)
+    for ax in (ax_w, ax_s):
+        ax.tick_params(labelsize=6)
+    fig.tight_layout(pad=0.3, h_pad=0.2)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    buf.seek(0)
+    return Image.open(buf).convert("RGB")
+
+
+def _envelope(samples: np.ndarray, sr: int, columns: int):
+    """Per-pixel-column min and max: a faithful waveform at any length without plotting
+    millions of points."""
+    columns = max(1, min(columns, samples.size))
+    edges = np.linspace(0, samples.size, columns + 1).astype(int)
+    lo = np.minimum.reduceat(samples, edges[:-1])
+    hi = np.maximum.reduceat(samples, edges[:-1])
+    return edges[:-1] / sr, lo, hi
+
+
+def _spectrogram(samples: np.ndarray, sr: int, n_fft: int = 512, max_frames: int = 800):
+    """Magnitude STFT in dB with a Hann window; the hop grows with the clip so long audio costs
+    a bounded number of frames. Plain numpy: librosa's import alone costs seconds."""
+    n_fft = min(n_fft, max(16, 1 << int(np.log2(max(samples.size, 16)))))
+    hop = max(n_fft // 4, (samples.size - n_fft) // max_frames + 1)
+    padded = np.pad(samples, (0, max(0, n_fft - samples.size)))
+    starts = np.arange(0, padded.size - n_fft + 1, hop)
+    frames = np.stack([padded[s:s + n_fft] for s in starts]) * np.hanning(n_fft)
+    mag = np.abs(np.fft.rfft(frames, axis=1)).T
+    db = 20 * np.log10(np.maximum(mag, 1e-6))
+    db = np.maximum(db, db.max() - 80.0)  # 80 dB of range: the usual display floor
+    freqs = np.fft.rfftfreq(n_fft, 1.0 / sr)
+    return db, freqs
