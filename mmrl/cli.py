@@ -1,4 +1,4 @@
-"""mmrl command line: train | eval | validate | ls | data.
+"""mmrl command line: train | eval | validate | report | ls | data.
 
 Heavy imports (torch, transformers) happen inside the commands, so `mmrl ls` and `mmrl validate`
 answer quickly and `--help` works on a broken install.
@@ -132,6 +132,26 @@ def cmd_data(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from mmrl.report import build_report
+
+    steps = [int(s) for s in args.steps.split(",")] if args.steps else None
+    print(build_report(args.run_dirs, out=args.out, steps=steps))
+    return 0
+
+
+def cmd_eval(args) -> int:
+    import torch
+
+    from mmrl.train.evaluate import evaluate_checkpoint
+
+    torch.set_flush_denormal(True)
+    cfg = _load(args)
+    result = evaluate_checkpoint(cfg, args.checkpoint, out_dir=args.out)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mmrl", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -141,6 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("config")
         sp.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=1e-5")
         sp.set_defaults(fn=fn)
+    sp = sub.add_parser("eval", help="evaluate a checkpoint on the config's eval set")
+    sp.add_argument("config")
+    sp.add_argument("overrides", nargs="*")
+    sp.add_argument("--checkpoint", required=True, help="checkpoints/step_NNNNNN or an HF model dir")
+    sp.add_argument("--out", default=None, help="output dir (default: CHECKPOINT/eval)")
+    sp.set_defaults(fn=cmd_eval)
+    sp = sub.add_parser("report", help="HTML report of one run (or two, overlaid)")
+    sp.add_argument("run_dirs", nargs="+")
+    sp.add_argument("--out", default=None, help="default: RUN_DIR/report.html")
+    sp.add_argument("--steps", default=None, help="rollout steps to show, e.g. 10,200")
+    sp.set_defaults(fn=cmd_report)
     sp = sub.add_parser("ls", help="list registered names")
     sp.add_argument("what", choices=["models", "algos", "rewards", "recipes"])
     sp.set_defaults(fn=cmd_ls)
@@ -155,7 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    # key=value overrides may also follow options (`mmrl eval C --checkpoint D k=v`).
+    if rest and hasattr(args, "overrides") and all("=" in r and not r.startswith("-") for r in rest):
+        args.overrides = list(args.overrides) + rest
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return args.fn(args)
 
 

@@ -41,6 +41,10 @@ else
   $PIP install -q flash-attn --no-build-isolation || echo "flash-attn did not build; mmrl falls back to sdpa"
 fi
 
+# Headless Chromium renders the HTML run report in the browser test (Debian package; no-op
+# without apt or root, the test then skips and says why).
+bash scripts/install_chromium.sh || true
+
 "$VENV/bin/python" - <<'EOF'
 import torch, torchvision, transformers, mmrl, rewards
 print(f"mmrl ready: torch {torch.__version__}, torchvision {torchvision.__version__}, "

@@ -90,3 +90,26 @@ def majority_baseline(samples: list[Sample]) -> float:
     for s in samples:
         counts[str(s.solution)] = counts.get(str(s.solution), 0) + 1
     return max(counts.values()) / len(samples) if samples else float("nan")
+
+
+def evaluate_checkpoint(cfg: RunConfig, checkpoint: str, out_dir: str | None = None) -> dict:
+    """`mmrl eval`: greedy generation over `data.eval` with a saved model; writes
+    predictions.jsonl and metrics.json into `out_dir` (default CHECKPOINT/eval)."""
+    from mmrl.models import get_adapter
+    from mmrl.train.setup import DTYPES, build_datasets
+
+    if not cfg.data.eval:
+        raise SystemExit("mmrl eval: the config has no data.eval; pass data.eval=PATH")
+    _, samples = build_datasets(cfg)
+    adapter = get_adapter(cfg.model.family)
+    model, processor = adapter.load(checkpoint, dtype=DTYPES[cfg.model.dtype],
+                                    attn_implementation=cfg.model.attn_implementation)
+    if torch.cuda.is_available():
+        model.cuda()
+    out = Path(out_dir) if out_dir else Path(checkpoint) / "eval"
+    result = evaluate(model, processor, adapter, samples, cfg, out_file=out / "predictions.jsonl")
+    if cfg.eval.shuffled_images:
+        result["accuracy_shuffled_images"] = evaluate(
+            model, processor, adapter, samples, cfg, shuffled=True)["accuracy"]
+    (out / "metrics.json").write_text(json.dumps(result, indent=2))
+    return result
