@@ -18,7 +18,7 @@ from mmrl.config import RunConfig, save as save_config
 from mmrl.data.media import MediaError, load_media
 from mmrl.models import get_adapter
 from mmrl.models.forward import collate, completion_logprobs, generate
-from mmrl.train import checkpoint, setup
+from mmrl.train import checkpoint, dist, setup
 from mmrl.train.logging import RunLogger
 from mmrl.train.rollout_utils import concat_rollouts, rollout_metrics, rollout_records
 from mmrl.train.scoring import RewardSet
@@ -29,13 +29,15 @@ class Trainer:
     def __init__(self, cfg: RunConfig, logger: RunLogger | None = None):
         self.cfg = cfg
         setup.check_environment(cfg)
+        self.dist = dist.init()
         setup.set_seed(cfg.train.seed)
         self.run_dir = cfg.run_dir
         self.train_set, self.eval_set = setup.build_datasets(cfg)
         self.adapter = get_adapter(cfg.model.family)
         resume = checkpoint.resolve_resume(cfg.train.resume, self.run_dir)
         self.model, self.processor = setup.build_model(cfg, self.adapter, resume)
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = torch.device(f"cuda:{self.dist.local_rank}" if torch.cuda.is_available()
+                                   else "cpu")
         self.model.to(self.device)
         self.suppress_ids = self.adapter.placeholder_token_ids(self.processor)
         self.pad_id = self.processor.tokenizer.pad_token_id
@@ -46,10 +48,14 @@ class Trainer:
         self.ref_model = None
         self.step, self.skipped, self.state_extra = 0, 0, {}
         self._features: dict[int, PromptFeatures] = {}
-        self.log = logger or RunLogger(self.run_dir, tensorboard=cfg.log.tensorboard,
-                                       wandb=cfg.log.wandb, progress=cfg.log.progress,
-                                       log_every=cfg.log.log_every, config=asdict(cfg))
-        save_config(cfg, self.run_dir / "config.yaml")
+        main = self.dist.main  # only rank 0 writes the run dir; other ranks keep a local log
+        self.log = logger or RunLogger(
+            self.run_dir if main else self.run_dir / f"rank{self.dist.rank}",
+            tensorboard=cfg.log.tensorboard and main, wandb=cfg.log.wandb and main,
+            progress=cfg.log.progress if main else "off", log_every=cfg.log.log_every,
+            config=asdict(cfg))
+        if main:
+            save_config(cfg, self.run_dir / "config.yaml")
         if resume is not None:
             self._restore(resume)
 
@@ -64,10 +70,13 @@ class Trainer:
         return feats
 
     def next_prompts(self, n: int) -> list[PromptFeatures]:
-        """Draw n prompts; bad media raises (on_bad_sample=error) or is skipped and counted."""
-        out = []
-        while len(out) < n:
-            idx = self.sampler.next()
+        """Draw n prompts (the global batch: every rank draws the same ones and keeps its slice,
+        so groups stay whole); bad media raises (on_bad_sample=error) or is skipped and counted
+        (a replacement is drawn locally, so ranks' orders may then drift apart)."""
+        todo = [self.sampler.next() for _ in range(n)][dist.local_slice(n, self.dist)]
+        want, out = len(todo), []
+        while len(out) < want:
+            idx = todo.pop(0) if todo else self.sampler.next()
             try:
                 out.append(self.features(self.train_set[idx], idx))
             except MediaError as e:
@@ -109,14 +118,15 @@ class Trainer:
         sample more prompts until the batch is full (DAPO)."""
         ac, b = self.cfg.algo, self.cfg.rollout.prompts_per_step
         if not ac.dynamic_sampling:
-            batch = self.rollout(self.next_prompts(b))
+            batch = self.rollout(self.next_prompts(b), group_offset=self._group_base(b))
             scores, per = self.score(batch)
             return batch, scores, per, {"sampling/rounds": 1}
-        acc = algos.GroupAccumulator(target_groups=b, max_rounds=ac.max_sampling_rounds)
+        acc = algos.GroupAccumulator(target_groups=b // self.dist.world,
+                                     max_rounds=ac.max_sampling_rounds)
         pieces, offset = [], 0
         while not acc.full:
-            batch = self.rollout(self.next_prompts(b), group_offset=offset)
-            offset += b
+            batch = self.rollout(self.next_prompts(b), group_offset=self._group_base(b) + offset)
+            offset += b * self.dist.world
             scores, per = self.score(batch)
             ids, keep = algos.groups_with_signal(scores, batch.group_ids)
             acc.add(ids.tolist(), keep)  # raises with advice after max_rounds
@@ -127,6 +137,17 @@ class Trainer:
         rows = torch.isin(batch.group_ids, torch.tensor(acc.take())).nonzero().flatten().tolist()
         return (batch.select(rows), scores[rows], {k: [v[i] for i in rows] for k, v in per.items()},
                 {"sampling/rounds": acc.round})
+
+    def _group_base(self, b: int) -> int:
+        """Group ids unique across ranks: rank r's groups start at r * (its share of b)."""
+        return dist.local_slice(b, self.dist).start
+
+    def advantages(self, scores: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        """Advantages over the global batch (all ranks' scores), returned for the local rows."""
+        all_scores, start = dist.gather_cat(scores, self.dist)
+        all_groups, _ = dist.gather_cat(group_ids, self.dist)
+        adv = algos.ADVANTAGES.get(self.cfg.algo.advantage)(all_scores, all_groups)
+        return adv[start:start + scores.numel()]
 
     # ---------------------------------------------------------------- stage: logprobs ----------
     def micro_batches(self, n: int) -> list[list[int]]:
@@ -160,7 +181,8 @@ class Trainer:
         if ac.overlong_filter:
             mask = algos.overlong_filter_mask(mask, batch.truncated)
         # The normaliser is global so that summing micro-batch losses equals the one-shot loss.
-        normalizer = mask.sum().clamp(min=1) if ac.agg == "token_mean" else float(batch.n)
+        local = mask.sum() if ac.agg == "token_mean" else batch.n
+        normalizer = float(dist.all_sum(local, self.dist).clamp(min=1))
         sums: dict[str, float] = {}
         self.model.train()
         for _ in range(ac.num_iterations):
@@ -181,9 +203,11 @@ class Trainer:
                            "entropy": (ent * m).sum() / m.sum().clamp(min=1)}
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v) * frac / ac.num_iterations
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            dist.all_reduce_grads(params, self.dist)  # each rank holds a part of the global sum
             grad_norm = torch.nn.utils.clip_grad_norm_(
-                [p for p in self.model.parameters() if p.requires_grad],
-                self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf"))
+                params, self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0
+                else float("inf"))
             self.optimizer.step()
             sums["grad_norm"] = float(grad_norm)
         self.scheduler.step()
@@ -191,11 +215,17 @@ class Trainer:
 
     # ---------------------------------------------------------------- one step -----------------
     def train_step(self) -> dict[str, float]:
-        ac, timer = self.cfg.algo, StageTimer()
+        timer = StageTimer()
         with timer("rollout"):
             batch, scores, per_reward, extra = self.sample_batch()
+        return self.learn(batch, scores, per_reward, extra, timer)
+
+    def learn(self, batch: RolloutBatch, scores: torch.Tensor, per_reward: dict[str, list],
+              extra: dict | None = None, timer: "StageTimer | None" = None) -> dict[str, float]:
+        """Everything after sampling: advantages, old/ref logprobs, update, metrics."""
+        ac, timer, extra = self.cfg.algo, timer or StageTimer(), extra or {}
         with timer("advantage"):
-            adv = algos.ADVANTAGES.get(ac.advantage)(scores, batch.group_ids)
+            adv = self.advantages(scores, batch.group_ids)
         sb = ScoredBatch(rollout=batch, scores=scores, per_reward=per_reward, advantages=adv)
         with timer("logprob"):
             if ac.num_iterations > 1:
@@ -212,17 +242,25 @@ class Trainer:
         metrics["time/tokens_per_s"] = tokens / max(timer.total, 1e-9)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         metrics["data/skipped"] = self.skipped
+        metrics = dist.mean_metrics(metrics, self.dist)
+        if self.dist.enabled:  # each rank's loss is its part of the global sum
+            metrics["loss/loss"] *= self.dist.world
         if self.cfg.log.rollouts_every and self.step % self.cfg.log.rollouts_every == 0:
             self.log.log_rollouts(self.step, rollout_records(sb, self.cfg.log.rollouts_per_step))
         return metrics
 
     # ---------------------------------------------------------------- state --------------------
     def save(self) -> None:
+        """Rank 0 writes (weights are identical on every rank after the all-reduced step)."""
+        if not self.dist.main:
+            dist.barrier(self.dist)
+            return
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                  "sampler": self.sampler.state_dict(), "skipped": self.skipped,
                  "extra": self.state_extra}
         checkpoint.save(self.run_dir, self.step, self.model, self.processor, state,
                         keep=self.cfg.train.keep_checkpoints)
+        dist.barrier(self.dist)
 
     def _restore(self, ckpt) -> None:
         state = checkpoint.load_state(ckpt)
@@ -245,7 +283,8 @@ class Trainer:
             self.ref_model = setup.build_reference(ref.to(self.device))
         else:
             self.ref_model = setup.build_reference(self.model)
-            self.ref_model.save_pretrained(path)
+            if self.dist.main:
+                self.ref_model.save_pretrained(path)
 
 
 class StageTimer:

@@ -12,13 +12,19 @@ import torch
 
 from mmrl.config import RunConfig
 from mmrl.train.evaluate import evaluate, majority_baseline
+from mmrl.train import dist
 from mmrl.train.loop import Trainer
 from mmrl.train.sft import sft_warmup
 
 
 def _eval(trainer: Trainer, name: str, **kw) -> dict:
-    return evaluate(trainer.model, trainer.processor, trainer.adapter, trainer.eval_set,
-                    trainer.cfg, out_file=trainer.run_dir / "eval" / f"{name}.jsonl", **kw)
+    """Held-out evaluation on rank 0 (the other ranks wait); NaN accuracy elsewhere."""
+    result = {"accuracy": float("nan")}
+    if trainer.dist.main:
+        result = evaluate(trainer.model, trainer.processor, trainer.adapter, trainer.eval_set,
+                          trainer.cfg, out_file=trainer.run_dir / "eval" / f"{name}.jsonl", **kw)
+    dist.barrier(trainer.dist)
+    return result
 
 
 def train(cfg: RunConfig) -> dict:
@@ -55,6 +61,7 @@ def train(cfg: RunConfig) -> dict:
                 summary["chance"] = majority_baseline(trainer.eval_set)
         summary["steps"] = trainer.step
         trainer.save()
+        dist.destroy(trainer.dist)
     except torch.OutOfMemoryError as e:
         raise RuntimeError(
             f"out of memory at step {trainer.step + 1}: lower train.micro_batch_size (rows per "
@@ -63,8 +70,9 @@ def train(cfg: RunConfig) -> dict:
             f"train.resume=auto; the last checkpoint is intact.") from e
     finally:
         log.close()
-    (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    _print_table(trainer, summary)
+    if trainer.dist.main:
+        (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        _print_table(trainer, summary)
     return summary
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from mmrl.models.forward import collate, completion_logprobs
+from mmrl.train import dist
 from mmrl.train.evaluate import evaluate
 
 
@@ -48,6 +49,9 @@ def sft_warmup(trainer) -> dict:
         loss = -(logp * mask.to(logp.device)).sum() / mask.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        # Every rank trains on the same batch; averaging keeps replicas bit-identical anyway.
+        dist.all_reduce_grads([p for p in model.parameters() if p.requires_grad], trainer.dist,
+                              average=True)
         opt.step()
         if step % sc.eval_every == 0 or step == sc.steps:
             acc = evaluate(model, trainer.processor, trainer.adapter, val, trainer.cfg)["accuracy"]

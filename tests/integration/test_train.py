@@ -138,7 +138,8 @@ def test_sigkill_during_checkpoint_write_keeps_previous(tiny_yaml, tmp_path):
     run_dir = tmp_path / "killed"
     cli = [sys.executable, "-m", "mmrl.cli", "train", str(tiny_yaml), f"log.run_dir={run_dir}",
            "eval.before_rl=false", "data.eval=null"]
-    subprocess.run(cli + ["train.steps=1"], check=True, cwd=ROOT, capture_output=True)
+    first = subprocess.run(cli + ["train.steps=1"], cwd=ROOT, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-3000:]
     assert checkpoint.latest(run_dir).name == "step_000001"
     flag = tmp_path / "writing"
     env = dict(os.environ, MMRL_TEST_CHECKPOINT_DELAY="60", MMRL_TEST_CHECKPOINT_FLAG=str(flag))

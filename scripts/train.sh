@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# One node, N processes (GPUs, or CPU processes with gloo):
+#   bash scripts/train.sh 8 recipes/quickstart.yaml model.path=/ckpt/Qwen2.5-VL-3B-Instruct
+# Each process draws the same global batch of rollout.prompts_per_step prompts and keeps its
+# slice (prompts_per_step must be divisible by N); gradients are summed across processes.
+set -euo pipefail
+NPROC=${1:?usage: train.sh NPROC CONFIG [key=value ...]}; shift
+PY=${PYTHON:-$(dirname "$0")/../.venv/bin/python}
+[ -x "$PY" ] || PY=python
+exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" -m mmrl.cli train "$@"
