@@ -32,6 +32,16 @@ class DataConfig:
 
 
 @dataclass
+class LoraSpec:
+    r: int = 0  # 0 = full fine-tuning; > 0 trains LoRA adapters (peft) on the language model
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    include_encoders: bool = False  # also adapt vision/audio towers (excluded by default)
+
+
+@dataclass
 class ModelConfig:
     family: str = "qwen2_5_vl"  # registered adapter: `mmrl ls models`
     path: str = "tiny"  # HF-format checkpoint dir, or "tiny" for the adapter's offline tiny twin
@@ -40,6 +50,7 @@ class ModelConfig:
     attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2
     gradient_checkpointing: bool = False
     freeze: list[str] = field(default_factory=list)  # parameter-name prefixes or: vision, audio
+    lora: LoraSpec = field(default_factory=LoraSpec)
 
 
 @dataclass

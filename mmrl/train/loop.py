@@ -18,7 +18,7 @@ from mmrl.config import RunConfig, save as save_config
 from mmrl.data.media import MediaError, load_media
 from mmrl.models import get_adapter
 from mmrl.models.forward import collate, completion_logprobs, generate
-from mmrl.train import checkpoint, dist, setup
+from mmrl.train import checkpoint, dist, lora, setup
 from mmrl.train.logging import RunLogger
 from mmrl.train.rollout_utils import concat_rollouts, rollout_metrics, rollout_records
 from mmrl.train.scoring import RewardSet
@@ -35,7 +35,7 @@ class Trainer:
         self.train_set, self.eval_set = setup.build_datasets(cfg)
         self.adapter = get_adapter(cfg.model.family)
         resume = checkpoint.resolve_resume(cfg.train.resume, self.run_dir)
-        self.model, self.processor = setup.build_model(cfg, self.adapter, resume)
+        self.model, self.processor, self.peft = setup.build_model(cfg, self.adapter, resume)
         self.device = torch.device(f"cuda:{self.dist.local_rank}" if torch.cuda.is_available()
                                    else "cpu")
         self.model.to(self.device)
@@ -232,6 +232,9 @@ class Trainer:
                 sb.old_logp = self.logprobs(self.model, batch)
             if self.ref_model is not None:
                 sb.ref_logp = self.logprobs(self.ref_model, batch)
+            elif ac.beta > 0 and self.peft is not None:  # LoRA: reference = adapter disabled
+                with lora.reference_context(self.peft):
+                    sb.ref_logp = self.logprobs(self.model, batch)
         with timer("update"):
             metrics = self.update(sb)
         self.step += 1
@@ -258,7 +261,7 @@ class Trainer:
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                  "sampler": self.sampler.state_dict(), "skipped": self.skipped,
                  "extra": self.state_extra}
-        checkpoint.save(self.run_dir, self.step, self.model, self.processor, state,
+        checkpoint.save(self.run_dir, self.step, self.peft or self.model, self.processor, state,
                         keep=self.cfg.train.keep_checkpoints)
         dist.barrier(self.dist)
 
@@ -275,7 +278,7 @@ class Trainer:
     def enable_reference(self) -> None:
         """The KL reference is the policy as RL starts (after any SFT warm-up). It is saved once
         in the run dir so that a resumed run keeps the same reference, not the resumed policy."""
-        if self.cfg.algo.beta <= 0 or self.ref_model is not None:
+        if self.cfg.algo.beta <= 0 or self.ref_model is not None or self.peft is not None:
             return
         path = self.run_dir / "reference"
         if path.is_dir():

@@ -12,7 +12,7 @@ import torch
 
 from mmrl.config import RunConfig
 from mmrl.train.evaluate import evaluate, majority_baseline
-from mmrl.train import dist
+from mmrl.train import dist, lora
 from mmrl.train.loop import Trainer
 from mmrl.train.sft import sft_warmup
 
@@ -61,6 +61,9 @@ def train(cfg: RunConfig) -> dict:
                 summary["chance"] = majority_baseline(trainer.eval_set)
         summary["steps"] = trainer.step
         trainer.save()
+        if trainer.peft is not None and trainer.dist.main:
+            summary["merged_model"] = str(lora.export_merged(
+                trainer.peft, trainer.processor, trainer.run_dir / "merged"))
         dist.destroy(trainer.dist)
     except torch.OutOfMemoryError as e:
         raise RuntimeError(

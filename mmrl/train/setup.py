@@ -17,6 +17,7 @@ import torch
 from mmrl.config import RunConfig, TrainConfig
 from mmrl.data import synthetic
 from mmrl.data.schema import load_samples
+from mmrl.train import lora
 from mmrl.types import Sample
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -61,24 +62,29 @@ def check_environment(cfg: RunConfig) -> None:
 
 
 def build_model(cfg: RunConfig, adapter, checkpoint: Path | None = None):
-    """-> (model, processor). From a checkpoint when resuming, else from model.path / tiny."""
+    """-> (model, processor, peft_model or None). From a checkpoint when resuming (an adapter-only
+    LoRA checkpoint is applied on top of model.path), else from model.path / tiny."""
     m = cfg.model
     dtype = DTYPES[m.dtype]
-    if checkpoint is not None:
-        model, processor = adapter.load(str(checkpoint), dtype=dtype,
-                                        attn_implementation=m.attn_implementation)
-    elif m.path == "tiny":
+    full_ckpt = checkpoint is not None and not lora.is_adapter_checkpoint(checkpoint)
+    source = str(checkpoint) if full_ckpt else m.path
+    if source == "tiny":
         model, processor = adapter.tiny(seed=cfg.train.seed, **m.tiny)
         model = model.to(dtype)
     else:
-        model, processor = adapter.load(m.path, dtype=dtype,
+        model, processor = adapter.load(source, dtype=dtype,
                                         attn_implementation=m.attn_implementation)
     _image_budget(processor, cfg)
+    peft_model = None
+    if checkpoint is not None and not full_ckpt:
+        peft_model = lora.load(model, checkpoint)
+    elif m.lora.r > 0:
+        peft_model = lora.wrap(model, m.lora, adapter)
     freeze(model, m.freeze, adapter)
     if m.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-    return model, processor
+    return model, processor, peft_model
 
 
 def _image_budget(processor, cfg: RunConfig) -> None:
