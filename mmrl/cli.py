@@ -132,6 +132,22 @@ def cmd_data(args) -> int:
     return 0
 
 
+def cmd_data_convert(args) -> int:
+    from mmrl.data.formats import convert
+
+    print(json.dumps(convert(args.fmt, args.inp, args.out, media_root=args.media_root), indent=2))
+    return 0
+
+
+def cmd_data_inspect(args) -> int:
+    from mmrl.data.inspect import format_report, inspect_file
+
+    report = inspect_file(args.file, fmt=args.format, n_show=args.show, deep=args.deep,
+                          media_root=args.media_root)
+    print(json.dumps(report, indent=2, default=str) if args.json else format_report(report))
+    return 1 if report["bad_records"] or report["bad_media"] else 0
+
+
 def cmd_report(args) -> int:
     from mmrl.report import build_report
 
@@ -182,6 +198,22 @@ def build_parser() -> argparse.ArgumentParser:
     gp.add_argument("out")
     gp.add_argument("params", nargs="*", help="generator arguments k=v (e.g. n_train=500)")
     gp.set_defaults(fn=cmd_data)
+    cp = dsub.add_parser("convert", help="rewrite an anchor project's data file as native JSONL")
+    cp.add_argument("--from", dest="fmt", required=True,
+                    help="vlm_r1 | r1v | easyr1 | video_r1 | r1_aqa | time_r1")
+    cp.add_argument("inp")
+    cp.add_argument("out")
+    cp.add_argument("--media-root", default=None,
+                    help="folder that relative media paths start from (default: the input's folder)")
+    cp.set_defaults(fn=cmd_data_convert)
+    ip = dsub.add_parser("inspect", help="counts by task/modality, bad records and media, prompts")
+    ip.add_argument("file")
+    ip.add_argument("--format", default="mmrl")
+    ip.add_argument("--show", type=int, default=3, help="prompts to render")
+    ip.add_argument("--deep", action="store_true", help="fully decode every media file")
+    ip.add_argument("--media-root", default=None)
+    ip.add_argument("--json", action="store_true", help="print the report as JSON")
+    ip.set_defaults(fn=cmd_data_inspect)
     return p
 
 

@@ -29,6 +29,14 @@ class DataConfig:
     on_bad_sample: str = "error"  # error: stop naming record and file | skip: skip and count
     image_min_pixels: Optional[int] = None  # per-image pixel budget (rounded to multiples of 28^2)
     image_max_pixels: Optional[int] = None
+    video_fps: Optional[float] = 2.0  # frames sampled per second (or set video_nframes)
+    video_nframes: Optional[int] = None  # fixed frame count instead of fps (never both)
+    video_max_frames: int = 64
+    video_max_pixels: Optional[int] = None  # total pixel budget across a clip's frames
+    audio_max_seconds: Optional[float] = None
+    audio_truncate: str = "error"  # longer audio: error (name the file) | head (keep the start)
+    media_cache: Optional[str] = None  # dir for decoded video/audio; later epochs decode nothing
+    feature_cache: int = 512  # processed prompts kept in memory (LRU), 0 = none
 
 
 @dataclass

@@ -118,3 +118,6 @@ def load_samples(path: str | Path, fmt: str = "mmrl", max_samples: int | None = 
     if not samples:
         raise RecordError(f"{path}: no records")
     return samples
+
+
+from mmrl.data import formats as _formats  # noqa: E402,F401  (registers the anchor formats)

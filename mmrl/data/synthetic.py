@@ -57,3 +57,6 @@ def counting(out_dir: str | Path, n_train: int = 2000, n_eval: int = 200, seed: 
     _write_jsonl(out / "train.jsonl", records[:n_train])
     _write_jsonl(out / "eval.jsonl", records[n_train:])
     return {"train": str(out / "train.jsonl"), "eval": str(out / "eval.jsonl")}
+
+
+from mmrl.data import synthetic_av as _synthetic_av  # noqa: E402,F401  (video/audio/grounding generators)

@@ -11,9 +11,10 @@ from pathlib import Path
 import torch
 
 from mmrl.config import RewardSpec, RunConfig
-from mmrl.data.media import MediaError, load_media
+from mmrl.data.media import MediaError
 from mmrl.models.forward import generate
 from mmrl.train.scoring import RewardSet
+from mmrl.train.setup import media_loader
 from mmrl.types import Sample
 from rewards import extract_answer
 
@@ -43,6 +44,7 @@ def evaluate(model, processor, adapter, samples: list[Sample], cfg: RunConfig, *
     metric_key = rewards.keys[[s.name for s in rewards.specs].index(cfg.eval.metric_reward)]
     max_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
     suppress = adapter.placeholder_token_ids(processor)
+    load = media_loader(cfg)
     was_training = model.training
     model.eval()
     rows, failed = [], 0
@@ -50,7 +52,7 @@ def evaluate(model, processor, adapter, samples: list[Sample], cfg: RunConfig, *
         chunk, feats = [], []
         for s in samples[start:start + cfg.eval.batch_size]:
             try:
-                feats.append(adapter.prompt_features(processor, s, **load_media(s)))
+                feats.append(adapter.prompt_features(processor, s, **load(s)))
                 chunk.append(s)
             except MediaError:
                 if cfg.data.on_bad_sample != "skip":

@@ -8,6 +8,7 @@ This is the only module that knows about devices, micro-batches and the optimize
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import asdict
 
@@ -15,7 +16,7 @@ import torch
 
 from mmrl import algos
 from mmrl.config import RunConfig, save as save_config
-from mmrl.data.media import MediaError, load_media
+from mmrl.data.media import MediaError
 from mmrl.models import get_adapter
 from mmrl.models.forward import collate, completion_logprobs, generate
 from mmrl.train import checkpoint, dist, lora, setup
@@ -42,12 +43,14 @@ class Trainer:
         self.suppress_ids = self.adapter.placeholder_token_ids(self.processor)
         self.pad_id = self.processor.tokenizer.pad_token_id
         self.rewards = RewardSet(cfg.rewards)
+        self.media_stats: dict[str, int] = {}  # e.g. audio_truncated, counted into metrics
+        self.load_media = setup.media_loader(cfg, self.media_stats)
         self.sampler = setup.PromptSampler(len(self.train_set), cfg.train.seed, cfg.data.shuffle)
         self.optimizer, self.scheduler = setup.build_optimizer(cfg.train, self.model,
                                                                cfg.train.steps)
         self.ref_model = None
         self.step, self.skipped, self.state_extra = 0, 0, {}
-        self._features: dict[int, PromptFeatures] = {}
+        self._features: OrderedDict[int, PromptFeatures] = OrderedDict()
         main = self.dist.main  # only rank 0 writes the run dir; other ranks keep a local log
         self.log = logger or RunLogger(
             self.run_dir if main else self.run_dir / f"rank{self.dist.rank}",
@@ -63,10 +66,13 @@ class Trainer:
     def features(self, sample: Sample, key: int | None = None) -> PromptFeatures:
         """One processor call per sample, reused by rollout and every training forward."""
         if key is not None and key in self._features:
+            self._features.move_to_end(key)
             return self._features[key]
-        feats = self.adapter.prompt_features(self.processor, sample, **load_media(sample))
-        if key is not None:
+        feats = self.adapter.prompt_features(self.processor, sample, **self.load_media(sample))
+        if key is not None and self.cfg.data.feature_cache > 0:  # bounded: media tensors are big
             self._features[key] = feats
+            while len(self._features) > self.cfg.data.feature_cache:
+                self._features.popitem(last=False)
         return feats
 
     def next_prompts(self, n: int) -> list[PromptFeatures]:
@@ -245,6 +251,7 @@ class Trainer:
         metrics["time/tokens_per_s"] = tokens / max(timer.total, 1e-9)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         metrics["data/skipped"] = self.skipped
+        metrics.update({f"data/{k}": v for k, v in self.media_stats.items()})
         metrics = dist.mean_metrics(metrics, self.dist)
         if self.dist.enabled:  # each rank's loss is its part of the global sum
             metrics["loss/loss"] *= self.dist.world

