@@ -146,6 +146,9 @@ class EvalConfig:
     batch_size: int = 32
     max_new_tokens: Optional[int] = None  # default: rollout.max_new_tokens
     metric_reward: str = "accuracy"  # reward whose mean is reported as `accuracy`
+    num_samples: int = 1  # k draws per sample: 1 = greedy; > 1 = sampled, reports pass@k
+    temperature: float = 1.0  # for num_samples > 1
+    pass_threshold: float = 1.0  # a draw counts as correct when the metric reward >= this
     before_rl: bool = True  # evaluate before RL (after SFT) for summary.json
     shuffled_images: bool = False  # also evaluate with images shuffled across samples
 

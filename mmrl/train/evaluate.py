@@ -13,6 +13,7 @@ import torch
 from mmrl.config import RewardSpec, RunConfig
 from mmrl.data.media import MediaError
 from mmrl.models.forward import generate
+from mmrl.train.metrics import summarize
 from mmrl.train.scoring import RewardSet
 from mmrl.train.setup import media_loader
 from mmrl.types import Sample
@@ -35,54 +36,70 @@ def metric_rewards(cfg: RunConfig) -> RewardSet:
     return RewardSet(specs)
 
 
+def _decode_chunk(samples, adapter, processor, load, cfg) -> tuple[list[Sample], list, int]:
+    chunk, feats, failed = [], [], 0
+    for s in samples:
+        try:
+            feats.append(adapter.prompt_features(processor, s, **load(s)))
+            chunk.append(s)
+        except MediaError:
+            if cfg.data.on_bad_sample != "skip":
+                raise
+            failed += 1
+    return chunk, feats, failed
+
+
 @torch.no_grad()
 def evaluate(model, processor, adapter, samples: list[Sample], cfg: RunConfig, *,
-             out_file: Path | None = None, shuffled: bool = False, desc: str = "eval") -> dict:
+             out_file: Path | None = None, shuffled: bool = False) -> dict:
+    """Generate for every sample (greedy, or `eval.num_samples` draws at `eval.temperature`),
+    score with the run's rewards, and report accuracy, pass@k and the task metrics."""
+    ec = cfg.eval
     if shuffled:
         samples = shuffle_media(samples, cfg.train.seed)
     rewards = metric_rewards(cfg)
-    metric_key = rewards.keys[[s.name for s in rewards.specs].index(cfg.eval.metric_reward)]
-    max_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
-    suppress = adapter.placeholder_token_ids(processor)
-    load = media_loader(cfg)
+    metric_key = rewards.keys[[s.name for s in rewards.specs].index(ec.metric_reward)]
+    max_new = ec.max_new_tokens or cfg.rollout.max_new_tokens
+    k, suppress, load = max(1, ec.num_samples), adapter.placeholder_token_ids(processor), \
+        media_loader(cfg)
     was_training = model.training
     model.eval()
     rows, failed = [], 0
-    for start in range(0, len(samples), cfg.eval.batch_size):
-        chunk, feats = [], []
-        for s in samples[start:start + cfg.eval.batch_size]:
-            try:
-                feats.append(adapter.prompt_features(processor, s, **load(s)))
-                chunk.append(s)
-            except MediaError:
-                if cfg.data.on_bad_sample != "skip":
-                    raise
-                failed += 1
+    for start in range(0, len(samples), ec.batch_size):
+        chunk, feats, bad = _decode_chunk(samples[start:start + ec.batch_size], adapter,
+                                          processor, load, cfg)
+        failed += bad
         if not chunk:
             continue
-        ids, mask, _, _ = generate(model, processor, feats, num_generations=1,
-                                   max_new_tokens=max_new, temperature=1.0, top_p=1.0, top_k=0,
-                                   do_sample=False, suppress_ids=suppress)
+        ids, mask, _, _ = generate(model, processor, feats, num_generations=k,
+                                   max_new_tokens=max_new, temperature=ec.temperature, top_p=1.0,
+                                   top_k=0, do_sample=k > 1, suppress_ids=suppress)
         texts = processor.tokenizer.batch_decode([r[m.bool()] for r, m in zip(ids, mask)],
                                                  skip_special_tokens=True)
-        totals, per = rewards.score(chunk, texts, {"completion_length": mask.sum(1).tolist(),
-                                                   "max_completion_length": [max_new] * len(chunk)})
-        for i, s in enumerate(chunk):
-            rows.append({"id": s.id, "completion": texts[i], "answer": extract_answer(texts[i]),
-                         "solution": s.solution, "reward": totals[i],
-                         "rewards": {k: v[i] for k, v in per.items()}})
+        drawn = [s for s in chunk for _ in range(k)]
+        totals, per = rewards.score(drawn, texts, {"completion_length": mask.sum(1).tolist(),
+                                                   "max_completion_length": [max_new] * len(drawn)})
+        for i, s in enumerate(drawn):
+            rows.append({"id": s.id, "draw": i % k, "task": s.task, "completion": texts[i],
+                         "answer": extract_answer(texts[i]), "solution": s.solution,
+                         "fields": s.fields, "reward": totals[i],
+                         "rewards": {key: v[i] for key, v in per.items()}})
     model.train(was_training)
     if out_file is not None:
         out_file.parent.mkdir(parents=True, exist_ok=True)
-        out_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    scored = [r["rewards"][metric_key] for r in rows if r["rewards"][metric_key] is not None]
+        out_file.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+    firsts = [r for r in rows if r["draw"] == 0]
+    scored = [r["rewards"][metric_key] for r in firsts if r["rewards"][metric_key] is not None]
     result = {"accuracy": sum(scored) / len(scored) if scored else float("nan"),
-              "n": len(rows), "failed": failed,
-              "reward_mean": sum(r["reward"] for r in rows) / max(1, len(rows))}
+              "n": len(firsts), "failed": failed,
+              "reward_mean": sum(r["reward"] for r in firsts) / max(1, len(firsts))}
     for key in rewards.keys:
-        vals = [r["rewards"][key] for r in rows if r["rewards"][key] is not None]
+        vals = [r["rewards"][key] for r in firsts if r["rewards"][key] is not None]
         if vals:
             result[f"{key}_mean"] = sum(vals) / len(vals)
+    iou_params = next((dict(s.params) for s in cfg.rewards if s.name == "iou"), None)
+    if rows:
+        result.update(summarize(rows, metric_key, k, ec.pass_threshold, iou_params))
     return result
 
 
