@@ -68,8 +68,6 @@ def validate(cfg) -> list[str]:
                                                ("constant", "linear", "cosine")))
     if cfg.data.generate:
         check("data.generate", lambda: GENERATORS.get(cfg.data.generate))
-    elif not Path(cfg.data.train).exists():
-        problems.append(f"data.train: {cfg.data.train} does not exist")
     if not cfg.rewards:
         problems.append("rewards: none configured")
     for i, spec in enumerate(cfg.rewards):
@@ -86,9 +84,20 @@ def _member(value, allowed) -> None:
         raise ValueError(f"{value!r} is not one of {sorted(allowed)}")
 
 
+def data_warnings(cfg) -> list[str]:
+    """Missing data files are warnings, not errors: recipes name data you prepare first."""
+    if cfg.data.generate:
+        return []
+    return [f"data.{k}: {getattr(cfg.data, k)} does not exist yet (see the recipe README to "
+            f"prepare it)" for k in ("train", "eval")
+            if getattr(cfg.data, k) and not Path(getattr(cfg.data, k)).exists()]
+
+
 def cmd_validate(args) -> int:
     cfg = _load(args)
     problems = validate(cfg)
+    for w in data_warnings(cfg):
+        print(f"  {args.config}: warning: {w}", file=sys.stderr)
     for p in problems:
         print(f"  {args.config}: {p}", file=sys.stderr)
     print(f"{args.config}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
@@ -175,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
                            ("validate", cmd_validate, "check a config without building anything")]:
         sp = sub.add_parser(name, help=text)
         sp.add_argument("config")
-        sp.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=1e-5")
+        sp.add_argument("overrides", nargs="*",
+                        help="key=value overrides (train.lr=1e-5) or more YAML delta files")
         sp.set_defaults(fn=fn)
     sp = sub.add_parser("eval", help="evaluate a checkpoint on the config's eval set")
     sp.add_argument("config")
@@ -221,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     # key=value overrides may also follow options (`mmrl eval C --checkpoint D k=v`).
-    if rest and hasattr(args, "overrides") and all("=" in r and not r.startswith("-") for r in rest):
+    if rest and hasattr(args, "overrides") and all(not r.startswith("-") for r in rest):
         args.overrides = list(args.overrides) + rest
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

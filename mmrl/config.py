@@ -228,7 +228,10 @@ def _override(merged: DictConfig, item: str) -> str:
 
 
 def load(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
-    """Defaults <- YAML <- overrides; returns a typed RunConfig (dataclass instance)."""
+    """Defaults <- YAML <- overrides; returns a typed RunConfig (dataclass instance).
+
+    An override that is a path to another YAML file is merged as a further delta layer (e.g. a
+    recipe's `tiny.yaml`, which shrinks it to an offline CPU run)."""
     where = f"{path}: " if path else ""
     try:
         merged = OmegaConf.structured(RunConfig)
@@ -238,6 +241,11 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> RunConf
             explicit |= set((layer.get("algo") or {}).keys())
             merged = OmegaConf.merge(merged, layer)
         for item in overrides or []:
+            if item.endswith((".yaml", ".yml")) and "=" not in item:  # another delta layer
+                layer = OmegaConf.load(item)
+                explicit |= set((layer.get("algo") or {}).keys())
+                merged = OmegaConf.merge(merged, layer)
+                continue
             key = _override(merged, item)
             if key.startswith("algo."):
                 explicit.add(key.split(".")[1])

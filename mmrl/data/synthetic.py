@@ -22,12 +22,14 @@ def _write_jsonl(path: Path, records: list[dict]) -> None:
 
 @GENERATORS.register("counting")
 def counting(out_dir: str | Path, n_train: int = 2000, n_eval: int = 200, seed: int = 0,
-             size: int = 56, square: int = 24, max_count: int = 4) -> dict[str, str]:
+             size: int = 56, square: int = 24, max_count: int = 4,
+             choices: bool = False) -> dict[str, str]:
     """White `size`x`size` images with 1..max_count red squares, at most one per quadrant.
 
     Why this task: a ~1M-parameter random Qwen-VL learns it from pixels in minutes on CPU
     (56 px = 4 visual tokens after 2x2 merge), while smaller objects were not learned
-    (../shared/ENVIRONMENT.md). Chance accuracy is 1/max_count.
+    (../shared/ENVIRONMENT.md). Chance accuracy is 1/max_count. `choices=True` makes it a
+    multiple-choice VQA task (options "A. 1" ..., solution a letter, task "vqa").
     """
     if not 1 <= max_count <= 4 or square > size // 2:
         raise ValueError("counting: max_count must be 1..4 and square <= size/2 (one per quadrant)")
@@ -49,11 +51,17 @@ def counting(out_dir: str | Path, n_train: int = 2000, n_eval: int = 200, seed: 
             boxes.append([x0, y0, x0 + square, y0 + square])
         name = f"images/{i:05d}.png"
         im.save(out / name)
-        records.append({
+        record = {
             "id": f"count-{i:05d}", "task": "counting", "images": [name],
             "prompt": "How many red squares are there? Answer with <answer>N</answer>.",
             "solution": str(count), "boxes": boxes, "image_size": [size, size],
-        })
+        }
+        if choices:
+            options = [f"{chr(65 + k)}. {k + 1}" for k in range(max_count)]
+            record.update(task="vqa", solution=chr(64 + count), options=options,
+                          prompt="How many red squares are there?\n" + "\n".join(options) +
+                          "\nAnswer with the option letter in <answer></answer>.")
+        records.append(record)
     _write_jsonl(out / "train.jsonl", records[:n_train])
     _write_jsonl(out / "eval.jsonl", records[n_train:])
     return {"train": str(out / "train.jsonl"), "eval": str(out / "eval.jsonl")}
