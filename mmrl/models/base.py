@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
 import torch
 
 from mmrl.types import PromptFeatures, Sample
@@ -21,6 +22,39 @@ TOKEN_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")
 # (3 = audio in families that have it). See Qwen2VLModel.get_rope_index.
 TOKEN_TYPE = {"image": 1, "video": 2, "audio": 3}
 
+# Every audio family here (Qwen2-Audio, Qwen2.5-Omni) was trained on 16 kHz log-mel features.
+AUDIO_SAMPLING_RATE = 16000
+
+
+def video_frames(video, fps: float | None = None) -> tuple[np.ndarray, float]:
+    """(frames [T, H, W, 3] uint8, sampling fps) of one video.
+
+    `video` is anything with `.frames` and `.fps` (mmrl.data.media.Video), or raw frames (an
+    array [T, H, W, 3], a tensor, or a list of PIL images / arrays) whose fps comes from `fps`.
+    The fps is the rate the frames were SAMPLED at, which sets the M-RoPE time axis; there is no
+    default because transformers' silent one (24 fps) puts every frame at the wrong time.
+    """
+    frames = getattr(video, "frames", video)
+    fps = getattr(video, "fps", None) or fps
+    if torch.is_tensor(frames):
+        frames = frames.cpu().numpy()
+    elif isinstance(frames, (list, tuple)):
+        frames = np.stack([np.asarray(f.convert("RGB") if hasattr(f, "convert") else f) for f in frames])
+    frames = np.asarray(frames)
+    if frames.ndim != 4 or frames.shape[-1] != 3:
+        raise ValueError(f"video frames must be [T, H, W, 3], got shape {tuple(frames.shape)}")
+    if not fps or fps <= 0:
+        raise ValueError("video without a sampling fps: pass a Video (frames + fps) or video_fps=...")
+    return frames, float(fps)
+
+
+def video_metadata(frames: np.ndarray, fps: float) -> dict:
+    """`video_metadata` for a transformers video processor called with do_sample_frames=False:
+    its `sampled_fps` is then exactly `fps` (frames_indices cover every given frame)."""
+    t, h, w = frames.shape[:3]
+    return {"total_num_frames": int(t), "fps": float(fps), "frames_indices": list(range(t)),
+            "duration": t / fps, "height": int(h), "width": int(w)}
+
 
 def _transformers_attr(name: str):
     import transformers
@@ -30,6 +64,32 @@ def _transformers_attr(name: str):
 
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def tiny_text_config(tokenizer) -> dict:
+    """Text-model defaults shared by every tiny family: sized for learning a small task on CPU;
+    head_dim 32 because vLLM's CPU attention needs head_dim >= 32."""
+    return dict(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def set_override(family: str, target: dict, key: str, value, config_class=None,
+                 aliases: dict | None = None) -> None:
+    """target[key] = value after mapping `aliases`; TypeError unless the key is already in
+    `target` or is a field of `config_class` (typos must fail, not vanish)."""
+    key = (aliases or {}).get(key, key)
+    if key not in target and config_class is not None:
+        fields = getattr(config_class, "__dataclass_fields__", {})
+        if key not in fields and not hasattr(config_class, key):
+            raise TypeError(f"{family}.tiny(): unknown override {key!r}")
+    elif key not in target:
+        raise TypeError(f"{family}.tiny(): unknown override {key!r}")
+    target[key] = value
 
 
 class ModelAdapter:
@@ -47,6 +107,13 @@ class ModelAdapter:
     placeholder_attrs: tuple[str, ...] = ()
     # tiny() overrides that go to the processor instead of the model config.
     processor_override_keys: tuple[str, ...] = ("min_pixels", "max_pixels")
+    # Parameter-name prefixes of the model's parts ("vision", "audio", "language"), as
+    # `named_parameters()` spells them in the installed transformers; `model.freeze: [vision]`
+    # freezes every parameter under the named prefixes.
+    module_prefixes: dict[str, str] = {}
+    # M-RoPE families (Qwen2-VL, Qwen2.5-VL) need `mm_token_type_ids` in every forward; families
+    # whose model derives positions from input_ids alone reject it in generate().
+    uses_token_type_ids: bool = True
 
     # ---- loading ---------------------------------------------------------------------------
 
@@ -103,8 +170,9 @@ class ModelAdapter:
                         **processor_kwargs) -> PromptFeatures:
         """The one processor call for `sample`, reused by rollout and every training forward.
 
-        `images`: decoded PIL images in the order of the sample's image items; `videos`: frame
-        lists/arrays; `audios`: 1-D float arrays. Families reject media kinds they cannot take.
+        `images`: decoded PIL images in the order of the sample's image items; `videos`: Video
+        objects (`.frames` [T, H, W, 3] + sampling `.fps`) or raw frame arrays with `video_fps=`;
+        `audios`: 1-D float arrays at 16 kHz. Families reject media kinds they cannot take.
         """
         media = {"images": images, "videos": videos, "audios": audios}
         for kind, items in media.items():
@@ -117,13 +185,43 @@ class ModelAdapter:
             if isinstance(token, str) and text.count(token) != len(media[kind] or ()):
                 raise ValueError(f"sample {sample.id!r} ({sample.source}): {text.count(token)} {kind} "
                                  f"items in its messages but {len(media[kind] or ())} {kind} given")
-        kwargs = {k: v for k, v in media.items() if v}
+        fps = processor_kwargs.pop("video_fps", None)
+        try:
+            kwargs, fixups = self.processor_media_kwargs(processor, images, videos, audios, fps)
+        except ValueError as e:
+            raise ValueError(f"sample {sample.id!r} ({sample.source}): {e}") from None
         out = processor(text=[text], return_tensors="pt", **kwargs, **processor_kwargs)
         tensors = {k: v if torch.is_tensor(v) else torch.as_tensor(v) for k, v in out.items()}
-        if "mm_token_type_ids" not in tensors:
-            tensors["mm_token_type_ids"] = self.token_type_ids(processor, tensors["input_ids"])
-        tensors["mm_token_type_ids"] = tensors["mm_token_type_ids"].long()
+        tensors.update(fixups)
+        if not self.uses_token_type_ids:
+            tensors.pop("mm_token_type_ids", None)
+        else:
+            if "mm_token_type_ids" not in tensors:
+                tensors["mm_token_type_ids"] = self.token_type_ids(processor, tensors["input_ids"])
+            tensors["mm_token_type_ids"] = tensors["mm_token_type_ids"].long()
         return PromptFeatures(sample=sample, tensors=tensors)
+
+    def processor_media_kwargs(self, processor, images, videos, audios,
+                               video_fps=None) -> tuple[dict, dict]:
+        """(media keyword arguments of the processor call, tensors to set on its output).
+
+        Videos: frames are already sampled (mmrl.data.media), so the processor must not sample
+        again (`do_sample_frames=False`) and gets the sampling fps as metadata, from which
+        Qwen2.5-VL computes `second_per_grid_ts`. Audio: transformers 5 calls it `audio=` (an
+        `audios=` keyword is silently ignored) and the rate is passed so a mismatch raises.
+        """
+        kwargs: dict = {}
+        if images:
+            kwargs["images"] = list(images)
+        if videos:
+            pairs = [video_frames(v, video_fps) for v in videos]
+            kwargs["videos"] = [frames for frames, _ in pairs]
+            kwargs["video_metadata"] = [video_metadata(frames, fps) for frames, fps in pairs]
+            kwargs["do_sample_frames"] = False
+        if audios:
+            kwargs["audio"] = [np.asarray(a, dtype=np.float32).reshape(-1) for a in audios]
+            kwargs["sampling_rate"] = AUDIO_SAMPLING_RATE
+        return kwargs, {}
 
     def token_type_ids(self, processor, input_ids: torch.Tensor) -> torch.Tensor:
         """mm_token_type_ids from the pad tokens, for processors that do not return it."""

@@ -29,15 +29,22 @@ def collate(prompts: Sequence[PromptFeatures], completion_ids: torch.Tensor | No
     if completion_ids is not None and completion_ids.shape[0] != len(prompts):
         raise ValueError(f"collate: {len(prompts)} prompts but {completion_ids.shape[0]} completion rows")
     width = max(p.tensors["input_ids"].shape[1] for p in prompts)
-    token_rows: dict[str, list[torch.Tensor]] = {k: [] for k in TOKEN_KEYS}
+    # mm_token_type_ids is carried iff the family's prompts hold it: M-RoPE families need it in
+    # every forward; families without it (Qwen2-Audio, Qwen2.5-Omni) reject it in generate().
+    with_types = ["mm_token_type_ids" in p.tensors for p in prompts]
+    if any(with_types) and not all(with_types):
+        raise ValueError("collate: some prompts carry mm_token_type_ids and some do not (mixed families?)")
+    keys = TOKEN_KEYS if all(with_types) else tuple(k for k in TOKEN_KEYS if k != "mm_token_type_ids")
+    token_rows: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
     for p in prompts:
         ids = p.tensors["input_ids"][0]
         pad = width - ids.shape[0]
         attn = p.tensors.get("attention_mask", torch.ones_like(ids[None]))[0]
-        types = p.tensors["mm_token_type_ids"][0]
         token_rows["input_ids"].append(torch.cat([ids.new_full((pad,), pad_id), ids]))
         token_rows["attention_mask"].append(torch.cat([attn.new_zeros(pad), attn]))
-        token_rows["mm_token_type_ids"].append(torch.cat([types.new_zeros(pad), types]))
+        if "mm_token_type_ids" in token_rows:
+            types = p.tensors["mm_token_type_ids"][0]
+            token_rows["mm_token_type_ids"].append(torch.cat([types.new_zeros(pad), types]))
     out = {k: torch.stack(v) for k, v in token_rows.items()}
     if completion_ids is not None:
         if completion_mask is None:
@@ -48,8 +55,9 @@ def collate(prompts: Sequence[PromptFeatures], completion_ids: torch.Tensor | No
         ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids, pad_id))
         out["input_ids"] = torch.cat([out["input_ids"], ids.to(out["input_ids"].dtype)], 1)
         out["attention_mask"] = torch.cat([out["attention_mask"], mask], 1)
-        out["mm_token_type_ids"] = torch.cat(
-            [out["mm_token_type_ids"], out["mm_token_type_ids"].new_zeros(ids.shape)], 1)
+        if "mm_token_type_ids" in out:
+            out["mm_token_type_ids"] = torch.cat(
+                [out["mm_token_type_ids"], out["mm_token_type_ids"].new_zeros(ids.shape)], 1)
         out["logits_to_keep"] = completion_ids.shape[1] + 1
     media_keys = dict.fromkeys(k for p in prompts for k in p.tensors if k not in TOKEN_KEYS)
     for key in media_keys:
@@ -90,7 +98,9 @@ def completion_logprobs(model, inputs: dict, completion_ids: torch.Tensor,
     length = completion_ids.shape[1]
     inputs = dict(inputs, logits_to_keep=length + 1, use_cache=False)
     device = next(model.parameters()).device
-    logits = model(**_to_device(inputs, device)).logits[:, :-1]  # [N, L, V]
+    # The last L+1 positions predict the completion tokens: a model that ignores `logits_to_keep`
+    # (Qwen2-Audio's forward in transformers 5.19) returns all P+L, the rest return exactly L+1.
+    logits = model(**_to_device(inputs, device)).logits[:, -(length + 1):-1]  # [N, L, V]
     targets = completion_ids.to(device)
     logps, entropies = [], []
     # Row by row: the float32 copy of one row's logits is small; all rows at once can be GBs.
@@ -181,12 +191,14 @@ def generate(model, processor, prompts: Sequence[PromptFeatures], *, num_generat
     tokenizer = getattr(processor, "tokenizer", processor)
     pad_id = tokenizer.pad_token_id
     eos_ids = list(eos_ids) if eos_ids is not None else _eos_ids(model, processor)
-    inputs = _to_device(collate(prompts, pad_id=pad_id), next(model.parameters()).device)
+    per_row = num_generations > 1 and not _hf_expands_media(model, prompts)
+    rows = [p for p in prompts for _ in range(num_generations)] if per_row else list(prompts)
+    inputs = _to_device(collate(rows, pad_id=pad_id), next(model.parameters()).device)
     recorder = _PolicyLogprobs(temperature, suppress_ids)
     config = GenerationConfig(
         do_sample=do_sample, temperature=temperature if do_sample else None,
         top_p=top_p if do_sample else None, top_k=top_k if do_sample else None,
-        max_new_tokens=max_new_tokens, num_return_sequences=num_generations,
+        max_new_tokens=max_new_tokens, num_return_sequences=1 if per_row else num_generations,
         eos_token_id=eos_ids, pad_token_id=pad_id, bos_token_id=None, use_cache=True)
     # The model's own generation_config (e.g. a checkpoint's repetition_penalty or top_k) would
     # fill every field left unset here and warp the logits: swap in a neutral one for the call.
@@ -206,6 +218,28 @@ def generate(model, processor, prompts: Sequence[PromptFeatures], *, num_generat
     mask, truncated = completion_mask_from_eos(completion, eos_ids)
     completion = torch.where(mask.bool(), completion, torch.full_like(completion, pad_id))
     return Generation(completion, mask, sampler_logp * mask, truncated)
+
+
+# Media that HF generate() encodes once per prompt and expands correctly for
+# num_return_sequences (`mm_encoder_outputs`); the grids only feed 3-D positions, which it also
+# computes before expanding.
+_PRE_ENCODED_KEYS = frozenset({"pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+                               "second_per_grid_ts", "video_second_per_grid"})
+
+
+def _hf_expands_media(model, prompts: Sequence[PromptFeatures]) -> bool:
+    """Whether `num_return_sequences` gives each sample row its own prompt's media.
+
+    HF repeat_interleaves every other model kwarg along dim 0, which is right only when that
+    tensor has one row per prompt: audio features [n_audios, ...] of a two-audio prompt would
+    be handed to the wrong rows. Otherwise generate() repeats the prompts itself (the encoders
+    then run G times, as they do in the training forward).
+    """
+    supports = getattr(model, "_supports_mm_encoder_outputs", None)
+    if supports is None or not supports():
+        keys = {k for p in prompts for k in p.tensors if k not in TOKEN_KEYS}
+        return not keys
+    return all(k in TOKEN_KEYS or k in _PRE_ENCODED_KEYS for p in prompts for k in p.tensors)
 
 
 def _rng_devices(model) -> list[int]:

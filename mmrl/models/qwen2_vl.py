@@ -5,7 +5,7 @@ attention, gated MLP) and in returning `second_per_grid_ts` for videos.
 """
 from __future__ import annotations
 
-from mmrl.models.base import ModelAdapter, _transformers_attr
+from mmrl.models.base import ModelAdapter, _transformers_attr, tiny_text_config
 
 # Geometry shared by the vision tower and the image/video processors: one value, two places.
 GEOMETRY_KEYS = ("patch_size", "spatial_merge_size", "temporal_patch_size")
@@ -25,22 +25,19 @@ class Qwen2VLAdapter(ModelAdapter):
     model_class = "Qwen2VLForConditionalGeneration"
     processor_class = "Qwen2VLProcessor"
     config_class = "Qwen2VLConfig"
+    video_processor_class = "Qwen2VLVideoProcessor"
     media_keys = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
     media_kinds = ("images", "videos")
     placeholder_attrs = ("image_token", "video_token", "vision_start_token", "vision_end_token",
                          "vision_pad_token")
     processor_override_keys = ("min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels")
+    # transformers 5.x names (4.x checkpoints' `visual.*` / `model.*` are renamed on load).
+    # "vision" includes the merger (the projector into the LM), which "projector" names alone.
+    module_prefixes = {"vision": "model.visual.", "projector": "model.visual.merger.",
+                       "language": "model.language_model."}
 
     def tiny_text_config(self, tokenizer) -> dict:
-        """Defaults sized for learning a small visual task on CPU; head_dim 32 because vLLM's CPU
-        attention needs head_dim >= 32."""
-        return dict(
-            vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-            rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=None,
-            eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-            pad_token_id=tokenizer.pad_token_id,
-        )
+        return tiny_text_config(tokenizer)
 
     def tiny_vision_config(self) -> dict:
         return dict(depth=2, embed_dim=64, num_heads=4, mlp_ratio=2, patch_size=14,
@@ -98,7 +95,7 @@ class Qwen2VLAdapter(ModelAdapter):
                         merge_size=v.spatial_merge_size)
         image_processor = _transformers_attr("Qwen2VLImageProcessor")(
             size={"shortest_edge": min_pixels, "longest_edge": max_pixels}, **geometry)
-        video_processor = _transformers_attr("Qwen2VLVideoProcessor")(
+        video_processor = _transformers_attr(self.video_processor_class)(
             size={"shortest_edge": video_min_pixels or min_pixels,
                   "longest_edge": video_max_pixels or max_pixels},
             cap_pixels_per_frame=True, **geometry)
