@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import torch
 
@@ -28,6 +29,7 @@ def _eval(trainer: Trainer, name: str, **kw) -> dict:
 
 
 def train(cfg: RunConfig) -> dict:
+    started = time.perf_counter()
     trainer = Trainer(cfg)
     log, tc = trainer.log, cfg.train
     summary = trainer.state_extra.setdefault("summary", {})
@@ -60,6 +62,7 @@ def train(cfg: RunConfig) -> dict:
                 summary["accuracy_shuffled_images"] = res["accuracy"]
                 summary["chance"] = majority_baseline(trainer.eval_set)
         summary["steps"] = trainer.step
+        summary["wall_seconds"] = summary.get("wall_seconds", 0.0) + time.perf_counter() - started
         trainer.save()
         if trainer.peft is not None and trainer.dist.main:
             summary["merged_model"] = str(lora.export_merged(
@@ -84,6 +87,7 @@ def _print_table(trainer: Trainer, summary: dict) -> None:
                                                 "accuracy_shuffled_images", "chance")
             if isinstance(summary.get(k), (int, float))]
     rows.append(("steps", str(summary.get("steps"))))
+    rows.append(("wall time", f"{summary.get('wall_seconds', 0.0) / 60:.1f} min"))
     rows.append(("run dir", str(trainer.run_dir)))
     trainer.log.mode = "lines" if trainer.log.mode == "off" else trainer.log.mode
     trainer.log.summary_table("mmrl run summary", rows)

@@ -46,7 +46,10 @@ def variety_reward(tmp_path_factory):
     root = tmp_path_factory.mktemp("user_rewards")
     (root / "mmrl_test_rewards.py").write_text(
         "def char_variety(completions, solution, **fields):\n"
-        "    return [len(set(c)) / 10 for c in completions]\n")
+        "    return [len(set(c)) / 10 for c in completions]\n"
+        "def odd_variety(completions, solution, **fields):\n"
+        "    return [0.0 if s in ('1', '2') else len(set(c)) / 10\n"
+        "            for c, s in zip(completions, solution)]\n")
     sys.path.insert(0, str(root))
     yield
     sys.path.remove(str(root))
@@ -172,3 +175,32 @@ def test_summary_and_rollouts_written(tiny_yaml, tmp_path):
     assert Path(rollouts[0]["images"][0]).is_file()  # media referenced by path, not copied
     saved = config.load(tmp_path / "config.yaml")
     assert saved.rollout.num_generations == 4
+
+
+def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_yaml, tmp_path):
+    """DAPO preset: prompts whose solution is 1 or 2 get a constant reward (zero-variance groups);
+    the sampler must drop them and draw more prompts until the batch is full."""
+    t = Trainer(_cfg(tiny_yaml, tmp_path, "rewards=[{name: 'mmrl_test_rewards:odd_variety'}]",
+                     "algo.preset=dapo", "rollout.prompts_per_step=3"))
+    batch, scores, _, extra = t.sample_batch()
+    solutions = {p.sample.solution for p in batch.prompts}
+    assert solutions <= {"3", "4"}, solutions
+    assert batch.n == 3 * 4 and len(batch.group_ids.unique()) == 3
+    assert extra["sampling/rounds"] >= 1
+    from mmrl import algos
+
+    assert algos.frac_zero_std_groups(scores, batch.group_ids) == 0.0
+    metrics = t.learn(batch, scores, {"odd_variety": scores.tolist()})
+    assert metrics["groups/zero_std_frac"] == 0.0
+    t.log.close()
+
+
+def test_freeze_vision_keeps_the_tower(tiny_yaml, tmp_path):
+    t = Trainer(_cfg(tiny_yaml, tmp_path, VARIETY, "model.freeze=[vision]"))
+    before = {k: v.detach().clone() for k, v in t.model.named_parameters()}
+    t.train_step()
+    for k, v in t.model.named_parameters():
+        if k.startswith("model.visual."):
+            assert torch.equal(v, before[k]), k
+    assert any(not torch.equal(v, before[k]) for k, v in t.model.named_parameters())
+    t.log.close()
