@@ -62,6 +62,18 @@ class ModelConfig:
 
 
 @dataclass
+class VLLMConfig:
+    server_url: Optional[str] = None  # generate through a running `vllm serve` (scripts/vllm_server.sh)
+    gpu_memory_utilization: float = 0.3
+    tensor_parallel_size: int = 1
+    enable_sleep_mode: bool = False  # GPU only: free the KV cache during the update
+    max_model_len: Optional[int] = None
+    enforce_eager: bool = True
+    seed: int = 0
+    llm_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class RolloutConfig:
     backend: str = "hf"  # hf | vllm
     prompts_per_step: int = 8  # B: prompts sampled per optimizer step
@@ -70,6 +82,7 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
 @dataclass
@@ -94,6 +107,7 @@ class AlgoConfig:
     dynamic_sampling: bool = False  # DAPO: drop zero-std groups, sample until the batch is full
     max_sampling_rounds: int = 8
     overlong_filter: bool = False  # DAPO: mask truncated completions out of the loss
+    tis_cap: Optional[float] = None  # truncated importance sampling vs the rollout engine (e.g. 2)
 
 
 # What each preset means; applied under explicit YAML/CLI values.

@@ -37,6 +37,7 @@ class PromptFeatures:
 
     sample: Sample
     tensors: dict[str, torch.Tensor]
+    media: dict[str, list] | None = None  # the decoded media, for engines that take raw media
 
     @property
     def input_ids(self) -> torch.Tensor:  # [P]

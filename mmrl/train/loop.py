@@ -18,7 +18,9 @@ from mmrl import algos
 from mmrl.config import RunConfig, save as save_config
 from mmrl.data.media import MediaError
 from mmrl.models import get_adapter
-from mmrl.models.forward import collate, completion_logprobs, generate
+from mmrl.models.forward import collate, completion_logprobs
+from mmrl.rollout import make_engine
+from mmrl.rollout.correction import tis_weights
 from mmrl.train import checkpoint, dist, lora, setup
 from mmrl.train.logging import RunLogger
 from mmrl.train.rollout_utils import concat_rollouts, rollout_metrics, rollout_records
@@ -41,6 +43,7 @@ class Trainer:
                                    else "cpu")
         self.model.to(self.device)
         self.suppress_ids = self.adapter.placeholder_token_ids(self.processor)
+        self.engine = make_engine(cfg.rollout, self.model, self.processor, self.adapter)
         self.pad_id = self.processor.tokenizer.pad_token_id
         self.rewards = RewardSet(cfg.rewards)
         self.media_stats: dict[str, int] = {}  # e.g. audio_truncated, counted into metrics
@@ -68,7 +71,9 @@ class Trainer:
         if key is not None and key in self._features:
             self._features.move_to_end(key)
             return self._features[key]
-        feats = self.adapter.prompt_features(self.processor, sample, **self.load_media(sample))
+        media = self.load_media(sample)
+        feats = self.adapter.prompt_features(self.processor, sample, **media)
+        feats.media = media
         if key is not None and self.cfg.data.feature_cache > 0:  # bounded: media tensors are big
             self._features[key] = feats
             while len(self._features) > self.cfg.data.feature_cache:
@@ -99,8 +104,8 @@ class Trainer:
     def rollout(self, prompts: list[PromptFeatures], group_offset: int = 0) -> RolloutBatch:
         rc = self.cfg.rollout
         self.model.eval()
-        ids, mask, slogp, truncated = generate(
-            self.model, self.processor, prompts, num_generations=rc.num_generations,
+        ids, mask, slogp, truncated = self.engine.generate(
+            prompts, num_generations=rc.num_generations,
             max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
             top_k=rc.top_k, do_sample=True, suppress_ids=self.suppress_ids)
         g = rc.num_generations
@@ -197,12 +202,17 @@ class Trainer:
                 (logp, ent), width = self._forward(self.model, batch, rows, entropy=True)
                 m = mask[rows, :width].to(logp.device)
                 old = logp.detach() if sb.old_logp is None else sb.old_logp[rows, :width]
+                weights = None
+                if ac.tis_cap and batch.sampler_logp is not None:  # rollout-engine mismatch
+                    weights = tis_weights(old.to(logp.device),
+                                          batch.sampler_logp[rows, :width].to(logp.device), m,
+                                          cap=ac.tis_cap)
                 ref = None if sb.ref_logp is None else sb.ref_logp[rows, :width].to(logp.device)
                 loss, metrics = algos.policy_loss(
                     logp, old.to(logp.device), sb.advantages[rows].to(logp.device), m,
                     clip_low=ac.clip_low, clip_high=ac.clip_high, agg=ac.agg, ratio=ac.ratio,
                     ref_logp=ref, beta=ac.beta, kl=ac.kl, max_len=self.cfg.rollout.max_new_tokens,
-                    normalizer=normalizer)
+                    normalizer=normalizer, token_weights=weights)
                 loss.backward()
                 frac = len(rows) / batch.n  # metrics are micro-batch means: weight by rows
                 metrics = {**metrics, "loss": loss.detach() / frac,
@@ -243,6 +253,8 @@ class Trainer:
                     sb.ref_logp = self.logprobs(self.model, batch)
         with timer("update"):
             metrics = self.update(sb)
+        with timer("sync"):  # no-op for the HF engine; vLLM reloads the new weights
+            self.engine.sync_weights(self.model)
         self.step += 1
         metrics.update(extra)
         metrics.update(rollout_metrics(sb, self.rewards.keys))

@@ -36,6 +36,7 @@ def train(cfg: RunConfig) -> dict:
     try:
         if trainer.step == 0 and cfg.sft.steps > 0 and "sft" not in summary:
             summary["sft"] = sft_warmup(trainer)
+            trainer.engine.sync_weights(trainer.model)
         if trainer.eval_set and cfg.eval.before_rl and "accuracy_before_rl" not in summary:
             summary["eval_before_rl"] = _eval(trainer, "before_rl")
             summary["accuracy_before_rl"] = summary["eval_before_rl"]["accuracy"]
@@ -75,6 +76,7 @@ def train(cfg: RunConfig) -> dict:
             f"rollout.max_new_tokens, or reduce data.image_max_pixels. Resume with "
             f"train.resume=auto; the last checkpoint is intact.") from e
     finally:
+        trainer.engine.close()
         log.close()
     if trainer.dist.main:
         (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

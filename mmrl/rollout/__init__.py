@@ -1,0 +1,9 @@
+"""Rollout engines: `make_engine(cfg.rollout, model, processor, adapter)` -> RolloutEngine.
+
+hf: the training model's own generate (mmrl.models.forward.generate). vllm: a colocated vLLM
+engine (mmrl.rollout.vllm, imported only when chosen) or a `vllm serve` client.
+"""
+from mmrl.rollout.base import RolloutEngine, make_engine
+from mmrl.rollout.correction import tis_weights
+
+__all__ = ["RolloutEngine", "make_engine", "tis_weights"]

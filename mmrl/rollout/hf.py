@@ -1,0 +1,37 @@
+"""The HF rollout engine: the training model's own `generate` (mmrl.models.forward.generate)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from mmrl.models.forward import Generation, generate
+from mmrl.types import PromptFeatures
+
+
+class HFEngine:
+    """Samples with the training model itself, so there are never weights to sync."""
+
+    def __init__(self, model, processor, eos_ids: Sequence[int] | None = None):
+        self.model, self.processor = model, processor
+        self.eos_ids = None if eos_ids is None else list(eos_ids)
+
+    def generate(self, prompts: Sequence[PromptFeatures], *, num_generations: int = 1,
+                 max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0,
+                 top_k: int = 0, do_sample: bool = True, suppress_ids: Sequence[int] = (),
+                 seed: int | None = None, eos_ids: Sequence[int] | None = None) -> Generation:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return generate(self.model, self.processor, prompts, num_generations=num_generations,
+                            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                            top_k=top_k, do_sample=do_sample, suppress_ids=suppress_ids, seed=seed,
+                            eos_ids=self.eos_ids if eos_ids is None else eos_ids)
+        finally:
+            self.model.train(was_training)
+
+    def sync_weights(self, model) -> None:
+        if model is not self.model:
+            raise ValueError("HFEngine samples from the model it was built with; build a new "
+                             "engine to sample from another model")
+
+    def close(self) -> None:
+        pass

