@@ -6,9 +6,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import sys
 from pathlib import Path
 
 import torch
+from rich.console import Console
+from rich.progress import track
 
 from mmrl.config import RewardSpec, RunConfig
 from mmrl.data.media import MediaError
@@ -65,7 +68,10 @@ def evaluate(model, processor, adapter, samples: list[Sample], cfg: RunConfig, *
     was_training = model.training
     model.eval()
     rows, failed = [], 0
-    for start in range(0, len(samples), ec.batch_size):
+    starts = range(0, len(samples), ec.batch_size)
+    # A bar on a terminal only: logs of long evaluations stay clean.
+    for start in track(starts, description="eval", transient=True, console=Console(stderr=True),
+                       disable=not sys.stderr.isatty()):
         chunk, feats, bad = _decode_chunk(samples[start:start + ec.batch_size], adapter,
                                           processor, load, cfg)
         failed += bad

@@ -204,3 +204,21 @@ def test_freeze_vision_keeps_the_tower(tiny_yaml, tmp_path):
             assert torch.equal(v, before[k]), k
     assert any(not torch.equal(v, before[k]) for k, v in t.model.named_parameters())
     t.log.close()
+
+
+def test_num_iterations_reuses_the_rollout_with_stored_old_logprobs(tiny_yaml, tmp_path):
+    """Two updates per rollout: the first is on-policy (ratio 1), the second sees the moved policy
+    against the stored old logprobs (ratio != 1), and both optimizer steps happen."""
+    t = Trainer(_cfg(tiny_yaml, tmp_path, VARIETY, "algo.num_iterations=2"))
+    steps = []
+    step = t.optimizer.step
+
+    def count(*a, **kw):
+        steps.append(1)
+        return step(*a, **kw)
+
+    t.optimizer.step = count
+    metrics = t.train_step()
+    assert len(steps) == 2
+    assert metrics["loss/ratio_max"] > 1.0 + 1e-6 or metrics["loss/ratio_min"] < 1.0 - 1e-6
+    t.log.close()
