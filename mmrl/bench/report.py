@@ -1,0 +1,157 @@
+"""Benchmark results -> markdown tables and a scaling plot (PNG)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _s(x: float) -> str:
+    return f"{x:.2f}" if x >= 0.1 else f"{x:.3f}"
+
+
+def machine_lines(results: dict) -> list[str]:
+    m = results.get("machine", {})
+    parts = [m.get("cpu", "?"), f"{m.get('cpus', '?')} cores", f"{m.get('memory_gb', '?')} GB RAM",
+             f"torch {m.get('torch', '?')} ({m.get('threads', '?')} threads)",
+             f"transformers {m.get('transformers', '?')}", f"Python {m.get('python', '?')}"]
+    lines = [f"Machine: {', '.join(str(p) for p in parts)}."]
+    if results.get("command"):
+        lines.append(f"Command: `{results['command']}`")
+    if results.get("load_average") is not None:
+        lines.append(f"Load average at start / end (other jobs on the machine): "
+                     f"{results['load_average'][0]:.1f} / {results.get('load_average_end', [0])[0]:.1f}")
+    return lines
+
+
+def _mem(r: dict, layout: str) -> str:
+    mem = r.get("memory_mb")
+    return f"{mem[layout]:.0f}" if mem else "-"
+
+
+def update_table(r: dict) -> list[str]:
+    rows = [("naive G x [prompt, completion]", "naive", r["tokens_naive"]),
+            ("shared prefix (packed group)", "shared", r["tokens_shared"])]
+    lines = [
+        "### 1. Update phase (old + ref logprobs, loss, backward), naive vs shared prefix",
+        "",
+        f"Tiny {r['family']}, G = {r['group']}, prompt {r['prompt_tokens']} tokens "
+        f"({r['image_tokens']} image tokens), completions {r['completion_tokens']} tokens, "
+        f"micro-batch {r['micro_batch']} rows (naive) / the same token budget in whole groups "
+        f"(shared), {r['trials']} interleaved trials.",
+        "",
+        "| layout | tokens per group | median s | min s | median CPU s | trials (s) | peak RSS growth (MB) |",
+        "|---|---:|---:|---:|---:|---|---:|",
+    ]
+    for label, key, tokens in rows:
+        t = r[key]
+        lines.append(f"| {label} | {tokens} | {_s(t['median_s'])} | {_s(t['min_s'])} | "
+                     f"{_s(t['median_cpu_s'])} | {', '.join(_s(x) for x in t['times_s'])} | {_mem(r, key)} |")
+    lines += ["", f"**Speed-up (median wall): {r['speedup']:.2f}x**; min wall {r['speedup_min']:.2f}x; "
+                  f"median CPU {r['speedup_cpu']:.2f}x. Loss naive {r['loss_naive']:.6f}, "
+                  f"shared {r['loss_shared']:.6f}."]
+    return lines
+
+
+def scaling_table(r: dict) -> list[str]:
+    lines = [
+        "### 3. Scaling: update-phase time vs prompt length P and group size G",
+        "",
+        f"Tiny {r['family']}, completions {r['completion_tokens']} tokens, {r['trials']} "
+        f"interleaved trials per cell; seconds are medians (min in brackets).",
+        "",
+        "| sweep | P (tokens) | G | naive s | shared s | speed-up (median) | speed-up (min) "
+        "| speed-up (CPU) | token ratio G(P+C)/(P+GC) | peak RSS growth naive / shared (MB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in r["rows"]:
+        mem = row.get("memory_mb")
+        mem_s = f"{mem['naive']:.0f} / {mem['shared']:.0f}" if mem else "-"
+        lines.append(
+            f"| {row['sweep']} | {row['prompt_tokens']} | {row['group']} | "
+            f"{_s(row['naive']['median_s'])} ({_s(row['naive']['min_s'])}) | "
+            f"{_s(row['shared']['median_s'])} ({_s(row['shared']['min_s'])}) | "
+            f"{row['speedup']:.2f}x | {row['speedup_min']:.2f}x | {row.get('speedup_cpu', 0):.2f}x | "
+            f"{row['tokens_naive'] / row['tokens_shared']:.2f} | {mem_s} |")
+    return lines
+
+
+def e2e_table(r: dict) -> list[str]:
+    lines = [
+        "### 2. End-to-end training step: mmrl vs TRL GRPOTrainer",
+        "",
+        r.get("description", ""),
+        "",
+        "| trainer | median step s | min s | median CPU s | steps (s) | peak RSS (MB) |",
+        "|---|---:|---:|---:|---|---:|",
+    ]
+    for name, row in r["trainers"].items():
+        lines.append(f"| {name} | {_s(row['median_s'])} | {_s(row['min_s'])} | {_s(row['median_cpu_s'])} | "
+                     f"{', '.join(_s(t) for t in row['times_s'])} | {row.get('peak_rss_mb', 0):.0f} |")
+    if "speedup" in r:
+        lines += ["", f"**mmrl is {r['speedup']:.2f}x faster per step (median wall)**; min wall "
+                      f"{r['speedup_min']:.2f}x; median CPU {r['speedup_cpu']:.2f}x."]
+    st = r["trainers"].get("mmrl", {}).get("stages_median_s")
+    if st:
+        lines += ["", "mmrl step by stage (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in st.items())]
+    return lines
+
+
+def markdown(results: dict) -> str:
+    lines = ["## Benchmark results", ""] + machine_lines(results) + [""]
+    if "update" in results:
+        lines += update_table(results["update"]) + [""]
+    if "e2e" in results:
+        lines += e2e_table(results["e2e"]) + [""]
+    if "rollout" in results:
+        from mmrl.bench.rollout import rollout_table
+
+        lines += rollout_table(results["rollout"]) + [""]
+    if "scaling" in results:
+        lines += scaling_table(results["scaling"]) + [""]
+        if results.get("plot"):
+            lines += [f"![scaling]({results['plot']})", ""]
+    return "\n".join(lines)
+
+
+def plot_scaling(scaling: dict, path: str | Path) -> Path:
+    """Two panels: seconds vs P (fixed G) and vs G (fixed P), both layouts, log-log."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    rows = scaling["rows"]
+    base_g = next((r["group"] for r in rows if r["sweep"] == "P"), None)
+    g_rows = [r for r in rows if r["sweep"] == "G"]
+    base_p_rows = [r for r in rows if r["sweep"] == "P"]
+    # The G sweep also contains the (base P, base G) cell from the P sweep.
+    if g_rows:
+        base_p = g_rows[0]["prompt_tokens"]
+        g_rows = sorted(g_rows + [r for r in base_p_rows if r["prompt_tokens"] == base_p],
+                        key=lambda r: r["group"])
+    for ax, sweep, key, label in ((axes[0], base_p_rows, "prompt_tokens", "prompt tokens P"),
+                                  (axes[1], g_rows, "group", "group size G")):
+        xs = [r[key] for r in sweep]
+        for layout, style in (("naive", "o-"), ("shared", "s-")):
+            ax.plot(xs, [r[layout]["median_s"] for r in sweep], style, label=layout)
+        for r in sweep:
+            ax.annotate(f"{r['speedup']:.1f}x", (r[key], r["shared"]["median_s"]),
+                        textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(xs)
+        ax.set_xticklabels([str(x) for x in xs])
+        ax.set_xlabel(label)
+        ax.set_ylabel("update phase, median s")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    axes[0].set_title(f"vs P (G = {base_g})")
+    if g_rows:
+        axes[1].set_title(f"vs G (P = {g_rows[0]['prompt_tokens']})")
+    fig.suptitle(f"tiny {scaling['family']}: naive vs shared-prefix update phase "
+                 f"(completions {scaling['completion_tokens']} tokens)")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
