@@ -177,6 +177,15 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    import os
+
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning threads skew timings
+    from mmrl.bench.__main__ import main as bench_main
+
+    return bench_main(args.bench_args) or 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mmrl", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -198,6 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default=None, help="default: RUN_DIR/report.html")
     sp.add_argument("--steps", default=None, help="rollout steps to show, e.g. 10,200")
     sp.set_defaults(fn=cmd_report)
+    sp = sub.add_parser("bench", help="speed benchmarks (see docs/benchmarks.md)")
+    sp.add_argument("bench_args", nargs=argparse.REMAINDER,
+                    help="--out DIR --which update,e2e,rollout,scaling --quick ...")
+    sp.set_defaults(fn=cmd_bench)
     sp = sub.add_parser("ls", help="list registered names")
     sp.add_argument("what", choices=["models", "algos", "rewards", "recipes"])
     sp.set_defaults(fn=cmd_ls)

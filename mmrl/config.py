@@ -146,6 +146,7 @@ class TrainConfig:
     warmup_steps: int = 0
     max_grad_norm: float = 1.0
     micro_batch_size: int = 8  # rows per forward/backward; result independent of it
+    shared_prefix: bool = True  # each group's prompt (media encoder included) computed once
     seed: int = 0
     save_every: int = 0  # 0 = only at the end
     keep_checkpoints: int = 2

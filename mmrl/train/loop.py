@@ -19,6 +19,7 @@ from mmrl.config import RunConfig, save as save_config
 from mmrl.data.media import MediaError
 from mmrl.models import get_adapter
 from mmrl.models.forward import collate, completion_logprobs
+from mmrl.models.shared_prefix import shared_prefix_logprobs, supports_shared_prefix
 from mmrl.rollout import make_engine
 from mmrl.rollout.correction import tis_weights
 from mmrl.train import checkpoint, dist, lora, setup
@@ -44,6 +45,9 @@ class Trainer:
         self.model.to(self.device)
         self.suppress_ids = self.adapter.placeholder_token_ids(self.processor)
         self.engine = make_engine(cfg.rollout, self.model, self.processor, self.adapter)
+        # One packed row per group: the prompt and its media run once, not G times (same
+        # logprobs and gradients to 1e-5); flash-attention cannot take the group mask.
+        self.shared_prefix = cfg.train.shared_prefix and supports_shared_prefix(self.model)
         self.pad_id = self.processor.tokenizer.pad_token_id
         self.rewards = RewardSet(cfg.rewards)
         self.media_stats: dict[str, int] = {}  # e.g. audio_truncated, counted into metrics
@@ -169,6 +173,11 @@ class Trainer:
         sub = batch.select(rows)
         width = int(sub.completion_mask.sum(1).max().clamp(min=1))  # drop all-pad columns
         ids, mask = sub.completion_ids[:, :width], sub.completion_mask[:, :width]
+        if self.shared_prefix:
+            return shared_prefix_logprobs(
+                model, sub.prompts, ids.to(self.device), mask.to(self.device),
+                temperature=self.cfg.rollout.temperature, return_entropy=entropy,
+                placeholder_ids=self.suppress_ids, pad_id=self.pad_id), width
         inputs = collate(sub.prompts, ids, mask, self.pad_id)
         inputs = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
         out = completion_logprobs(model, inputs, ids.to(self.device), mask.to(self.device),
@@ -305,8 +314,9 @@ class Trainer:
             self.ref_model = setup.build_reference(ref.to(self.device))
         else:
             self.ref_model = setup.build_reference(self.model)
-            if self.dist.main:
+            if self.dist.main:  # with the processor, so adapter.load can read it back
                 self.ref_model.save_pretrained(path)
+                self.processor.save_pretrained(path)
 
 
 class StageTimer:
