@@ -82,6 +82,8 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
+    shared_prefill: bool = False  # hf backend: prefill each prompt once for its G samples
+    rounds_of: Optional[int] = None  # with shared_prefill: sample G in rounds of this many
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 

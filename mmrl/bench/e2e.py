@@ -88,23 +88,10 @@ def run_mmrl(workdir: Path, s: dict, steps: int, seed: int = 0) -> tuple[list, l
         # A fresh run dir: an existing one would be resumed (and its saved reference reused).
         f"log.run_dir={tempfile.mkdtemp(prefix='mmrl_run_', dir=workdir)}",
     ]
-    import dataclasses
-
-    from mmrl import config as config_mod
-
-    # Which shared-path flags exist decides between the config and a bench-local patch.
-    train_fields = {f.name for f in dataclasses.fields(config_mod.TrainConfig)}
-    rollout_fields = {f.name for f in dataclasses.fields(config_mod.RolloutConfig)}
-    if "shared_prefix" in train_fields:
-        overrides.append("train.shared_prefix=true")
-    if "shared_prefill" in rollout_fields:
-        overrides.append("rollout.shared_prefill=true")
+    overrides += ["train.shared_prefix=true", "rollout.shared_prefill=true"]
     cfg = load(None, overrides + [f"rewards=[{{name: count, weight: {REWARD_WEIGHTS['count']}}}, "
                                   f"{{name: format, weight: {REWARD_WEIGHTS['format']}}}]"])
     trainer = Trainer(cfg)
-    if "shared_prefix" not in train_fields or "shared_prefill" not in rollout_fields:
-        _patch_shared(trainer, forward="shared_prefix" not in train_fields,
-                      rollout="shared_prefill" not in rollout_fields)
     trainer.enable_reference()
     times, stages = [], []
     for _ in range(steps):
@@ -114,47 +101,6 @@ def run_mmrl(workdir: Path, s: dict, steps: int, seed: int = 0) -> tuple[list, l
         stages.append({k[len("time/"):]: v for k, v in metrics.items()
                        if k.startswith("time/") and k != "time/tokens_per_s"})
     return times, stages
-
-
-def _patch_shared(trainer, *, forward: bool, rollout: bool) -> None:
-    """Until `train.shared_prefix` / rollout prefill-once are wired into the loop: the same
-    wiring, applied to this trainer instance (bench only)."""
-    import types
-
-    import torch
-
-    from mmrl.models.shared_prefix import generate_shared, shared_prefix_logprobs
-    from mmrl.types import RolloutBatch
-
-    def _forward(self, model, batch, rows, entropy=False):
-        sub = batch.select(rows)
-        width = int(sub.completion_mask.sum(1).max().clamp(min=1))
-        ids, mask = sub.completion_ids[:, :width], sub.completion_mask[:, :width]
-        out = shared_prefix_logprobs(model, sub.prompts, ids.to(self.device), mask.to(self.device),
-                                     temperature=self.cfg.rollout.temperature, return_entropy=entropy,
-                                     placeholder_ids=self.suppress_ids, pad_id=self.pad_id)
-        return out, width
-
-    @torch.no_grad()
-    def _rollout(self, prompts, group_offset=0):
-        rc = self.cfg.rollout
-        self.model.eval()
-        ids, mask, slogp, truncated = generate_shared(
-            self.model, self.processor, prompts, num_generations=rc.num_generations,
-            max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
-            top_k=rc.top_k, do_sample=True, suppress_ids=self.suppress_ids)
-        g = rc.num_generations
-        texts = self.processor.tokenizer.batch_decode(
-            [row[m.bool()] for row, m in zip(ids, mask)], skip_special_tokens=True)
-        return RolloutBatch(
-            prompts=[p for p in prompts for _ in range(g)], completion_ids=ids,
-            completion_mask=mask, texts=texts, truncated=truncated, sampler_logp=slogp,
-            group_ids=torch.arange(len(prompts)).repeat_interleave(g) + group_offset)
-
-    if forward:
-        trainer._forward = types.MethodType(_forward, trainer)
-    if rollout:
-        trainer.rollout = types.MethodType(_rollout, trainer)
 
 
 def run_trl(workdir: Path, s: dict, steps: int, seed: int = 0) -> tuple[list, list]:

@@ -21,6 +21,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from mmrl.types import Sample
+from rewards.boxes import smart_resize
 
 if TYPE_CHECKING:
     from mmrl.data.cache import MediaCache
@@ -88,17 +89,10 @@ def fit_pixels(w: int, h: int, min_pixels: int, max_pixels: int,
         raise ValueError(f"fit_pixels: min_pixels {min_pixels} > max_pixels {max_pixels}")
     if max(w, h) / min(w, h) > 200:
         raise ValueError(f"fit_pixels: aspect ratio of {w}x{h} is over 200 (Qwen-VL rejects it)")
-    hb = max(factor, round(h / factor) * factor)
-    wb = max(factor, round(w / factor) * factor)
-    if hb * wb > max_pixels:
-        beta = math.sqrt(h * w / max_pixels)
-        hb = max(factor, math.floor(h / beta / factor) * factor)
-        wb = max(factor, math.floor(w / beta / factor) * factor)
-    elif hb * wb < min_pixels:
-        beta = math.sqrt(min_pixels / (h * w))
-        hb = math.ceil(h * beta / factor) * factor
-        wb = math.ceil(w * beta / factor) * factor
-    return wb, hb
+    # The rule itself is transformers' smart_resize, kept once in `rewards` (which needs it to
+    # map boxes into the model's input frame); here only the one-factor floor is added.
+    hb, wb = smart_resize(h, w, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+    return max(factor, wb), max(factor, hb)
 
 
 # ------------------------------------------------------------------------------------- video ----

@@ -44,7 +44,9 @@ def make_engine(cfg_rollout, model, processor, adapter) -> RolloutEngine:
     if backend == "hf":
         from mmrl.rollout.hf import HFEngine
 
-        return HFEngine(model, processor)
+        return HFEngine(model, processor,
+                        shared_prefill=getattr(cfg_rollout, "shared_prefill", False),
+                        rounds_of=getattr(cfg_rollout, "rounds_of", None))
     if backend == "vllm":
         opts = getattr(cfg_rollout, "vllm", None)
         url = _option(opts, "server_url", None)
