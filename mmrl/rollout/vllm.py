@@ -121,7 +121,9 @@ def export_for_vllm(model, processor, path: str | Path, adapter=None) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     config = copy.deepcopy(model.config)
-    config.architectures = [type(model).__name__]
+    # The transformers class, not a wrapper FSDP2 derives from it (FSDPQwen2_5_VL...).
+    config.architectures = [next(c.__name__ for c in type(model).__mro__
+                                 if c.__module__.startswith("transformers."))]
     if config.model_type == "qwen2_5_omni_thinker":
         # vLLM registers only the full Omni architectures (thinker inside, talker not loaded).
         from transformers import Qwen2_5OmniConfig

@@ -7,6 +7,7 @@ process killed mid-write (even by SIGKILL) leaves the previous checkpoint intact
 """
 from __future__ import annotations
 
+import copy
 import os
 import random
 import re
@@ -34,27 +35,68 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save(run_dir: Path, step: int, model, processor, trainer_state: dict[str, Any],
-         keep: int = 2) -> Path:
-    """Write checkpoint `step` atomically; prune to the newest `keep` (0 = keep all)."""
+         keep: int = 2, strategy=None, optimizer=None) -> Path:
+    """Write checkpoint `step` atomically; prune to the newest `keep` (0 = keep all).
+
+    Called on every rank. Rank 0 writes the HF-format model (or, when the weights are sharded,
+    only its config), the processor and the trainer state; with ZeRO / FSDP2 every rank also
+    writes its shard of the weights and optimizer state (`strategy.save_shards`)."""
+    main = strategy is None or strategy.info.main
     root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
-    tmp = root / f".tmp-step_{step:06d}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    processor.save_pretrained(tmp)
-    torch.save({**trainer_state, "step": step, "rng": rng_state()}, tmp / STATE_FILE)
-    _fault_injection_pause()
-    _fsync_dir(tmp)
-    if final.exists():  # re-saving the same step (e.g. after resume): replace it whole
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_dir(root)
-    if keep > 0:
-        for old in all_checkpoints(run_dir)[:-keep]:
-            if old != final:
-                shutil.rmtree(old, ignore_errors=True)
+    tmp = root / f".tmp-step_{step:06d}"
+    if main:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # a leftover of a killed write
+        tmp.mkdir()
+    _barrier(strategy)
+    if strategy is not None and strategy.sharded_checkpoint:
+        strategy.save_shards(tmp, model, optimizer)
+    if strategy is not None and strategy.info.enabled:  # ranks draw different random streams
+        torch.save(rng_state(), tmp / f"rng_rank{strategy.info.rank}.pt")
+    if main:
+        if strategy is not None and strategy.shards_params:
+            hf_config(model).save_pretrained(tmp)  # weights: `mmrl checkpoint consolidate`
+            if getattr(model, "generation_config", None) is not None:
+                model.generation_config.save_pretrained(tmp)
+        else:
+            model.save_pretrained(tmp, safe_serialization=True)
+        processor.save_pretrained(tmp)
+        torch.save({**trainer_state, "step": step, "rng": rng_state()}, tmp / STATE_FILE)
+        _fault_injection_pause()
+    _barrier(strategy)
+    if main:
+        _fsync_dir(tmp)
+        if final.exists():  # re-saving the same step (e.g. after resume): replace it whole
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+        if keep > 0:
+            for old in all_checkpoints(run_dir)[:-keep]:
+                if old != final:
+                    shutil.rmtree(old, ignore_errors=True)
+    _barrier(strategy)
     return final
+
+
+def hf_config(model):
+    """The model's config naming its transformers class (not an FSDP2 wrapper class)."""
+    config = copy.deepcopy(model.config)
+    config.architectures = [next(c.__name__ for c in type(model).__mro__
+                                 if c.__module__.startswith("transformers."))]
+    return config
+
+
+def has_weights(ckpt: Path | None) -> bool:
+    """True for an HF-format (or LoRA adapter) checkpoint; False for sharded-only ones."""
+    return ckpt is not None and any((Path(ckpt) / f).exists() for f in (
+        "model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors",
+        "pytorch_model.bin"))
+
+
+def _barrier(strategy) -> None:
+    if strategy is not None and strategy.info.enabled:
+        torch.distributed.barrier()
 
 
 def all_checkpoints(run_dir: Path) -> list[Path]:
@@ -70,9 +112,14 @@ def latest(run_dir: Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
-def load_state(ckpt: Path) -> dict[str, Any]:
+def load_state(ckpt: Path, rank: int = 0, world: int = 1) -> dict[str, Any]:
+    """The trainer state, with this rank's own RNG state when saved by as many processes."""
     # weights_only=False: the state holds numpy RNG tuples and python lists; it is our own file.
-    return torch.load(Path(ckpt) / STATE_FILE, map_location="cpu", weights_only=False)
+    state = torch.load(Path(ckpt) / STATE_FILE, map_location="cpu", weights_only=False)
+    own = Path(ckpt) / f"rng_rank{rank}.pt"
+    if state.get("parallel", {}).get("world", 1) == world and own.is_file():
+        state["rng"] = torch.load(own, weights_only=False)
+    return state
 
 
 def resolve_resume(resume: str, run_dir: Path) -> Path | None:

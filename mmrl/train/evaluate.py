@@ -121,12 +121,20 @@ def evaluate_checkpoint(cfg: RunConfig, checkpoint: str, out_dir: str | None = N
     """`mmrl eval`: greedy generation over `data.eval` with a saved model; writes
     predictions.jsonl and metrics.json into `out_dir` (default CHECKPOINT/eval)."""
     from mmrl.models import get_adapter
+    from mmrl.train.checkpoint import has_weights
+    from mmrl.train.consolidate import consolidate, sharded_kind
     from mmrl.train.setup import DTYPES, build_datasets
 
     if not cfg.data.eval:
         raise SystemExit("mmrl eval: the config has no data.eval; pass data.eval=PATH")
     _, samples = build_datasets(cfg)
     adapter = get_adapter(cfg.model.family)
+    if sharded_kind(checkpoint) and not has_weights(Path(checkpoint)):  # ZeRO-3 / FSDP2 shards
+        merged = Path(f"{checkpoint}_hf")
+        if not merged.is_dir():
+            print(f"consolidating sharded {checkpoint} -> {merged}")
+            consolidate(Path(checkpoint), merged)
+        checkpoint = str(merged)
     model, processor = adapter.load(checkpoint, dtype=DTYPES[cfg.model.dtype],
                                     attn_implementation=cfg.model.attn_implementation)
     if torch.cuda.is_available():

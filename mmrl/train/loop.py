@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 
 import torch
@@ -20,9 +20,11 @@ from mmrl.data.media import MediaError
 from mmrl.models import get_adapter
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.models.shared_prefix import shared_prefix_logprobs, supports_shared_prefix
+from mmrl.models.towers import TowerToucher
 from mmrl.rollout import make_engine
+from mmrl.rollout.hf import HFEngine
 from mmrl.rollout.correction import tis_weights
-from mmrl.train import checkpoint, dist, lora, setup
+from mmrl.train import checkpoint, dist, lora, parallel, setup
 from mmrl.train.logging import RunLogger
 from mmrl.train.rollout_utils import concat_rollouts, rollout_metrics, rollout_records
 from mmrl.train.scoring import RewardSet
@@ -34,17 +36,27 @@ class Trainer:
         self.cfg = cfg
         setup.check_environment(cfg)
         self.dist = dist.init()
+        self.parallel = parallel.make(cfg, self.dist)
         setup.set_seed(cfg.train.seed)
         self.run_dir = cfg.run_dir
         self.train_set, self.eval_set = setup.build_datasets(cfg)
         self.adapter = get_adapter(cfg.model.family)
         resume = checkpoint.resolve_resume(cfg.train.resume, self.run_dir)
-        self.model, self.processor, self.peft = setup.build_model(cfg, self.adapter, resume)
+        self.parallel.before_model()
+        self.model, self.processor, self.peft = setup.build_model(
+            cfg, self.adapter, resume if checkpoint.has_weights(resume) else None)
         self.device = torch.device(f"cuda:{self.dist.local_rank}" if torch.cuda.is_available()
                                    else "cpu")
-        self.model.to(self.device)
+        if self.parallel.name == "ddp":  # DeepSpeed and FSDP2 place (and shard) it themselves
+            self.model.to(self.device)
+        # The module training forwards go through (a DeepSpeed engine, or the model itself).
+        self.train_model, self.optimizer, self.scheduler = self.parallel.setup(self.model,
+                                                                               cfg.train.steps)
+        self.touch_towers = (TowerToucher(self.model, self.adapter, self.processor)
+                             if self.parallel.every_module else None)
         self.suppress_ids = self.adapter.placeholder_token_ids(self.processor)
-        self.engine = make_engine(cfg.rollout, self.model, self.processor, self.adapter)
+        with self.parallel.full_params(self.model):
+            self.engine = make_engine(cfg.rollout, self.model, self.processor, self.adapter)
         # One packed row per group: the prompt and its media run once, not G times (same
         # logprobs and gradients to 1e-5); flash-attention cannot take the group mask.
         self.shared_prefix = cfg.train.shared_prefix and supports_shared_prefix(self.model)
@@ -53,8 +65,6 @@ class Trainer:
         self.media_stats: dict[str, int] = {}  # e.g. audio_truncated, counted into metrics
         self.load_media = setup.media_loader(cfg, self.media_stats)
         self.sampler = setup.PromptSampler(len(self.train_set), cfg.train.seed, cfg.data.shuffle)
-        self.optimizer, self.scheduler = setup.build_optimizer(cfg.train, self.model,
-                                                               cfg.train.steps)
         self.ref_model = None
         self.step, self.skipped, self.state_extra = 0, 0, {}
         self._features: OrderedDict[int, PromptFeatures] = OrderedDict()
@@ -108,10 +118,11 @@ class Trainer:
     def rollout(self, prompts: list[PromptFeatures], group_offset: int = 0) -> RolloutBatch:
         rc = self.cfg.rollout
         self.model.eval()
-        ids, mask, slogp, truncated = self.engine.generate(
-            prompts, num_generations=rc.num_generations,
-            max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
-            top_k=rc.top_k, do_sample=True, suppress_ids=self.suppress_ids)
+        with self.parallel.full_params(self.model):  # ZeRO-3 / FSDP2: gathered once, not per token
+            ids, mask, slogp, truncated = self.engine.generate(
+                prompts, num_generations=rc.num_generations,
+                max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
+                top_k=rc.top_k, do_sample=True, suppress_ids=self.suppress_ids)
         g = rc.num_generations
         texts = self.processor.tokenizer.batch_decode(
             [row[m.bool()] for row, m in zip(ids, mask)], skip_special_tokens=True)
@@ -170,6 +181,10 @@ class Trainer:
         return [list(range(i, min(n, i + mb))) for i in range(0, n, mb)]
 
     def _forward(self, model, batch: RolloutBatch, rows: list[int], entropy: bool = False):
+        with self.touch_towers() if self.touch_towers else nullcontext():
+            return self._forward_rows(model, batch, rows, entropy)
+
+    def _forward_rows(self, model, batch: RolloutBatch, rows: list[int], entropy: bool):
         sub = batch.select(rows)
         width = int(sub.completion_mask.sum(1).max().clamp(min=1))  # drop all-pad columns
         ids, mask = sub.completion_ids[:, :width], sub.completion_mask[:, :width]
@@ -205,10 +220,11 @@ class Trainer:
         normalizer = float(dist.all_sum(local, self.dist).clamp(min=1))
         sums: dict[str, float] = {}
         self.model.train()
+        chunks = self.micro_batches(batch.n)
         for _ in range(ac.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
-            for rows in self.micro_batches(batch.n):
-                (logp, ent), width = self._forward(self.model, batch, rows, entropy=True)
+            for i, rows in enumerate(chunks):
+                (logp, ent), width = self._forward(self.train_model, batch, rows, entropy=True)
                 m = mask[rows, :width].to(logp.device)
                 old = logp.detach() if sb.old_logp is None else sb.old_logp[rows, :width]
                 weights = None
@@ -222,19 +238,13 @@ class Trainer:
                     clip_low=ac.clip_low, clip_high=ac.clip_high, agg=ac.agg, ratio=ac.ratio,
                     ref_logp=ref, beta=ac.beta, kl=ac.kl, max_len=self.cfg.rollout.max_new_tokens,
                     normalizer=normalizer, token_weights=weights)
-                loss.backward()
+                self.parallel.backward(loss, last=i == len(chunks) - 1)
                 frac = len(rows) / batch.n  # metrics are micro-batch means: weight by rows
                 metrics = {**metrics, "loss": loss.detach() / frac,
                            "entropy": (ent * m).sum() / m.sum().clamp(min=1)}
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v) * frac / ac.num_iterations
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            dist.all_reduce_grads(params, self.dist)  # each rank holds a part of the global sum
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                params, self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0
-                else float("inf"))
-            self.optimizer.step()
-            sums["grad_norm"] = float(grad_norm)
+            sums["grad_norm"] = self.parallel.step(self.model, self.optimizer)
         self.scheduler.step()
         return {f"loss/{k}" if k not in ("grad_norm", "entropy") else k: v for k, v in sums.items()}
 
@@ -254,7 +264,7 @@ class Trainer:
         sb = ScoredBatch(rollout=batch, scores=scores, per_reward=per_reward, advantages=adv)
         with timer("logprob"):
             if ac.num_iterations > 1:
-                sb.old_logp = self.logprobs(self.model, batch)
+                sb.old_logp = self.logprobs(self.train_model, batch)
             if self.ref_model is not None:
                 sb.ref_logp = self.logprobs(self.ref_model, batch)
             elif ac.beta > 0 and self.peft is not None:  # LoRA: reference = adapter disabled
@@ -262,8 +272,8 @@ class Trainer:
                     sb.ref_logp = self.logprobs(self.model, batch)
         with timer("update"):
             metrics = self.update(sb)
-        with timer("sync"):  # no-op for the HF engine; vLLM reloads the new weights
-            self.engine.sync_weights(self.model)
+        with timer("sync"):
+            self.sync_engine()
         self.step += 1
         metrics.update(extra)
         metrics.update(rollout_metrics(sb, self.rewards.keys))
@@ -280,22 +290,39 @@ class Trainer:
             self.log.log_rollouts(self.step, rollout_records(sb, self.cfg.log.rollouts_per_step))
         return metrics
 
+    def sync_engine(self) -> None:
+        """vLLM reloads the new weights (whole: gathered first when sharded); HF samples from the
+        training model itself."""
+        if isinstance(self.engine, HFEngine):
+            return
+        with self.parallel.full_params(self.model):
+            self.engine.sync_weights(self.model)
+
     # ---------------------------------------------------------------- state --------------------
     def save(self) -> None:
-        """Rank 0 writes (weights are identical on every rank after the all-reduced step)."""
-        if not self.dist.main:
-            dist.barrier(self.dist)
-            return
-        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                 "sampler": self.sampler.state_dict(), "skipped": self.skipped,
-                 "extra": self.state_extra}
+        """A collective: rank 0 writes the model and state, sharded strategies every rank's part
+        (replicated weights are identical on every rank after the all-reduced step)."""
+        state = {"scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
+                 "skipped": self.skipped, "extra": self.state_extra,
+                 "parallel": {"name": self.parallel.name, "world": self.dist.world}}
+        if not self.parallel.sharded_checkpoint:
+            state["optimizer"] = self.optimizer.state_dict()
         checkpoint.save(self.run_dir, self.step, self.peft or self.model, self.processor, state,
-                        keep=self.cfg.train.keep_checkpoints)
-        dist.barrier(self.dist)
+                        keep=self.cfg.train.keep_checkpoints, strategy=self.parallel,
+                        optimizer=self.optimizer)
 
     def _restore(self, ckpt) -> None:
-        state = checkpoint.load_state(ckpt)
-        self.optimizer.load_state_dict(state["optimizer"])
+        state = checkpoint.load_state(ckpt, self.dist.rank, self.dist.world)
+        saved = state.get("parallel", {"name": "ddp", "world": 1})
+        if "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+        elif (saved["name"], saved["world"]) != (self.parallel.name, self.dist.world):
+            raise RuntimeError(
+                f"{ckpt} holds {saved['name']} shards from {saved['world']} processes; resume it "
+                f"with the same launcher and process count, or turn it into a model with "
+                f"`mmrl checkpoint consolidate {ckpt}` and start a new run from that (model.path)")
+        else:
+            self.parallel.load_shards(ckpt, self.model, self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         self.skipped, self.state_extra = state["skipped"], state.get("extra", {})
@@ -309,9 +336,18 @@ class Trainer:
         if self.cfg.algo.beta <= 0 or self.ref_model is not None or self.peft is not None:
             return
         path = self.run_dir / "reference"
+        if not path.is_dir() and self.parallel.shards_params:  # no whole copy in memory
+            weights = self.parallel.full_state_dict(self.model)
+            if self.dist.main:
+                self.model.save_pretrained(path, state_dict=weights)
+                checkpoint.hf_config(self.model).save_pretrained(path)
+                self.processor.save_pretrained(path)
+            dist.barrier(self.dist)
         if path.is_dir():
             ref, _ = self.adapter.load(str(path), dtype=next(self.model.parameters()).dtype)
-            self.ref_model = setup.build_reference(ref.to(self.device))
+            if self.parallel.name == "ddp":
+                ref.to(self.device)
+            self.ref_model = self.parallel.frozen(setup.build_reference(ref, copy=False))
         else:
             self.ref_model = setup.build_reference(self.model)
             if self.dist.main:  # with the processor, so adapter.load can read it back

@@ -21,10 +21,12 @@ from mmrl.train.sft import sft_warmup
 def _eval(trainer: Trainer, name: str, **kw) -> dict:
     """Held-out evaluation on rank 0 (the other ranks wait); NaN accuracy elsewhere."""
     result = {"accuracy": float("nan")}
-    if trainer.dist.main:
-        result = evaluate(trainer.model, trainer.processor, trainer.adapter, trainer.eval_set,
-                          trainer.cfg, out_file=trainer.run_dir / "eval" / f"{name}.jsonl", **kw)
-    dist.barrier(trainer.dist)
+    with trainer.parallel.full_params(trainer.model):  # sharded weights: gathered on every rank
+        if trainer.dist.main:
+            result = evaluate(trainer.model, trainer.processor, trainer.adapter,
+                              trainer.eval_set, trainer.cfg,
+                              out_file=trainer.run_dir / "eval" / f"{name}.jsonl", **kw)
+        dist.barrier(trainer.dist)
     return result
 
 
@@ -36,7 +38,7 @@ def train(cfg: RunConfig) -> dict:
     try:
         if trainer.step == 0 and cfg.sft.steps > 0 and "sft" not in summary:
             summary["sft"] = sft_warmup(trainer)
-            trainer.engine.sync_weights(trainer.model)
+            trainer.sync_engine()
         if trainer.eval_set and cfg.eval.before_rl and "accuracy_before_rl" not in summary:
             summary["eval_before_rl"] = _eval(trainer, "before_rl")
             summary["accuracy_before_rl"] = summary["eval_before_rl"]["accuracy"]

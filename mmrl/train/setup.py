@@ -5,7 +5,7 @@ the same resolution rules without building anything heavy.
 """
 from __future__ import annotations
 
-import copy
+import copy as copy_module
 import functools
 import math
 import os
@@ -134,9 +134,9 @@ def freeze(model, names: list[str], adapter) -> None:
                          f"family: {sorted(parts)}")
 
 
-def build_reference(model):
+def build_reference(model, copy: bool = True):
     """Frozen copy of the starting policy for the KL term (only built when beta > 0)."""
-    ref = copy.deepcopy(model)
+    ref = copy_module.deepcopy(model) if copy else model
     ref.requires_grad_(False)
     ref.eval()
     return ref
@@ -145,7 +145,10 @@ def build_reference(model):
 def build_optimizer(tc: TrainConfig, model, total_steps: int):
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay)
+    return opt, lr_schedule(opt, tc, total_steps)
 
+
+def lr_schedule(opt, tc: TrainConfig, total_steps: int):
     def factor(step: int) -> float:
         # Warm-up matters for RL on a fresh optimizer: without it early steps overshoot
         # (observed collapses in ../shared/ENVIRONMENT.md).
@@ -160,7 +163,7 @@ def build_optimizer(tc: TrainConfig, model, total_steps: int):
             raise ValueError(f"train.lr_schedule: {tc.lr_schedule!r}; use constant|linear|cosine")
         return 1.0
 
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
 class PromptSampler:

@@ -1,4 +1,5 @@
-"""Run by test_distributed.py under torchrun (or alone): one update on a fixed global rollout.
+"""Run by the distributed tests under torchrun / accelerate launch (or alone): one update on a
+fixed global rollout.
 
 Every rank builds the same global rollout (same model, same seed), keeps its contiguous slice of
 groups, and calls the trainer's real `learn` stage (global advantages, global normaliser,
@@ -34,12 +35,40 @@ def main(config_path: str, out_path: str) -> None:
                       if v.grad is not None})
         return step(*a, **kw)
 
-    trainer.optimizer.step = capture
+    strategy_step = trainer.parallel.step
+
+    def capture_sharded(model, optimizer):  # ZeRO / FSDP2: gather the reduced gradient shards
+        grads.update(full_grads(trainer))
+        return strategy_step(model, optimizer)
+
+    if trainer.parallel.name == "ddp":  # the all-reduce happens inside step: catch the optimizer
+        trainer.optimizer.step = capture
+    else:
+        trainer.parallel.step = capture_sharded
     metrics = trainer.learn(batch.select(rows), scores[rows], {k: [v[i] for i in rows]
                                                                for k, v in per.items()})
+    if os.environ.get("MMRL_WORKER_SAVE") == "1":  # a checkpoint of this state, for consolidation
+        trainer.save()
+    names = {k for k, _ in trainer.model.named_parameters()}
+    params = trainer.parallel.full_state_dict(trainer.model)  # a collective when sharded
     if trainer.dist.main:
-        torch.save({"params": {k: v.detach() for k, v in trainer.model.named_parameters()},
-                    "grads": grads, "metrics": metrics}, out_path)
+        torch.save({"params": {k: v.detach().cpu() for k, v in params.items() if k in names},
+                    "grads": grads, "metrics": metrics, "strategy": trainer.parallel.name},
+                   out_path)
+
+
+def full_grads(trainer) -> dict:
+    """{name: whole gradient} on every rank; a collective (called on all ranks)."""
+    out = {}
+    for name, p in trainer.model.named_parameters():
+        if trainer.parallel.name == "deepspeed":
+            from deepspeed.utils import safe_get_full_grad
+            g = safe_get_full_grad(p)
+        else:
+            g = p.grad.full_tensor() if p.grad is not None else None
+        if g is not None:
+            out[name] = g.detach().cpu().clone()
+    return out
 
 
 if __name__ == "__main__":

@@ -1,0 +1,69 @@
+"""`mmrl checkpoint consolidate`: a sharded ZeRO / FSDP2 checkpoint -> one Hugging Face model.
+
+Runs in one process on CPU, without the processes that wrote the shards: DeepSpeed's own
+`zero_to_fp32` merges ZeRO partitions, torch's `dcp_to_torch_save` merges FSDP2's DCP shards.
+The result loads with `from_pretrained` (and as `model.path` of a new run, or `mmrl eval`).
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+
+def sharded_kind(ckpt: Path) -> str | None:
+    """"deepspeed", "dcp", or None for a checkpoint without shards."""
+    ckpt = Path(ckpt)
+    if (ckpt / "deepspeed").is_dir():
+        return "deepspeed"
+    if (ckpt / "dcp").is_dir():
+        return "dcp"
+    return None
+
+
+def full_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
+    """The model's whole state dict (float32 for ZeRO, the saved dtype for FSDP2)."""
+    kind = sharded_kind(ckpt)
+    if kind == "deepspeed":
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        return get_fp32_state_dict_from_zero_checkpoint(str(Path(ckpt) / "deepspeed"),
+                                                        tag="shards")
+    if kind == "dcp":
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp_to_torch_save(str(Path(ckpt) / "dcp"), f"{tmp}/full.pt")
+            return torch.load(f"{tmp}/full.pt", map_location="cpu", weights_only=True)["model"]
+    raise ValueError(f"{ckpt} has no sharded weights (no deepspeed/ or dcp/ inside); it is "
+                     f"already a Hugging Face model directory")
+
+
+def consolidate(ckpt: Path, out: Path) -> Path:
+    """Write `out` = config + weights (in the config's dtype) + processor files of `ckpt`."""
+    import transformers
+
+    ckpt, out = Path(ckpt), Path(out)
+    state = full_state_dict(ckpt)
+    config = transformers.AutoConfig.from_pretrained(ckpt)
+    cls = getattr(transformers, config.architectures[0])
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    with torch.device("meta"):
+        model = cls(config)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    tied = set(getattr(model, "all_tied_weights_keys", None) or
+               getattr(model, "_tied_weights_keys", None) or [])
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise ValueError(f"{ckpt}: shards do not match {cls.__name__}: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    model.tie_weights()
+    model.to(dtype)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    for f in ckpt.iterdir():  # processor / tokenizer / generation files, not state or shards
+        if f.is_file() and f.name not in ("config.json", "trainer_state.pt") and \
+                not (out / f.name).exists():
+            shutil.copy2(f, out / f.name)
+    return out
