@@ -70,6 +70,11 @@ class VLLMConfig:
     max_model_len: Optional[int] = None
     enforce_eager: bool = True
     seed: int = 0
+    # How new weights reach vLLM after each step. Colocated: auto | bytes | direct. Server mode:
+    # auto (= http: base64 safetensors through /collective_rpc) | nccl (GPU: broadcast from the
+    # trainer to every server worker) | store (the same protocol over a TCP store, for CPU tests).
+    weight_transfer: str = "auto"
+    weight_transfer_port: int = 51216  # server mode nccl/store: rendezvous port on the server host
     llm_kwargs: dict[str, Any] = field(default_factory=dict)
 
 

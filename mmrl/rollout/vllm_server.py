@@ -66,14 +66,24 @@ class VLLMServerEngine:
     audio go to /v1/chat/completions with the media as lossless data URLs, and the prompt ids
     the server reports must equal the trainer's (else ValueError). The temperature trick and
     weight pushes use the dev-mode /collective_rpc endpoint (`VLLM_SERVER_DEV_MODE=1` and
-    `--worker-extension-cls mmrl.rollout.worker_ext.WeightSync`, see scripts/vllm_server.sh);
-    weights travel as base64 safetensors in JSON: fine for small models and tests. For large
-    models on GPUs, push weights with vLLM's NCCL weight-transfer engine instead (GPU-only).
+    `--worker-extension-cls mmrl.rollout.worker_ext.WeightSync`, see scripts/vllm_server.sh).
+
+    Weights travel (`weight_transfer`) as base64 safetensors in JSON ("http": fine for small
+    models), or are broadcast from this process to every server worker ("nccl" on GPUs: a
+    StatelessProcessGroup rendezvous on the server host's `weight_transfer_port`, then one NCCL
+    broadcast per tensor while the workers stream them into the model; "store": the same
+    protocol over the rendezvous TCP store, which is what CPU tests can run).
     """
 
     def __init__(self, base_url: str, processor, adapter=None, *, model: str | None = None,
                  timeout: float = 600.0, eos_ids: Sequence[int] | None = None,
-                 max_workers: int = 16):
+                 max_workers: int = 16, weight_transfer: str = "auto",
+                 weight_transfer_port: int = 51216):
+        self.transfer = "http" if weight_transfer == "auto" else weight_transfer
+        if self.transfer not in ("http", "nccl", "store"):
+            raise ValueError(f"server mode rollout.vllm.weight_transfer={weight_transfer!r}: use "
+                             f"auto | http | nccl | store")
+        self.transfer_port, self._comm = weight_transfer_port, None
         self.base_url = base_url.rstrip("/")
         self.adapter, self.processor, self.timeout = adapter, processor, timeout
         tokenizer = getattr(processor, "tokenizer", processor)
@@ -161,21 +171,80 @@ class VLLMServerEngine:
             raise ValueError(f"vLLM server sampled a banned token: {e}") from None
 
     def sync_weights(self, model) -> None:
-        """Push `model`'s weights over HTTP (base64 safetensors), then reset the server's caches."""
-        import base64
-
-        from safetensors.torch import save
-
+        """Push `model`'s weights (see `weight_transfer`), then reset the server's caches."""
         state = vllm_state_dict(model, self.adapter)
-        blob = save({k: v.detach().contiguous().cpu() for k, v in state.items()})
-        counts = self._rpc("load_weights_b64", base64.b64encode(blob).decode())
+        if self.transfer == "http":
+            import base64
+
+            from safetensors.torch import save
+
+            blob = save({k: v.detach().contiguous().cpu() for k, v in state.items()})
+            counts = self._rpc("load_weights_b64", base64.b64encode(blob).decode())
+        else:
+            counts = self._broadcast(state)
         if any(int(c) != len(state) for c in counts):
             raise RuntimeError(f"weight sync: server workers read {counts} tensors, sent {len(state)}")
         self._post("/reset_prefix_cache")
         self._post("/reset_encoder_cache")
 
+    def _join_weight_group(self) -> None:
+        """Rendezvous with every server worker (ranks 0..W-1; this process is rank W)."""
+        from urllib.parse import urlparse
+
+        from vllm.distributed.utils import StatelessProcessGroup
+
+        workers = len(self._rpc("parameter_count"))
+        host, world = urlparse(self.base_url).hostname, workers + 1
+        join, result = _in_thread(self._rpc, "init_weight_group", host, str(self.transfer_port),
+                                  str(world), self.transfer)  # the workers block in the rendezvous until this process joins too
+        group = StatelessProcessGroup.create(host=host, port=self.transfer_port, rank=workers,
+                                             world_size=world)
+        if self.transfer == "nccl":
+            from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+            self._comm = PyNcclCommunicator(group, device=torch.cuda.current_device())
+        else:
+            self._comm = group
+        join.join()
+        if "error" in result:
+            raise RuntimeError(f"weight group rendezvous failed on the server: {result['error']}")
+        self._src = workers
+
+    def _broadcast(self, state: dict[str, torch.Tensor]) -> list:
+        """Tell the workers what is coming, then broadcast each tensor in that order."""
+        import json
+
+        if self._comm is None:
+            self._join_weight_group()
+        manifest = [(k, str(v.dtype).removeprefix("torch."), list(v.shape)) for k, v in state.items()]
+        receive, result = _in_thread(self._rpc, "receive_weights", json.dumps(manifest))
+        device = torch.device("cuda", torch.cuda.current_device()) if self.transfer == "nccl" \
+            else torch.device("cpu")
+        for tensor in state.values():
+            self._comm.broadcast(tensor.detach().to(device).contiguous(), src=self._src)
+        receive.join()
+        if "error" in result:
+            raise RuntimeError(f"weight broadcast failed on the server: {result['error']}")
+        return result["value"]
+
     def close(self) -> None:
         pass
+
+
+def _in_thread(fn, *args):
+    """Run `fn(*args)` in a started thread -> (thread, dict that gets "value" or "error")."""
+    import threading
+
+    result: dict = {}
+
+    def run():
+        try:
+            result["value"] = fn(*args)
+        except Exception as e:  # re-raised by the caller after join
+            result["error"] = f"{type(e).__name__}: {e}"
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, result
 
 
 def _export_main(argv: Sequence[str] | None = None) -> None:

@@ -72,6 +72,42 @@ class WeightSync:
         process: VLLM_ENABLE_V1_MULTIPROCESSING=0 and the "uni" executor."""
         return self._mmrl_reload(iter(named_tensors))
 
+    def init_weight_group(self, host: str, port: str, world_size: str, transport: str) -> int:
+        """Join a weight-transfer group with the trainer (the last rank, the broadcast source):
+        vLLM's StatelessProcessGroup rendezvous on host:port (this worker's rank 0 hosts the
+        store), then NCCL on GPU (`transport="nccl"`) or the TCP store itself ("store": slow,
+        for CPU tests). Strings in, because /collective_rpc passes strings. Returns the rank."""
+        from vllm.distributed.utils import StatelessProcessGroup
+
+        rank = int(getattr(self, "rank", 0))
+        group = StatelessProcessGroup.create(host=host, port=int(port), rank=rank,
+                                             world_size=int(world_size))
+        if transport == "nccl":
+            from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+            self._mmrl_comm = PyNcclCommunicator(group, device=self.device)
+        elif transport == "store":
+            self._mmrl_comm = group
+        else:
+            raise ValueError(f"weight transport {transport!r}: use nccl or store")
+        self._mmrl_src = int(world_size) - 1
+        return rank
+
+    def receive_weights(self, manifest: str) -> int:
+        """Load the tensors the trainer broadcasts next, in the order of `manifest` (JSON list
+        of [checkpoint-format name, dtype, shape]); streamed, so only one extra tensor is held
+        at a time. Returns the number of tensors read."""
+        import json
+
+        device = getattr(self, "device", None) or torch.device("cpu")
+
+        def stream():
+            for name, dtype, shape in json.loads(manifest):
+                buf = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+                out = self._mmrl_comm.broadcast(buf, src=self._mmrl_src)  # NCCL: in place
+                yield name, (buf if out is None else out)
+
+        return self._mmrl_reload(stream())
+
     def set_logit_scale(self, scale: float) -> int:
         """Multiply the model's output logits by `scale` (times the model's own scale).
 
@@ -94,6 +130,10 @@ class WeightSync:
         if not changed:
             raise RuntimeError(f"{type(model).__name__}: no LogitsProcessor found to scale")
         return changed
+
+    def parameter_count(self) -> int:
+        """Number of parameters of this worker's model (also: one result per worker)."""
+        return sum(1 for _ in self.model_runner.get_model().parameters())
 
     def parameter_checksum(self, name: str) -> float:
         """Sum of one vLLM parameter (vLLM's own naming, e.g. fused `qkv_proj`): a cheap probe

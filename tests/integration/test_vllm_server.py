@@ -111,3 +111,16 @@ def test_server_generation_and_weight_push(server):
     assert max_err(moved) > 1e-2  # stale until pushed
     engine.sync_weights(moved)
     assert max_err(moved) <= 1e-4
+    # The broadcast protocol of weight_transfer=nccl (rendezvous, manifest, streamed receive),
+    # over the rendezvous TCP store, which runs without GPUs.
+    again = copy.deepcopy(moved)
+    with torch.no_grad():
+        for p in again.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    assert max_err(again) > 1e-2
+    engine = VLLMServerEngine(server, processor, adapter, weight_transfer="store",
+                              weight_transfer_port=_free_port())
+    engine.sync_weights(again)
+    assert max_err(again) <= 1e-4
+    engine.sync_weights(moved)  # the group is reused
+    assert max_err(moved) <= 1e-4
