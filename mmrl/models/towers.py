@@ -27,11 +27,16 @@ KINDS = {"images": ("pixel_values", "get_image_features"),
 
 def _encoder(owner, kind: str):
     """The callable that encodes `kind` on `owner`: its get_*_features method, or for families
-    without one (Qwen2-Audio) the tower module itself."""
+    without one (Qwen2-Audio) the tower followed by its projector, as the model's forward runs
+    them."""
     fn = getattr(owner, KINDS[kind][1], None)
-    if fn is None and kind == "audios" and isinstance(getattr(owner, "audio_tower", None),
-                                                      torch.nn.Module):
-        fn = owner.audio_tower
+    tower = getattr(owner, "audio_tower", None)
+    if fn is None and kind == "audios" and isinstance(tower, torch.nn.Module):
+        projector = getattr(owner, "multi_modal_projector", None)
+
+        def fn(input_features):
+            hidden = tower(input_features).last_hidden_state
+            return projector(hidden) if projector is not None else hidden
     return fn
 
 
@@ -109,8 +114,7 @@ class TowerToucher:
             if kind in self.present:
                 continue
             fn = _encoder(self.owner, kind)
-            accepted = inspect.signature(fn.forward if isinstance(fn, torch.nn.Module)
-                                         else fn).parameters
+            accepted = inspect.signature(fn).parameters
             dev = embeds.device
             out = fn(**{k: v.to(dev) for k, v in inputs.items() if k in accepted})
             for t in _tensors(out):
