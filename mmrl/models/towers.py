@@ -79,9 +79,9 @@ class TowerToucher:
     """`with toucher(): model(**inputs)` runs every tower the model has, present media or not."""
 
     def __init__(self, model, adapter, processor):
-        self.owner, self.text = _parts(model)
+        owner, _ = _parts(model)
         kinds = [k for k in adapter.media_kinds
-                 if self.owner is not None and _encoder(self.owner, k) is not None]
+                 if owner is not None and _encoder(owner, k) is not None]
         missing = [k for k in adapter.media_kinds if k not in kinds]
         if missing:
             raise ValueError(f"{adapter.family}: ZeRO-2/3 and FSDP2 need every encoder to run on "
@@ -90,8 +90,16 @@ class TowerToucher:
         self.dummies = dummy_inputs(adapter, processor, kinds)
         self.present: set[str] = set()
         self.active = False
-        self.owner.register_forward_pre_hook(self._record, with_kwargs=True)
-        self.text.register_forward_pre_hook(self._touch, with_kwargs=True)
+        self.owners: dict[torch.nn.Module, torch.nn.Module] = {}  # text decoder -> its model
+        self.attach(model)
+
+    def attach(self, model) -> None:
+        """Hook `model` (the policy, or a sharded KL reference of the same family) so that its
+        forwards inside `with toucher():` run every tower."""
+        owner, text = _parts(model)
+        self.owners[text] = owner
+        owner.register_forward_pre_hook(self._record, with_kwargs=True)
+        text.register_forward_pre_hook(self._touch, with_kwargs=True)
 
     @contextmanager
     def __call__(self):
@@ -113,7 +121,7 @@ class TowerToucher:
         for kind, inputs in self.dummies.items():
             if kind in self.present:
                 continue
-            fn = _encoder(self.owner, kind)
+            fn = _encoder(self.owners[module], kind)
             accepted = inspect.signature(fn).parameters
             dev = embeds.device
             out = fn(**{k: v.to(dev) for k, v in inputs.items() if k in accepted})

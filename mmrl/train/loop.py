@@ -22,8 +22,8 @@ from mmrl.models.forward import collate, completion_logprobs
 from mmrl.models.shared_prefix import shared_prefix_logprobs, supports_shared_prefix
 from mmrl.models.towers import TowerToucher
 from mmrl.rollout import make_engine
-from mmrl.rollout.hf import HFEngine
 from mmrl.rollout.correction import tis_weights
+from mmrl.rollout.hf import HFEngine
 from mmrl.train import checkpoint, dist, lora, parallel, setup
 from mmrl.train.logging import RunLogger
 from mmrl.train.rollout_utils import concat_rollouts, rollout_metrics, rollout_records
@@ -118,7 +118,9 @@ class Trainer:
     def rollout(self, prompts: list[PromptFeatures], group_offset: int = 0) -> RolloutBatch:
         rc = self.cfg.rollout
         self.model.eval()
-        with self.parallel.full_params(self.model):  # ZeRO-3 / FSDP2: gathered once, not per token
+        # HF generate under ZeRO-3 / FSDP2: the weights are gathered once, not once per token.
+        hf = isinstance(self.engine, HFEngine)
+        with self.parallel.full_params(self.model) if hf else nullcontext():
             ids, mask, slogp, truncated = self.engine.generate(
                 prompts, num_generations=rc.num_generations,
                 max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
@@ -354,6 +356,8 @@ class Trainer:
             if self.parallel.name == "ddp":
                 ref.to(self.device)
             self.ref_model = self.parallel.frozen(setup.build_reference(ref, copy=False))
+            if self.touch_towers is not None and self.parallel.shards_params:
+                self.touch_towers.attach(self.ref_model)  # its forwards gather too
         else:
             self.ref_model = setup.build_reference(self.model)
             if self.dist.main:  # with the processor, so adapter.load can read it back

@@ -122,9 +122,10 @@ def test_two_sharded_processes_match_one(strategy, setup, one_process, tmp_path)
 
 @pytest.mark.parametrize("strategy", ["zero3", "fsdp2"])
 def test_sharded_cli_run_resumes_bit_for_bit(strategy, setup, tmp_path):
-    """3 steps straight vs 2 steps + resume: identical weights (KL reference on: beta > 0)."""
+    """3 steps straight vs 2 steps + resume: identical weights (KL reference on: beta > 0; in
+    prompt order, so step 1 has rank 1's text-only micro-batch in the reference forward too)."""
     cfg = _config(tmp_path, setup, adv="grpo", beta=0.04)
-    train = ["-m", "mmrl.cli", "train", str(cfg)]
+    train = ["-m", "mmrl.cli", "train", str(cfg), "data.shuffle=false"]
     _launch(strategy, [*train, f"log.run_dir={tmp_path / 'straight'}"], setup, tmp_path)
     _launch(strategy, [*train, f"log.run_dir={tmp_path / 'resumed'}", "train.steps=2"], setup,
             tmp_path)
