@@ -98,8 +98,10 @@ class TowerToucher:
         forwards inside `with toucher():` run every tower."""
         owner, text = _parts(model)
         self.owners[text] = owner
-        owner.register_forward_pre_hook(self._record, with_kwargs=True)
-        text.register_forward_pre_hook(self._touch, with_kwargs=True)
+        # First among the hooks: ZeRO-3/FSDP2 gather the decoder's weights in theirs, and a rank
+        # with an image encodes it before that gather, so the dummy must run before it too.
+        owner.register_forward_pre_hook(self._record, with_kwargs=True, prepend=True)
+        text.register_forward_pre_hook(self._touch, with_kwargs=True, prepend=True)
 
     @contextmanager
     def __call__(self):

@@ -160,6 +160,8 @@ class DeepSpeed(DDP):
         else:
             opt, sched = setup.build_optimizer(self.cfg.train, model, total_steps)
         # The scheduler acts on the client optimizer's param_groups, which ZeRO keeps using.
+        text = model.config.get_text_config()  # the bucket sizes HF derives from the width
+        self.config = deepspeed_config(self.cfg, self.info.world, getattr(text, "hidden_size", None))
         self.engine, ds_opt, _, _ = deepspeed.initialize(model=model, optimizer=opt,
                                                          config=self.config)
         return self.engine, ds_opt, sched
@@ -179,9 +181,24 @@ class DeepSpeed(DDP):
         if self.stage != 3 or self.engine is None:
             yield
             return
-        from deepspeed.runtime.zero import unwrap_model_for_generation
-        with unwrap_model_for_generation(self.engine):  # gathered once, hooks off
-            yield
+        import deepspeed
+        # Gathered once, and every ZeRO-3 hook off while inside: the per-module fetches and the
+        # start-of-forward trace check (a collective that DeepSpeed's own
+        # unwrap_model_for_generation leaves on), since ranks run different numbers of
+        # forwards when their samples stop at different lengths.
+        offload = self.engine.optimizer.parameter_offload
+        root_hooks = offload.module._forward_pre_hooks
+        start = root_hooks.pop(offload.fwd_pre_hook.id)
+        with deepspeed.zero.GatheredParameters(list(model.parameters())):
+            for hook in offload.forward_hooks + offload.backward_hooks:
+                hook.remove()
+            offload.forward_hooks, offload.backward_hooks = [], []
+            try:
+                yield
+            finally:
+                root_hooks[offload.fwd_pre_hook.id] = start
+                root_hooks.move_to_end(offload.fwd_pre_hook.id, last=False)
+                offload._register_deepspeed_module(offload.module)
 
     def full_state_dict(self, model) -> dict[str, torch.Tensor]:
         if self.stage != 3:
@@ -215,9 +232,10 @@ class DeepSpeed(DDP):
                                     load_optimizer_states=True, load_lr_scheduler_states=False)
 
 
-def deepspeed_config(cfg: RunConfig, world: int) -> dict:
+def deepspeed_config(cfg: RunConfig, world: int, hidden_size: int | None = None) -> dict:
     """The DeepSpeed JSON (train.deepspeed_config, else the one the accelerate config names,
-    else ZeRO at the stage accelerate passes) with the keys the trainer owns filled in."""
+    else ZeRO at the stage accelerate passes) with the keys the trainer owns filled in, and with
+    the model's width (`hidden_size`) the size keys set to "auto" as transformers fills them."""
     path = cfg.train.deepspeed_config or os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
     if path:
         found = [p for p in (Path(path), REPO / path) if p.is_file()]
@@ -247,6 +265,12 @@ def deepspeed_config(cfg: RunConfig, world: int) -> dict:
         if section.get("enabled", "auto") == "auto":
             section["enabled"] = dtype == wanted
     config.setdefault("zero_force_ds_cpu_optimizer", False)
+    zero = config.get("zero_optimization", {})
+    if hidden_size:  # ZeRO-3 keeps weights under 10 x width whole on every rank
+        sizes = {"reduce_bucket_size": hidden_size ** 2,
+                 "stage3_prefetch_bucket_size": int(0.9 * hidden_size ** 2),
+                 "stage3_param_persistence_threshold": 10 * hidden_size}
+        zero.update({k: v for k, v in sizes.items() if zero.get(k) == "auto"})
     _fill_auto(config)
     return config
 

@@ -62,6 +62,12 @@ def test_shipped_deepspeed_configs_are_completed_by_the_trainer(cfg, monkeypatch
     stage = int(name[4])
     assert ds["zero_optimization"]["stage"] == stage
     assert ("offload_optimizer" in ds["zero_optimization"]) == name.endswith("offload")
+    # Given the model's width, the size keys follow it as transformers sets them.
+    zero = parallel.deepspeed_config(cfg, world=8, hidden_size=128)["zero_optimization"]
+    if stage == 3:
+        assert zero["stage3_param_persistence_threshold"] == 1280
+        assert zero["stage3_prefetch_bucket_size"] == int(0.9 * 128 ** 2)
+        assert zero["reduce_bucket_size"] == 128 ** 2
 
 
 def test_deepspeed_config_refuses_keys_mmrl_owns(cfg, tmp_path):
