@@ -8,8 +8,9 @@ import numpy as np
 import torch
 
 from mmrl.models.forward import Generation
-from mmrl.rollout.vllm import (AUDIO_SAMPLING_RATE, _describe, ban_fields, export_for_vllm,
-                               prompt_media, to_generation, vllm_state_dict)
+from mmrl.rollout.vllm import (AUDIO_SAMPLING_RATE, _describe, ban_fields, prompt_media,
+                               to_generation)
+from mmrl.rollout.vllm_weights import export_for_vllm, vllm_state_dict
 from mmrl.types import PromptFeatures
 
 

@@ -14,8 +14,8 @@ from mmrl.models.forward import generate
 from mmrl.rollout import RolloutEngine, make_engine, tis_weights
 from mmrl.rollout.correction import tis_metrics
 from mmrl.rollout.hf import HFEngine
-from mmrl.rollout.vllm import (build_request, collapse_media_pads, media_pad_ids, to_generation,
-                               vllm_state_dict)
+from mmrl.rollout.vllm import build_request, collapse_media_pads, media_pad_ids, to_generation
+from mmrl.rollout.vllm_weights import vllm_state_dict
 from mmrl.types import Sample
 
 
