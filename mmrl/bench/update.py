@@ -1,7 +1,7 @@
 """Benchmark 1 and 3: the update phase (old + ref logprobs, loss, backward) in the naive
 G x [prompt, completion] layout vs the shared-prefix layout, on the same tiny model and data.
 
-Both sides run exactly what the trainer runs per micro-batch (mmrl.train.loop.Trainer._forward
+Both sides run exactly what the trainer runs per micro-batch (mmrl.train.learner.Learner.forward
 and .update): trimmed completion width, entropy in the gradient forward, `policy_loss` with the
 global token normaliser, `loss.backward()`. The naive side uses row micro-batches of
 `micro_batch` rows; the shared side whole-group micro-batches under the same token budget

@@ -15,6 +15,10 @@ from mmrl.types import PromptFeatures
 
 @runtime_checkable
 class RolloutEngine(Protocol):
+    # True: generates with the training model itself (its weights must be whole while it runs;
+    # nothing to sync). False: holds its own copy of the weights, reloaded after each update.
+    samples_from_training_model: bool
+
     def generate(self, prompts: Sequence[PromptFeatures], *, num_generations: int,
                  max_new_tokens: int, temperature: float, top_p: float, top_k: int,
                  do_sample: bool, suppress_ids: Sequence[int], seed: int | None = None) -> Generation:

@@ -10,6 +10,7 @@ from mmrl.types import PromptFeatures
 
 class HFEngine:
     """Samples with the training model itself, so there are never weights to sync."""
+    samples_from_training_model = True
 
     def __init__(self, model, processor, eos_ids: Sequence[int] | None = None, *,
                  shared_prefill: bool = False, rounds_of: int | None = None):

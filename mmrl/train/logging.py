@@ -98,8 +98,9 @@ class RunLogger:
                 v, (list, dict, str)) else v for k, v in r.items()}}) + "\n")
         self._rollouts.flush()
 
-    def summary_table(self, title: str, rows: list[tuple[str, str]]) -> None:
-        if self.mode == "off":
+    def summary_table(self, title: str, rows: list[tuple[str, str]], always: bool = False) -> None:
+        """`always`: shown even with progress=off (the end-of-run summary)."""
+        if self.mode == "off" and not always:
             return
         table = Table(title=title)
         table.add_column("metric")

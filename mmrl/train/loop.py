@@ -1,260 +1,73 @@
-"""The GRPO-family training loop. One step, in stages:
+"""The GRPO-family training step, as stages over the trainer's parts:
 
-    prompts  -> rollout (G completions each) -> rewards -> [dynamic sampling] -> advantages
-             -> old/ref logprobs -> update (micro-batches, accumulate, clip, step) -> log/checkpoint
+    prompts  -> rollout (G completions each) -> scores -> [dynamic sampling] -> advantages
+             -> old/ref logprobs -> update (micro-batches, accumulate, clip, step) -> sync -> metrics
 
-This is the only module that knows about devices, micro-batches and the optimizer.
+The parts, built in this order by `Trainer.__init__` (setup), each in its own file:
+
+    PromptSource  train/prompts.py       sampler, media loader, feature cache, bad-sample policy
+    Learner       train/learner.py       model, parallel strategy, optimizer, logprobs, update
+    Rollout       train/generation.py    the rollout engine and the sampling settings
+    Scorer        train/scoring.py       rewards, advantages over the global batch
+    Checkpointer  train/checkpointer.py  save / restore every part's state, the KL reference
+
+run.py drives a Trainer (warm-up, evaluation, the step loop, summary); nothing outside this page
+reaches into a part's members except through the part itself.
 """
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import asdict
 
 import torch
 
 from mmrl import algos
 from mmrl.config import RunConfig, save as save_config
-from mmrl.data.media import MediaError
 from mmrl.models import get_adapter
-from mmrl.models.forward import collate, completion_logprobs
-from mmrl.models.shared_prefix import shared_prefix_logprobs, supports_shared_prefix
-from mmrl.models.towers import TowerToucher
-from mmrl.rollout import make_engine
-from mmrl.rollout.correction import tis_weights
-from mmrl.rollout.hf import HFEngine
-from mmrl.train import checkpoint, dist, lora, parallel, setup
+from mmrl.train import checkpoint, dist, parallel, setup
+from mmrl.train.checkpointer import Checkpointer
+from mmrl.train.generation import Rollout
+from mmrl.train.learner import Learner
 from mmrl.train.logging import RunLogger
+from mmrl.train.prompts import PromptSource
 from mmrl.train.rollout_utils import concat_rollouts, rollout_metrics, rollout_records
-from mmrl.train.scoring import RewardSet
-from mmrl.types import PromptFeatures, RolloutBatch, Sample, ScoredBatch
+from mmrl.train.scoring import Scorer
+from mmrl.types import RolloutBatch, ScoredBatch
 
 
 class Trainer:
     def __init__(self, cfg: RunConfig, logger: RunLogger | None = None):
-        self.cfg = cfg
+        """Setup: every part built explicitly, in an order that keeps the RNG streams (and so a
+        resumed run) exactly as they were."""
+        self.cfg, self.run_dir = cfg, cfg.run_dir
         setup.check_environment(cfg)
-        self.dist = dist.init()
-        self.parallel = parallel.make(cfg, self.dist)
+        self.info = dist.init()
+        strategy = parallel.make(cfg, self.info)
         setup.set_seed(cfg.train.seed)
-        self.run_dir = cfg.run_dir
-        self.train_set, self.eval_set = setup.build_datasets(cfg)
-        self.adapter = get_adapter(cfg.model.family)
+        train_set, self.eval_set = setup.build_datasets(cfg)
+        adapter = get_adapter(cfg.model.family)
         resume = checkpoint.resolve_resume(cfg.train.resume, self.run_dir)
-        self.parallel.before_model()
-        self.model, self.processor, self.peft = setup.build_model(
-            cfg, self.adapter, resume if checkpoint.has_weights(resume) else None)
-        self.device = torch.device(f"cuda:{self.dist.local_rank}" if torch.cuda.is_available()
-                                   else "cpu")
-        if self.parallel.name == "ddp":  # DeepSpeed and FSDP2 place (and shard) it themselves
-            self.model.to(self.device)
-        # The module training forwards go through (a DeepSpeed engine, or the model itself).
-        self.train_model, self.optimizer, self.scheduler = self.parallel.setup(self.model,
-                                                                               cfg.train.steps)
-        self.touch_towers = (TowerToucher(self.model, self.adapter, self.processor)
-                             if self.parallel.every_module else None)
-        self.suppress_ids = self.adapter.placeholder_token_ids(self.processor)
-        with self.parallel.full_params(self.model):
-            self.engine = make_engine(cfg.rollout, self.model, self.processor, self.adapter)
-        # One packed row per group: the prompt and its media run once, not G times (same
-        # logprobs and gradients to 1e-5); flash-attention cannot take the group mask.
-        self.shared_prefix = cfg.train.shared_prefix and supports_shared_prefix(self.model)
-        self.pad_id = self.processor.tokenizer.pad_token_id
-        self.rewards = RewardSet(cfg.rewards)
-        self.media_stats: dict[str, int] = {}  # e.g. audio_truncated, counted into metrics
-        self.load_media = setup.media_loader(cfg, self.media_stats)
-        self.sampler = setup.PromptSampler(len(self.train_set), cfg.train.seed, cfg.data.shuffle)
-        self.ref_model = None
-        self.step, self.skipped, self.state_extra = 0, 0, {}
-        self._features: OrderedDict[int, PromptFeatures] = OrderedDict()
-        main = self.dist.main  # only rank 0 writes the run dir; other ranks keep a local log
+        self.learner = Learner(cfg, self.info, strategy, adapter,
+                               resume if checkpoint.has_weights(resume) else None)
+        self.rollout = Rollout(cfg.rollout, self.learner)
+        self.scorer = Scorer(cfg, self.info)
+        self.prompts = PromptSource(cfg, train_set, adapter, self.learner.processor, self.info)
+        main = self.info.main  # only rank 0 writes the run dir; other ranks keep a local log
         self.log = logger or RunLogger(
-            self.run_dir if main else self.run_dir / f"rank{self.dist.rank}",
+            self.run_dir if main else self.run_dir / f"rank{self.info.rank}",
             tensorboard=cfg.log.tensorboard and main, wandb=cfg.log.wandb and main,
             progress=cfg.log.progress if main else "off", log_every=cfg.log.log_every,
             config=asdict(cfg))
         if main:
             save_config(cfg, self.run_dir / "config.yaml")
+        self.checkpointer = Checkpointer(self.run_dir, cfg.train.keep_checkpoints, self.info,
+                                         self.log)
+        # `state_extra` is run.py's (stage results: SFT, accuracy before RL), saved with the rest.
+        self.step, self.state_extra = 0, {}
         if resume is not None:
-            self._restore(resume)
-
-    # ---------------------------------------------------------------- stage: prompts -----------
-    def features(self, sample: Sample, key: int | None = None) -> PromptFeatures:
-        """One processor call per sample, reused by rollout and every training forward."""
-        if key is not None and key in self._features:
-            self._features.move_to_end(key)
-            return self._features[key]
-        media = self.load_media(sample)
-        feats = self.adapter.prompt_features(self.processor, sample, **media)
-        feats.media = media
-        if key is not None and self.cfg.data.feature_cache > 0:  # bounded: media tensors are big
-            self._features[key] = feats
-            while len(self._features) > self.cfg.data.feature_cache:
-                self._features.popitem(last=False)
-        return feats
-
-    def next_prompts(self, n: int) -> list[PromptFeatures]:
-        """Draw n prompts (the global batch: every rank draws the same ones and keeps its slice,
-        so groups stay whole); bad media raises (on_bad_sample=error) or is skipped and counted
-        (a replacement is drawn locally, so ranks' orders may then drift apart)."""
-        todo = [self.sampler.next() for _ in range(n)][dist.local_slice(n, self.dist)]
-        want, out = len(todo), []
-        while len(out) < want:
-            idx = todo.pop(0) if todo else self.sampler.next()
-            try:
-                out.append(self.features(self.train_set[idx], idx))
-            except MediaError as e:
-                if self.cfg.data.on_bad_sample != "skip":
-                    raise MediaError(f"{e}\n(set data.on_bad_sample=skip to skip such samples "
-                                     f"and count them in metrics)") from None
-                self.skipped += 1
-                if self.skipped > len(self.train_set):
-                    raise RuntimeError("every training sample failed to load") from e
-        return out
-
-    # ---------------------------------------------------------------- stage: rollout -----------
-    @torch.no_grad()
-    def rollout(self, prompts: list[PromptFeatures], group_offset: int = 0) -> RolloutBatch:
-        rc = self.cfg.rollout
-        self.model.eval()
-        # HF generate under ZeRO-3 / FSDP2: the weights are gathered once, not once per token.
-        hf = isinstance(self.engine, HFEngine)
-        with self.parallel.full_params(self.model) if hf else nullcontext():
-            ids, mask, slogp, truncated = self.engine.generate(
-                prompts, num_generations=rc.num_generations,
-                max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
-                top_k=rc.top_k, do_sample=True, suppress_ids=self.suppress_ids)
-        g = rc.num_generations
-        texts = self.processor.tokenizer.batch_decode(
-            [row[m.bool()] for row, m in zip(ids, mask)], skip_special_tokens=True)
-        return RolloutBatch(
-            prompts=[p for p in prompts for _ in range(g)], completion_ids=ids,
-            completion_mask=mask, texts=texts, truncated=truncated, sampler_logp=slogp,
-            group_ids=torch.arange(len(prompts)).repeat_interleave(g) + group_offset)
-
-    # ---------------------------------------------------------------- stage: rewards -----------
-    def score(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, list]]:
-        lengths = batch.completion_mask.sum(1).tolist()
-        extra = {"completion_length": lengths,
-                 "max_completion_length": [self.cfg.rollout.max_new_tokens] * batch.n}
-        totals, per = self.rewards.score([p.sample for p in batch.prompts], batch.texts, extra)
-        return torch.tensor(totals, dtype=torch.float32), per
-
-    def sample_batch(self) -> tuple[RolloutBatch, torch.Tensor, dict[str, list], dict]:
-        """Rollout + rewards; with dynamic sampling, keep only groups with reward signal and
-        sample more prompts until the batch is full (DAPO)."""
-        ac, b = self.cfg.algo, self.cfg.rollout.prompts_per_step
-        if not ac.dynamic_sampling:
-            batch = self.rollout(self.next_prompts(b), group_offset=self._group_base(b))
-            scores, per = self.score(batch)
-            return batch, scores, per, {"sampling/rounds": 1}
-        acc = algos.GroupAccumulator(target_groups=b // self.dist.world,
-                                     max_rounds=ac.max_sampling_rounds)
-        pieces, offset = [], 0
-        while not acc.full:
-            batch = self.rollout(self.next_prompts(b), group_offset=self._group_base(b) + offset)
-            offset += b * self.dist.world
-            scores, per = self.score(batch)
-            ids, keep = algos.groups_with_signal(scores, batch.group_ids)
-            acc.add(ids.tolist(), keep)  # raises with advice after max_rounds
-            rows = torch.isin(batch.group_ids, ids[keep]).nonzero().flatten().tolist()
-            pieces.append((batch.select(rows), scores[rows],
-                           {k: [v[i] for i in rows] for k, v in per.items()}))
-        batch, scores, per = concat_rollouts(pieces, self.pad_id)
-        rows = torch.isin(batch.group_ids, torch.tensor(acc.take())).nonzero().flatten().tolist()
-        return (batch.select(rows), scores[rows], {k: [v[i] for i in rows] for k, v in per.items()},
-                {"sampling/rounds": acc.round})
-
-    def _group_base(self, b: int) -> int:
-        """Group ids unique across ranks: rank r's groups start at r * (its share of b)."""
-        return dist.local_slice(b, self.dist).start
-
-    def advantages(self, scores: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-        """Advantages over the global batch (all ranks' scores), returned for the local rows."""
-        all_scores, start = dist.gather_cat(scores, self.dist)
-        all_groups, _ = dist.gather_cat(group_ids, self.dist)
-        adv = algos.ADVANTAGES.get(self.cfg.algo.advantage)(all_scores, all_groups)
-        return adv[start:start + scores.numel()]
-
-    # ---------------------------------------------------------------- stage: logprobs ----------
-    def micro_batches(self, n: int) -> list[list[int]]:
-        mb = max(1, self.cfg.train.micro_batch_size)
-        return [list(range(i, min(n, i + mb))) for i in range(0, n, mb)]
-
-    def _forward(self, model, batch: RolloutBatch, rows: list[int], entropy: bool = False):
-        with self.touch_towers() if self.touch_towers else nullcontext():
-            return self._forward_rows(model, batch, rows, entropy)
-
-    def _forward_rows(self, model, batch: RolloutBatch, rows: list[int], entropy: bool):
-        sub = batch.select(rows)
-        width = int(sub.completion_mask.sum(1).max().clamp(min=1))  # drop all-pad columns
-        ids, mask = sub.completion_ids[:, :width], sub.completion_mask[:, :width]
-        if self.shared_prefix:
-            return shared_prefix_logprobs(
-                model, sub.prompts, ids.to(self.device), mask.to(self.device),
-                temperature=self.cfg.rollout.temperature, return_entropy=entropy,
-                placeholder_ids=self.suppress_ids, pad_id=self.pad_id), width
-        inputs = collate(sub.prompts, ids, mask, self.pad_id)
-        inputs = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
-        out = completion_logprobs(model, inputs, ids.to(self.device), mask.to(self.device),
-                                  temperature=self.cfg.rollout.temperature,
-                                  return_entropy=entropy, placeholder_ids=self.suppress_ids)
-        return out, width
-
-    @torch.no_grad()
-    def logprobs(self, model, batch: RolloutBatch) -> torch.Tensor:
-        out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32)
-        model.eval()
-        for rows in self.micro_batches(batch.n):
-            logp, width = self._forward(model, batch, rows)
-            out[rows, :width] = logp.float().cpu()
-        return out
-
-    # ---------------------------------------------------------------- stage: update ------------
-    def update(self, sb: ScoredBatch) -> dict[str, float]:
-        ac, batch = self.cfg.algo, sb.rollout
-        mask = batch.completion_mask.float()
-        if ac.overlong_filter:
-            mask = algos.overlong_filter_mask(mask, batch.truncated)
-        # The normaliser is global so that summing micro-batch losses equals the one-shot loss.
-        local = mask.sum() if ac.agg == "token_mean" else batch.n
-        normalizer = float(dist.all_sum(local, self.dist).clamp(min=1))
-        sums: dict[str, float] = {}
-        self.model.train()
-        chunks = self.micro_batches(batch.n)
-        gap = 0.0  # the rollout engine's logprobs against the trainer's, same weights
-        for it in range(ac.num_iterations):
-            self.optimizer.zero_grad(set_to_none=True)
-            for i, rows in enumerate(chunks):
-                (logp, ent), width = self._forward(self.train_model, batch, rows, entropy=True)
-                m = mask[rows, :width].to(logp.device)
-                old = logp.detach() if sb.old_logp is None else sb.old_logp[rows, :width]
-                if it == 0 and batch.sampler_logp is not None:
-                    gap = max(gap, _max_gap(old, batch.sampler_logp[rows, :width], m))
-                weights = None
-                if ac.tis_cap and batch.sampler_logp is not None:  # rollout-engine mismatch
-                    weights = tis_weights(old.to(logp.device),
-                                          batch.sampler_logp[rows, :width].to(logp.device), m,
-                                          cap=ac.tis_cap)
-                ref = None if sb.ref_logp is None else sb.ref_logp[rows, :width].to(logp.device)
-                loss, metrics = algos.policy_loss(
-                    logp, old.to(logp.device), sb.advantages[rows].to(logp.device), m,
-                    clip_low=ac.clip_low, clip_high=ac.clip_high, agg=ac.agg, ratio=ac.ratio,
-                    ref_logp=ref, beta=ac.beta, kl=ac.kl, max_len=self.cfg.rollout.max_new_tokens,
-                    normalizer=normalizer, token_weights=weights)
-                self.parallel.backward(loss, last=i == len(chunks) - 1)
-                frac = len(rows) / batch.n  # metrics are micro-batch means: weight by rows
-                metrics = {**metrics, "loss": loss.detach() / frac,
-                           "entropy": (ent * m).sum() / m.sum().clamp(min=1)}
-                for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v) * frac / ac.num_iterations
-            sums["grad_norm"] = self.parallel.step(self.model, self.optimizer)
-        self.scheduler.step()
-        out = {f"loss/{k}" if k not in ("grad_norm", "entropy") else k: v for k, v in sums.items()}
-        if batch.sampler_logp is not None:  # ~1e-6 in float32; bf16 engines drift more (tis_cap)
-            out["rollout/logp_gap_max"] = gap
-        return out
+            self.step, self.state_extra = self.checkpointer.restore(resume, self.learner,
+                                                                    self.prompts)
 
     # ---------------------------------------------------------------- one step -----------------
     def train_step(self) -> dict[str, float]:
@@ -263,111 +76,80 @@ class Trainer:
             batch, scores, per_reward, extra = self.sample_batch()
         return self.learn(batch, scores, per_reward, extra, timer)
 
+    def sample_batch(self) -> tuple[RolloutBatch, torch.Tensor, dict[str, list], dict]:
+        """Prompts -> rollout -> scores; with dynamic sampling, keep only groups with reward
+        signal and sample more prompts until the batch is full (DAPO)."""
+        ac, b = self.cfg.algo, self.cfg.rollout.prompts_per_step
+        base = self.prompts.group_base(b)
+        if not ac.dynamic_sampling:
+            batch = self.rollout.generate(self.prompts.next(b), group_offset=base)
+            scores, per = self.scorer.score(batch)
+            return batch, scores, per, {"sampling/rounds": 1}
+        acc = algos.GroupAccumulator(target_groups=b // self.info.world,
+                                     max_rounds=ac.max_sampling_rounds)
+        pieces, offset = [], 0
+        while not acc.full:
+            batch = self.rollout.generate(self.prompts.next(b), group_offset=base + offset)
+            offset += b * self.info.world
+            scores, per = self.scorer.score(batch)
+            ids, keep = algos.groups_with_signal(scores, batch.group_ids)
+            acc.add(ids.tolist(), keep)  # raises with advice after max_rounds
+            rows = torch.isin(batch.group_ids, ids[keep]).nonzero().flatten().tolist()
+            pieces.append((batch.select(rows), scores[rows],
+                           {k: [v[i] for i in rows] for k, v in per.items()}))
+        batch, scores, per = concat_rollouts(pieces, self.learner.pad_id)
+        rows = torch.isin(batch.group_ids, torch.tensor(acc.take())).nonzero().flatten().tolist()
+        return (batch.select(rows), scores[rows], {k: [v[i] for i in rows] for k, v in per.items()},
+                {"sampling/rounds": acc.round})
+
     def learn(self, batch: RolloutBatch, scores: torch.Tensor, per_reward: dict[str, list],
               extra: dict | None = None, timer: "StageTimer | None" = None) -> dict[str, float]:
-        """Everything after sampling: advantages, old/ref logprobs, update, metrics."""
-        ac, timer, extra = self.cfg.algo, timer or StageTimer(), extra or {}
+        """Everything after sampling: advantages, old/ref logprobs, update, sync, metrics."""
+        timer, extra, learner = timer or StageTimer(), extra or {}, self.learner
         with timer("advantage"):
-            adv = self.advantages(scores, batch.group_ids)
+            adv = self.scorer.advantages(scores, batch.group_ids)
         sb = ScoredBatch(rollout=batch, scores=scores, per_reward=per_reward, advantages=adv)
         with timer("logprob"):
-            if ac.num_iterations > 1:
-                sb.old_logp = self.logprobs(self.train_model, batch)
-            if self.ref_model is not None:
-                sb.ref_logp = self.logprobs(self.ref_model, batch)
-            elif ac.beta > 0 and self.peft is not None:  # LoRA: reference = adapter disabled
-                with lora.reference_context(self.peft):
-                    sb.ref_logp = self.logprobs(self.model, batch)
+            sb.old_logp = learner.old_logprobs(batch)
+            sb.ref_logp = learner.reference_logprobs(batch)
         with timer("update"):
-            metrics = self.update(sb)
+            metrics = learner.update(sb)
         with timer("sync"):
-            self.sync_engine()
+            self.rollout.sync()
         self.step += 1
+        return self._metrics(sb, metrics, extra, timer)
+
+    def _metrics(self, sb: ScoredBatch, metrics: dict, extra: dict, timer: "StageTimer") -> dict:
+        batch = sb.rollout
         metrics.update(extra)
-        metrics.update(rollout_metrics(sb, self.rewards.keys))
+        metrics.update(rollout_metrics(sb, self.scorer.keys))
         metrics.update(timer.metrics())
         tokens = int(batch.completion_mask.sum()) + sum(p.input_ids.numel() for p in batch.prompts)
         metrics["time/tokens_per_s"] = tokens / max(timer.total, 1e-9)
-        metrics["lr"] = self.scheduler.get_last_lr()[0]
-        metrics["data/skipped"] = self.skipped
-        metrics.update({f"data/{k}": v for k, v in self.media_stats.items()})
-        metrics = dist.mean_metrics(metrics, self.dist)
-        if self.dist.enabled:  # each rank's loss is its part of the global sum
-            metrics["loss/loss"] *= self.dist.world
+        metrics["lr"] = self.learner.lr
+        metrics.update(self.prompts.metrics())
+        metrics = dist.mean_metrics(metrics, self.info)
+        if self.info.enabled:  # each rank's loss is its part of the global sum
+            metrics["loss/loss"] *= self.info.world
         if self.cfg.log.rollouts_every and self.step % self.cfg.log.rollouts_every == 0:
             self.log.log_rollouts(self.step, rollout_records(sb, self.cfg.log.rollouts_per_step))
         return metrics
 
+    # ---------------------------------------------------------------- around the steps ---------
     def sync_engine(self) -> None:
-        """vLLM reloads the new weights (whole: gathered first when sharded); HF samples from the
-        training model itself."""
-        if isinstance(self.engine, HFEngine):
-            return
-        with self.parallel.full_params(self.model):
-            self.engine.sync_weights(self.model)
-
-    # ---------------------------------------------------------------- state --------------------
-    def save(self) -> None:
-        """A collective: rank 0 writes the model and state, sharded strategies every rank's part
-        (replicated weights are identical on every rank after the all-reduced step)."""
-        state = {"scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
-                 "skipped": self.skipped, "extra": self.state_extra,
-                 "parallel": {"name": self.parallel.name, "world": self.dist.world}}
-        if not self.parallel.sharded_checkpoint:
-            state["optimizer"] = self.optimizer.state_dict()
-        checkpoint.save(self.run_dir, self.step, self.peft or self.model, self.processor, state,
-                        keep=self.cfg.train.keep_checkpoints, strategy=self.parallel,
-                        optimizer=self.optimizer)
-
-    def _restore(self, ckpt) -> None:
-        state = checkpoint.load_state(ckpt, self.dist.rank, self.dist.world)
-        saved = state.get("parallel", {"name": "ddp", "world": 1})
-        if "optimizer" in state:
-            self.optimizer.load_state_dict(state["optimizer"])
-        elif (saved["name"], saved["world"]) != (self.parallel.name, self.dist.world):
-            raise RuntimeError(
-                f"{ckpt} holds {saved['name']} shards from {saved['world']} processes; resume it "
-                f"with the same launcher and process count, or turn it into a model with "
-                f"`mmrl checkpoint consolidate {ckpt}` and start a new run from that (model.path)")
-        else:
-            self.parallel.load_shards(ckpt, self.model, self.optimizer)
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.sampler.load_state_dict(state["sampler"])
-        self.skipped, self.state_extra = state["skipped"], state.get("extra", {})
-        self.step = state["step"]
-        checkpoint.set_rng_state(state["rng"])
-        self.log.print(f"resumed from {ckpt} at step {self.step}")
+        """After weights change outside a step (SFT warm-up)."""
+        self.rollout.sync()
 
     def enable_reference(self) -> None:
-        """The KL reference is the policy as RL starts (after any SFT warm-up). It is saved once
-        in the run dir so that a resumed run keeps the same reference, not the resumed policy."""
-        if self.cfg.algo.beta <= 0 or self.ref_model is not None or self.peft is not None:
-            return
-        path = self.run_dir / "reference"
-        if not path.is_dir() and self.parallel.shards_params:  # no whole copy in memory
-            weights = self.parallel.full_state_dict(self.model)
-            if self.dist.main:
-                self.model.save_pretrained(path, state_dict=weights)
-                checkpoint.hf_config(self.model).save_pretrained(path)
-                self.processor.save_pretrained(path)
-            dist.barrier(self.dist)
-        if path.is_dir():
-            ref, _ = self.adapter.load(str(path), dtype=next(self.model.parameters()).dtype)
-            if self.parallel.name == "ddp":
-                ref.to(self.device)
-            self.ref_model = self.parallel.frozen(setup.build_reference(ref, copy=False))
-            if self.touch_towers is not None and self.parallel.shards_params:
-                self.touch_towers.attach(self.ref_model)  # its forwards gather too
-        else:
-            self.ref_model = setup.build_reference(self.model)
-            if self.dist.main:  # with the processor, so adapter.load can read it back
-                self.ref_model.save_pretrained(path)
-                self.processor.save_pretrained(path)
+        """Fix the KL reference as the policy is now (call once, after any warm-up)."""
+        self.learner.ref_model = self.checkpointer.reference(self.learner, self.cfg.algo.beta)
 
+    def save(self) -> None:
+        self.checkpointer.save(self.step, self.learner, self.prompts, self.state_extra)
 
-def _max_gap(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor) -> float:
-    diff = (trainer_logp.float().cpu() - sampler_logp.float().cpu()).abs()[mask.cpu().bool()]
-    return float(diff.max()) if diff.numel() else 0.0
+    def close(self) -> None:
+        self.rollout.close()
+        self.log.close()
 
 
 class StageTimer:

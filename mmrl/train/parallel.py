@@ -76,6 +76,7 @@ class DDP:
     # True when communication is driven by per-module hooks (ZeRO-2/3 gradient buckets, FSDP2
     # gathers): every rank must then run every module, media present or not (models/towers.py).
     every_module = False
+    places_model = False  # True: `setup` moves the model to its device(s); else the trainer does
 
     def __init__(self, cfg: RunConfig, info: dist.DistInfo):
         self.cfg, self.info = cfg, info
@@ -125,6 +126,7 @@ class DDP:
 
 class DeepSpeed(DDP):
     name = "deepspeed"
+    places_model = True
 
     def __init__(self, cfg: RunConfig, info: dist.DistInfo):
         super().__init__(cfg, info)
@@ -286,6 +288,7 @@ def _fill_auto(config: dict) -> None:
 
 class FSDP2(DDP):
     name = "fsdp2"
+    places_model = True
     shards_params = True
     every_module = True
     sharded_checkpoint = True

@@ -8,47 +8,55 @@ from __future__ import annotations
 import json
 import math
 import time
+from pathlib import Path
 
 import torch
 
 from mmrl.config import RunConfig
-from mmrl.train.evaluate import evaluate, majority_baseline
 from mmrl.train import dist, lora
+from mmrl.train.evaluate import evaluate, majority_baseline
+from mmrl.train.learner import Learner
+from mmrl.train.logging import RunLogger
 from mmrl.train.loop import Trainer
 from mmrl.train.sft import sft_warmup
+from mmrl.types import Sample
 
 
-def _eval(trainer: Trainer, name: str, **kw) -> dict:
+def _eval(learner: Learner, eval_set: list[Sample], cfg: RunConfig, out_dir: Path, name: str,
+          **kw) -> dict:
     """Held-out evaluation on rank 0 (the other ranks wait); NaN accuracy elsewhere."""
     result = {"accuracy": float("nan")}
-    with trainer.parallel.full_params(trainer.model):  # sharded weights: gathered on every rank
-        if trainer.dist.main:
-            result = evaluate(trainer.model, trainer.processor, trainer.adapter,
-                              trainer.eval_set, trainer.cfg,
-                              out_file=trainer.run_dir / "eval" / f"{name}.jsonl", **kw)
-        dist.barrier(trainer.dist)
+    with learner.full_params():  # sharded weights: gathered on every rank
+        if learner.info.main:
+            result = evaluate(learner.model, learner.processor, learner.adapter, eval_set, cfg,
+                              out_file=out_dir / "eval" / f"{name}.jsonl", **kw)
+        dist.barrier(learner.info)
     return result
 
 
 def train(cfg: RunConfig) -> dict:
     started = time.perf_counter()
     trainer = Trainer(cfg)
-    log, tc = trainer.log, cfg.train
+    log, tc, learner, evals = trainer.log, cfg.train, trainer.learner, trainer.eval_set
     summary = trainer.state_extra.setdefault("summary", {})
+
+    def run_eval(name: str, **kw) -> dict:
+        return _eval(learner, evals, cfg, trainer.run_dir, name, **kw)
+
     try:
         if trainer.step == 0 and cfg.sft.steps > 0 and "sft" not in summary:
-            summary["sft"] = sft_warmup(trainer)
+            summary["sft"] = sft_warmup(cfg, learner, trainer.prompts, log)
             trainer.sync_engine()
-        if trainer.eval_set and cfg.eval.before_rl and "accuracy_before_rl" not in summary:
-            summary["eval_before_rl"] = _eval(trainer, "before_rl")
+        if evals and cfg.eval.before_rl and "accuracy_before_rl" not in summary:
+            summary["eval_before_rl"] = run_eval("before_rl")
             summary["accuracy_before_rl"] = summary["eval_before_rl"]["accuracy"]
             log.print(f"accuracy before RL: {summary['accuracy_before_rl']:.3f}")
         trainer.enable_reference()
         log.start(total=tc.steps, done=trainer.step)
         while trainer.step < tc.steps:
             metrics = trainer.train_step()
-            if tc.eval_every and trainer.eval_set and trainer.step % tc.eval_every == 0:
-                res = _eval(trainer, f"step_{trainer.step:06d}")
+            if tc.eval_every and evals and trainer.step % tc.eval_every == 0:
+                res = run_eval(f"step_{trainer.step:06d}")
                 metrics.update({f"eval/{k}": v for k, v in res.items() if k != "n"})
             log.log(trainer.step, metrics, total=tc.steps)
             if not math.isfinite(metrics.get("loss/loss", 0.0)):
@@ -57,20 +65,20 @@ def train(cfg: RunConfig) -> dict:
             if tc.save_every and trainer.step % tc.save_every == 0 and trainer.step < tc.steps:
                 trainer.save()
         log.stop()
-        if trainer.eval_set:
-            summary["eval_after_rl"] = _eval(trainer, "after_rl")
+        if evals:
+            summary["eval_after_rl"] = run_eval("after_rl")
             summary["accuracy_after_rl"] = summary["eval_after_rl"]["accuracy"]
             if cfg.eval.shuffled_images:
-                res = _eval(trainer, "after_rl_shuffled_images", shuffled=True)
+                res = run_eval("after_rl_shuffled_images", shuffled=True)
                 summary["accuracy_shuffled_images"] = res["accuracy"]
-                summary["chance"] = majority_baseline(trainer.eval_set)
+                summary["chance"] = majority_baseline(evals)
         summary["steps"] = trainer.step
         summary["wall_seconds"] = summary.get("wall_seconds", 0.0) + time.perf_counter() - started
         trainer.save()
-        if trainer.peft is not None and trainer.dist.main:
+        if learner.peft is not None and learner.info.main:
             summary["merged_model"] = str(lora.export_merged(
-                trainer.peft, trainer.processor, trainer.run_dir / "merged"))
-        dist.destroy(trainer.dist)
+                learner.peft, learner.processor, trainer.run_dir / "merged"))
+        dist.destroy(learner.info)
     except torch.OutOfMemoryError as e:
         raise RuntimeError(
             f"out of memory at step {trainer.step + 1}: lower train.micro_batch_size (rows per "
@@ -78,20 +86,18 @@ def train(cfg: RunConfig) -> dict:
             f"rollout.max_new_tokens, or reduce data.image_max_pixels. Resume with "
             f"train.resume=auto; the last checkpoint is intact.") from e
     finally:
-        trainer.engine.close()
-        log.close()
-    if trainer.dist.main:
+        trainer.close()
+    if learner.info.main:
         (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        _print_table(trainer, summary)
+        _print_table(log, trainer.run_dir, summary)
     return summary
 
 
-def _print_table(trainer: Trainer, summary: dict) -> None:
+def _print_table(log: RunLogger, run_dir: Path, summary: dict) -> None:
     rows = [(k, f"{summary[k]:.3f}") for k in ("accuracy_before_rl", "accuracy_after_rl",
                                                 "accuracy_shuffled_images", "chance")
             if isinstance(summary.get(k), (int, float))]
     rows.append(("steps", str(summary.get("steps"))))
     rows.append(("wall time", f"{summary.get('wall_seconds', 0.0) / 60:.1f} min"))
-    rows.append(("run dir", str(trainer.run_dir)))
-    trainer.log.mode = "lines" if trainer.log.mode == "off" else trainer.log.mode
-    trainer.log.summary_table("mmrl run summary", rows)
+    rows.append(("run dir", str(run_dir)))
+    log.summary_table("mmrl run summary", rows, always=True)

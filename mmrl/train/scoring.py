@@ -11,10 +11,14 @@ import functools
 import inspect
 from typing import Any, Callable
 
+import torch
+
 from rewards import get_reward
 
-from mmrl.config import RewardSpec
-from mmrl.types import Sample
+from mmrl import algos
+from mmrl.config import RunConfig, RewardSpec
+from mmrl.train import dist
+from mmrl.types import RolloutBatch, Sample
 
 
 def bind_reward(spec: RewardSpec) -> Callable[..., list]:
@@ -67,6 +71,32 @@ class RewardSet:
                 if v is not None:
                     totals[i] += spec.weight * v
         return totals, per_reward
+
+
+class Scorer:
+    """The scoring part of a step: rewards for a rollout, then advantages over the global batch
+    (every rank's scores, so batch-level whitening sees them all)."""
+
+    def __init__(self, cfg: RunConfig, info: dist.DistInfo):
+        self.rewards = RewardSet(cfg.rewards)
+        self.keys = self.rewards.keys
+        self.max_new_tokens, self.info = cfg.rollout.max_new_tokens, info
+        self.advantage_fn = algos.ADVANTAGES[cfg.algo.advantage]
+
+    def score(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, list]]:
+        """-> (weighted totals [N], {reward key: [N] scores, None = not applicable})."""
+        lengths = batch.completion_mask.sum(1).tolist()
+        extra = {"completion_length": lengths,
+                 "max_completion_length": [self.max_new_tokens] * batch.n}
+        totals, per = self.rewards.score([p.sample for p in batch.prompts], batch.texts, extra)
+        return torch.tensor(totals, dtype=torch.float32), per
+
+    def advantages(self, scores: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        """Advantages over the global batch (all ranks' scores), returned for the local rows."""
+        all_scores, start = dist.gather_cat(scores, self.info)
+        all_groups, _ = dist.gather_cat(group_ids, self.info)
+        adv = self.advantage_fn(all_scores, all_groups)
+        return adv[start:start + scores.numel()]
 
 
 def _field_lists(samples: list[Sample], extra: dict[str, list]) -> dict[str, list]:

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import torch
 
+from mmrl.config import RunConfig
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.train import dist
 from mmrl.train.evaluate import evaluate
+from mmrl.train.learner import Learner
+from mmrl.train.logging import RunLogger
+from mmrl.train.prompts import PromptSource
 
 
-def _targets(trainer, samples) -> tuple[torch.Tensor, torch.Tensor]:
-    tok = trainer.processor.tokenizer
-    rows = [tok(trainer.cfg.sft.target.format(solution=s.solution), add_special_tokens=False)
-            ["input_ids"] + [tok.eos_token_id] for s in samples]
+def _targets(target: str, tokenizer, pad_id: int, samples) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = [tokenizer(target.format(solution=s.solution), add_special_tokens=False)
+            ["input_ids"] + [tokenizer.eos_token_id] for s in samples]
     width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), trainer.pad_id, dtype=torch.long)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):
         ids[i, :len(r)] = torch.tensor(r)
@@ -27,36 +30,37 @@ def _targets(trainer, samples) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def sft_warmup(trainer) -> dict:
-    sc, model = trainer.cfg.sft, trainer.model
-    n_val = min(sc.val_samples, len(trainer.train_set) // 4)
-    val = trainer.train_set[:n_val]
+def sft_warmup(cfg: RunConfig, learner: Learner, prompts: PromptSource, log: RunLogger) -> dict:
+    """Trains `learner.model` in place on samples of `prompts.dataset` (the first
+    `sft.val_samples` held out for the stopping criterion) -> {"steps", "val_accuracy", "history"}."""
+    sc, model, data, device = cfg.sft, learner.model, prompts.dataset, learner.device
+    n_val = min(sc.val_samples, len(data) // 4)
+    val = data[:n_val]
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=sc.lr)
-    gen = torch.Generator().manual_seed(trainer.cfg.train.seed + 1)
+    gen = torch.Generator().manual_seed(cfg.train.seed + 1)
     history, acc, step = [], float("nan"), 0
-    trainer.log.print(f"SFT warm-up: up to {sc.steps} steps, stop at val accuracy "
-                      f"{sc.stop_accuracy}")
+    log.print(f"SFT warm-up: up to {sc.steps} steps, stop at val accuracy {sc.stop_accuracy}")
     for step in range(1, sc.steps + 1):
-        idx = (torch.randint(n_val, len(trainer.train_set), (sc.batch_size,), generator=gen)).tolist()
-        samples = [trainer.train_set[i] for i in idx]
-        feats = [trainer.features(s, i) for s, i in zip(samples, idx)]
-        ids, mask = _targets(trainer, samples)
+        idx = (torch.randint(n_val, len(data), (sc.batch_size,), generator=gen)).tolist()
+        samples = [data[i] for i in idx]
+        feats = [prompts.features(s, i) for s, i in zip(samples, idx)]
+        ids, mask = _targets(sc.target, learner.processor.tokenizer, learner.pad_id, samples)
         model.train()
-        inputs = collate(feats, ids, mask, trainer.pad_id)
-        logp = completion_logprobs(model, {k: v.to(trainer.device) if torch.is_tensor(v) else v
+        inputs = collate(feats, ids, mask, learner.pad_id)
+        logp = completion_logprobs(model, {k: v.to(device) if torch.is_tensor(v) else v
                                            for k, v in inputs.items()},
-                                   ids.to(trainer.device), mask.to(trainer.device))
+                                   ids.to(device), mask.to(device))
         loss = -(logp * mask.to(logp.device)).sum() / mask.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         # Every rank trains on the same batch; averaging keeps replicas bit-identical anyway.
-        dist.all_reduce_grads([p for p in model.parameters() if p.requires_grad], trainer.dist,
+        dist.all_reduce_grads([p for p in model.parameters() if p.requires_grad], learner.info,
                               average=True)
         opt.step()
         if step % sc.eval_every == 0 or step == sc.steps:
-            acc = evaluate(model, trainer.processor, trainer.adapter, val, trainer.cfg)["accuracy"]
+            acc = evaluate(model, learner.processor, learner.adapter, val, cfg)["accuracy"]
             history.append({"step": step, "loss": float(loss.detach()), "val_accuracy": acc})
-            trainer.log.print(f"  sft step {step}: loss {float(loss.detach()):.3f}  val accuracy {acc:.3f}")
+            log.print(f"  sft step {step}: loss {float(loss.detach()):.3f}  val accuracy {acc:.3f}")
             if sc.stop_accuracy is not None and acc >= sc.stop_accuracy:
                 break
     return {"steps": step, "val_accuracy": acc, "history": history}

@@ -20,48 +20,49 @@ def main(config_path: str, out_path: str) -> None:
                                     "log.progress=off", "log.tensorboard=false"])
     trainer = Trainer(cfg)
     b = cfg.rollout.prompts_per_step
-    prompts = [trainer.features(trainer.train_set[i], i) for i in range(b)]
+    source, learner = trainer.prompts, trainer.learner
+    prompts = [source.features(source.dataset[i], i) for i in range(b)]
     torch.manual_seed(1234)
-    batch = trainer.rollout(prompts)
-    scores, per = trainer.score(batch)
-    world, rank = trainer.dist.world, trainer.dist.rank
+    batch = trainer.rollout.generate(prompts)
+    scores, per = trainer.scorer.score(batch)
+    world, rank = trainer.info.world, trainer.info.rank
     per_rank = batch.n // world
     rows = list(range(rank * per_rank, (rank + 1) * per_rank))
     grads = {}
-    step = trainer.optimizer.step
+    step = learner.optimizer.step
 
     def capture(*a, **kw):  # the summed, all-reduced gradient the optimizer is about to apply
-        grads.update({k: v.grad.clone() for k, v in trainer.model.named_parameters()
+        grads.update({k: v.grad.clone() for k, v in learner.model.named_parameters()
                       if v.grad is not None})
         return step(*a, **kw)
 
-    strategy_step = trainer.parallel.step
+    strategy_step = learner.strategy.step
 
     def capture_sharded(model, optimizer):  # ZeRO / FSDP2: gather the reduced gradient shards
-        grads.update(full_grads(trainer))
+        grads.update(full_grads(learner))
         return strategy_step(model, optimizer)
 
-    if trainer.parallel.name == "ddp":  # the all-reduce happens inside step: catch the optimizer
-        trainer.optimizer.step = capture
+    if learner.strategy.name == "ddp":  # the all-reduce happens inside step: catch the optimizer
+        learner.optimizer.step = capture
     else:
-        trainer.parallel.step = capture_sharded
+        learner.strategy.step = capture_sharded
     metrics = trainer.learn(batch.select(rows), scores[rows], {k: [v[i] for i in rows]
                                                                for k, v in per.items()})
     if os.environ.get("MMRL_WORKER_SAVE") == "1":  # a checkpoint of this state, for consolidation
         trainer.save()
-    names = {k for k, _ in trainer.model.named_parameters()}
-    params = trainer.parallel.full_state_dict(trainer.model)  # a collective when sharded
-    if trainer.dist.main:
+    names = {k for k, _ in learner.model.named_parameters()}
+    params = learner.strategy.full_state_dict(learner.model)  # a collective when sharded
+    if trainer.info.main:
         torch.save({"params": {k: v.detach().cpu() for k, v in params.items() if k in names},
-                    "grads": grads, "metrics": metrics, "strategy": trainer.parallel.name},
+                    "grads": grads, "metrics": metrics, "strategy": learner.strategy.name},
                    out_path)
 
 
-def full_grads(trainer) -> dict:
+def full_grads(learner) -> dict:
     """{name: whole gradient} on every rank; a collective (called on all ranks)."""
     out = {}
-    for name, p in trainer.model.named_parameters():
-        if trainer.parallel.name == "deepspeed":
+    for name, p in learner.model.named_parameters():
+        if learner.strategy.name == "deepspeed":
             from deepspeed.utils import safe_get_full_grad
             g = safe_get_full_grad(p)
         else:

@@ -69,16 +69,16 @@ def _cfg(tiny_yaml: Path, run_dir: Path, *overrides: str) -> config.RunConfig:
 
 def test_step_changes_parameters_and_vision_tower_gets_gradient(tiny_yaml, tmp_path):
     t = Trainer(_cfg(tiny_yaml, tmp_path, VARIETY))
-    before = {k: v.detach().clone() for k, v in t.model.named_parameters()}
+    before = {k: v.detach().clone() for k, v in t.learner.model.named_parameters()}
     metrics = t.train_step()
     assert metrics["adv/abs_mean"] > 0, "no reward variance: the test would prove nothing"
-    changed = {k for k, v in t.model.named_parameters() if not torch.equal(v, before[k])}
+    changed = {k for k, v in t.learner.model.named_parameters() if not torch.equal(v, before[k])}
     assert any(k.startswith("model.visual") for k in changed), "vision tower got no update"
     assert any("language_model" in k for k in changed)
     for key in ("loss/loss", "loss/clip_frac_low", "entropy", "completion/length_mean",
                 "groups/zero_std_frac", "time/rollout", "time/update", "time/tokens_per_s"):
         assert key in metrics and metrics[key] == metrics[key], key  # present and not NaN
-    t.log.close()
+    t.close()
 
 
 def test_micro_batch_size_does_not_change_the_update(tiny_yaml, tmp_path):
@@ -90,18 +90,18 @@ def test_micro_batch_size_does_not_change_the_update(tiny_yaml, tmp_path):
         t = Trainer(_cfg(tiny_yaml, tmp_path / f"mb{mb}", VARIETY, f"train.micro_batch_size={mb}",
                          "algo.agg=token_mean"))
         seen = {}
-        step = t.optimizer.step
+        step = t.learner.optimizer.step
 
         def capture(*a, **kw):
-            seen.update({k: p.grad.clone() for k, p in t.model.named_parameters()
+            seen.update({k: p.grad.clone() for k, p in t.learner.model.named_parameters()
                          if p.grad is not None})
             return step(*a, **kw)
 
-        t.optimizer.step = capture
+        t.learner.optimizer.step = capture
         torch.manual_seed(0)
         t.train_step()
         grads.append(seen)
-        t.log.close()
+        t.close()
     assert grads[0].keys() == grads[1].keys() and any(k.startswith("model.visual") for k in grads[0])
     for k in grads[0]:
         scale = float(grads[0][k].abs().max()) + 1e-12
@@ -192,18 +192,18 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_yaml, tmp_path):
     assert algos.frac_zero_std_groups(scores, batch.group_ids) == 0.0
     metrics = t.learn(batch, scores, {"odd_variety": scores.tolist()})
     assert metrics["groups/zero_std_frac"] == 0.0
-    t.log.close()
+    t.close()
 
 
 def test_freeze_vision_keeps_the_tower(tiny_yaml, tmp_path):
     t = Trainer(_cfg(tiny_yaml, tmp_path, VARIETY, "model.freeze=[vision]"))
-    before = {k: v.detach().clone() for k, v in t.model.named_parameters()}
+    before = {k: v.detach().clone() for k, v in t.learner.model.named_parameters()}
     t.train_step()
-    for k, v in t.model.named_parameters():
+    for k, v in t.learner.model.named_parameters():
         if k.startswith("model.visual."):
             assert torch.equal(v, before[k]), k
-    assert any(not torch.equal(v, before[k]) for k, v in t.model.named_parameters())
-    t.log.close()
+    assert any(not torch.equal(v, before[k]) for k, v in t.learner.model.named_parameters())
+    t.close()
 
 
 def test_num_iterations_reuses_the_rollout_with_stored_old_logprobs(tiny_yaml, tmp_path):
@@ -211,14 +211,14 @@ def test_num_iterations_reuses_the_rollout_with_stored_old_logprobs(tiny_yaml, t
     against the stored old logprobs (ratio != 1), and both optimizer steps happen."""
     t = Trainer(_cfg(tiny_yaml, tmp_path, VARIETY, "algo.num_iterations=2"))
     steps = []
-    step = t.optimizer.step
+    step = t.learner.optimizer.step
 
     def count(*a, **kw):
         steps.append(1)
         return step(*a, **kw)
 
-    t.optimizer.step = count
+    t.learner.optimizer.step = count
     metrics = t.train_step()
     assert len(steps) == 2
     assert metrics["loss/ratio_max"] > 1.0 + 1e-6 or metrics["loss/ratio_min"] < 1.0 - 1e-6
-    t.log.close()
+    t.close()

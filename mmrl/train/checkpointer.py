@@ -1,0 +1,62 @@
+"""The checkpointer: what a run saves and restores so that a resumed run continues bit-for-bit,
+and the KL reference that must survive a resume unchanged.
+
+Each part contributes its own state (`learner.state_dict()`, `prompts.state_dict()`); the file
+layout and the atomic write are checkpoint.py's.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from mmrl.train import checkpoint, dist, setup
+
+
+class Checkpointer:
+    def __init__(self, run_dir: Path, keep: int, info: dist.DistInfo, log):
+        self.run_dir, self.keep, self.info, self.log = Path(run_dir), keep, info, log
+
+    def save(self, step: int, learner, prompts, extra: dict) -> None:
+        """A collective: rank 0 writes the model and state, sharded strategies every rank's part
+        (replicated weights are identical on every rank after the all-reduced step)."""
+        state = {**learner.state_dict(), **prompts.state_dict(), "extra": extra}
+        checkpoint.save(self.run_dir, step, learner.peft or learner.model, learner.processor,
+                        state, keep=self.keep, strategy=learner.strategy,
+                        optimizer=learner.optimizer)
+
+    def restore(self, ckpt: Path, learner, prompts) -> tuple[int, dict]:
+        """Load every part's state and the RNG streams -> (step, extra state)."""
+        state = checkpoint.load_state(ckpt, self.info.rank, self.info.world)
+        learner.load_state_dict(state, ckpt)
+        prompts.load_state_dict(state)
+        checkpoint.set_rng_state(state["rng"])
+        self.log.print(f"resumed from {ckpt} at step {state['step']}")
+        return state["step"], state.get("extra", {})
+
+    def reference(self, learner, beta: float):
+        """The KL reference: the policy as RL starts (after any SFT warm-up), or None when there
+        is no KL term or LoRA serves it (adapter off). Saved once in the run dir so that a
+        resumed run keeps the same reference, not the resumed policy."""
+        if beta <= 0 or learner.ref_model is not None or learner.peft is not None:
+            return learner.ref_model
+        model, strategy, processor = learner.model, learner.strategy, learner.processor
+        path = self.run_dir / "reference"
+        if not path.is_dir() and strategy.shards_params:  # no whole copy in memory
+            weights = strategy.full_state_dict(model)
+            if self.info.main:
+                model.save_pretrained(path, state_dict=weights)
+                checkpoint.hf_config(model).save_pretrained(path)
+                processor.save_pretrained(path)
+            dist.barrier(self.info)
+        if path.is_dir():
+            ref, _ = learner.adapter.load(str(path), dtype=next(model.parameters()).dtype)
+            if not strategy.places_model:
+                ref.to(learner.device)
+            ref = strategy.frozen(setup.build_reference(ref, copy=False))
+            if learner.touch_towers is not None and strategy.shards_params:
+                learner.touch_towers.attach(ref)  # its forwards gather too
+            return ref
+        ref = setup.build_reference(model)
+        if self.info.main:  # with the processor, so adapter.load can read it back
+            ref.save_pretrained(path)
+            processor.save_pretrained(path)
+        return ref

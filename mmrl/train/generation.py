@@ -1,0 +1,51 @@
+"""The rollout part: G completions per prompt from the configured engine, as a RolloutBatch.
+
+It asks the engine what it is (`samples_from_training_model`) instead of its type: an engine that
+samples with the training model needs the weights whole while it generates and never needs a
+sync; one with its own copy (vLLM) needs the new weights after every update.
+"""
+from __future__ import annotations
+
+import torch
+
+from mmrl.config import RolloutConfig
+from mmrl.rollout import make_engine
+from mmrl.types import PromptFeatures, RolloutBatch
+
+
+class Rollout:
+    def __init__(self, rc: RolloutConfig, learner):
+        self.rc, self.learner = rc, learner
+        self.tokenizer = learner.processor.tokenizer
+        with learner.full_params():  # a colocated engine starts from the whole weights
+            self.engine = make_engine(rc, learner.model, learner.processor, learner.adapter)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[PromptFeatures], group_offset: int = 0) -> RolloutBatch:
+        rc, learner = self.rc, self.learner
+        learner.model.eval()
+        # The training model's own generate under ZeRO-3 / FSDP2: the weights are gathered
+        # once, not once per token.
+        with learner.full_params(self.engine.samples_from_training_model):
+            ids, mask, slogp, truncated = self.engine.generate(
+                prompts, num_generations=rc.num_generations,
+                max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
+                top_k=rc.top_k, do_sample=True, suppress_ids=learner.suppress_ids)
+        g = rc.num_generations
+        texts = self.tokenizer.batch_decode(
+            [row[m.bool()] for row, m in zip(ids, mask)], skip_special_tokens=True)
+        return RolloutBatch(
+            prompts=[p for p in prompts for _ in range(g)], completion_ids=ids,
+            completion_mask=mask, texts=texts, truncated=truncated, sampler_logp=slogp,
+            group_ids=torch.arange(len(prompts)).repeat_interleave(g) + group_offset)
+
+    def sync(self) -> None:
+        """An engine with its own weights reloads the learner's (gathered whole first when
+        sharded); one that samples with the training model already has them."""
+        if self.engine.samples_from_training_model:
+            return
+        with self.learner.full_params():
+            self.engine.sync_weights(self.learner.model)
+
+    def close(self) -> None:
+        self.engine.close()

@@ -1,0 +1,176 @@
+"""The learner: the policy being trained and everything that changes its weights.
+
+It owns the model (and its LoRA wrapper), the parallel strategy that places and shards it, the
+optimizer and LR schedule, the optional KL reference, and the two things a step asks of them:
+per-token logprobs of completions, and the policy update (micro-batches accumulated into one
+optimizer step per iteration). It asks the strategy what it does (`places_model`,
+`every_module`, `sharded_checkpoint`) rather than which one it is.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+
+from mmrl import algos
+from mmrl.config import RunConfig
+from mmrl.models.forward import collate, completion_logprobs
+from mmrl.models.shared_prefix import shared_prefix_logprobs, supports_shared_prefix
+from mmrl.models.towers import TowerToucher
+from mmrl.rollout.correction import tis_weights
+from mmrl.train import dist, lora, setup
+from mmrl.types import RolloutBatch, ScoredBatch
+
+
+class Learner:
+    def __init__(self, cfg: RunConfig, info: dist.DistInfo, strategy, adapter, weights=None):
+        """`weights`: a checkpoint to load the model from (resume), else model.path."""
+        self.info, self.strategy, self.adapter = info, strategy, adapter
+        self.algo, self.micro_batch_size = cfg.algo, max(1, cfg.train.micro_batch_size)
+        self.temperature, self.max_len = cfg.rollout.temperature, cfg.rollout.max_new_tokens
+        strategy.before_model()
+        self.model, self.processor, self.peft = setup.build_model(cfg, adapter, weights)
+        self.device = torch.device(f"cuda:{info.local_rank}" if torch.cuda.is_available()
+                                   else "cpu")
+        if not strategy.places_model:  # DeepSpeed and FSDP2 place (and shard) it themselves
+            self.model.to(self.device)
+        # The module training forwards go through (a DeepSpeed engine, or the model itself).
+        self.train_model, self.optimizer, self.scheduler = strategy.setup(self.model,
+                                                                          cfg.train.steps)
+        self.touch_towers = (TowerToucher(self.model, adapter, self.processor)
+                             if strategy.every_module else None)
+        self.suppress_ids = adapter.placeholder_token_ids(self.processor)
+        # One packed row per group: the prompt and its media run once, not G times (same
+        # logprobs and gradients to 1e-5); flash-attention cannot take the group mask.
+        self.shared_prefix = cfg.train.shared_prefix and supports_shared_prefix(self.model)
+        self.pad_id = self.processor.tokenizer.pad_token_id
+        self.ref_model = None  # the KL reference, set by Checkpointer.reference
+
+    def full_params(self, enabled: bool = True):
+        """Inside: every weight whole on every rank (generation, weight sync, evaluation)."""
+        return self.strategy.full_params(self.model) if enabled else nullcontext()
+
+    @property
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    # ---------------------------------------------------------------- logprobs -----------------
+    def micro_batches(self, n: int) -> list[list[int]]:
+        mb = self.micro_batch_size
+        return [list(range(i, min(n, i + mb))) for i in range(0, n, mb)]
+
+    def forward(self, model, batch: RolloutBatch, rows: list[int], entropy: bool = False):
+        """-> (logp [rows, width] (, entropy)), width) for `rows`, trimmed to their longest
+        completion; under ZeRO-2/3 / FSDP2 every encoder runs, media present or not."""
+        with self.touch_towers() if self.touch_towers else nullcontext():
+            return self._forward_rows(model, batch, rows, entropy)
+
+    def _forward_rows(self, model, batch: RolloutBatch, rows: list[int], entropy: bool):
+        sub = batch.select(rows)
+        width = int(sub.completion_mask.sum(1).max().clamp(min=1))  # drop all-pad columns
+        ids, mask = sub.completion_ids[:, :width], sub.completion_mask[:, :width]
+        if self.shared_prefix:
+            return shared_prefix_logprobs(
+                model, sub.prompts, ids.to(self.device), mask.to(self.device),
+                temperature=self.temperature, return_entropy=entropy,
+                placeholder_ids=self.suppress_ids, pad_id=self.pad_id), width
+        inputs = collate(sub.prompts, ids, mask, self.pad_id)
+        inputs = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+        out = completion_logprobs(model, inputs, ids.to(self.device), mask.to(self.device),
+                                  temperature=self.temperature,
+                                  return_entropy=entropy, placeholder_ids=self.suppress_ids)
+        return out, width
+
+    @torch.no_grad()
+    def logprobs(self, model, batch: RolloutBatch) -> torch.Tensor:
+        out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32)
+        model.eval()
+        for rows in self.micro_batches(batch.n):
+            logp, width = self.forward(model, batch, rows)
+            out[rows, :width] = logp.float().cpu()
+        return out
+
+    def old_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """Stored before the first update when the rollout is reused (num_iterations > 1)."""
+        return self.logprobs(self.train_model, batch) if self.algo.num_iterations > 1 else None
+
+    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
+        if self.ref_model is not None:
+            return self.logprobs(self.ref_model, batch)
+        if self.algo.beta > 0 and self.peft is not None:  # LoRA: reference = adapter disabled
+            with lora.reference_context(self.peft):
+                return self.logprobs(self.model, batch)
+        return None
+
+    # ---------------------------------------------------------------- update -------------------
+    def update(self, sb: ScoredBatch) -> dict[str, float]:
+        ac, batch = self.algo, sb.rollout
+        mask = batch.completion_mask.float()
+        if ac.overlong_filter:
+            mask = algos.overlong_filter_mask(mask, batch.truncated)
+        # The normaliser is global so that summing micro-batch losses equals the one-shot loss.
+        local = mask.sum() if ac.agg == "token_mean" else batch.n
+        normalizer = float(dist.all_sum(local, self.info).clamp(min=1))
+        sums: dict[str, float] = {}
+        self.model.train()
+        chunks = self.micro_batches(batch.n)
+        gap = 0.0  # the rollout engine's logprobs against the trainer's, same weights
+        for it in range(ac.num_iterations):
+            self.optimizer.zero_grad(set_to_none=True)
+            for i, rows in enumerate(chunks):
+                (logp, ent), width = self.forward(self.train_model, batch, rows, entropy=True)
+                m = mask[rows, :width].to(logp.device)
+                old = logp.detach() if sb.old_logp is None else sb.old_logp[rows, :width]
+                if it == 0 and batch.sampler_logp is not None:
+                    gap = max(gap, _max_gap(old, batch.sampler_logp[rows, :width], m))
+                weights = None
+                if ac.tis_cap and batch.sampler_logp is not None:  # rollout-engine mismatch
+                    weights = tis_weights(old.to(logp.device),
+                                          batch.sampler_logp[rows, :width].to(logp.device), m,
+                                          cap=ac.tis_cap)
+                ref = None if sb.ref_logp is None else sb.ref_logp[rows, :width].to(logp.device)
+                loss, metrics = algos.policy_loss(
+                    logp, old.to(logp.device), sb.advantages[rows].to(logp.device), m,
+                    clip_low=ac.clip_low, clip_high=ac.clip_high, agg=ac.agg, ratio=ac.ratio,
+                    ref_logp=ref, beta=ac.beta, kl=ac.kl, max_len=self.max_len,
+                    normalizer=normalizer, token_weights=weights)
+                self.strategy.backward(loss, last=i == len(chunks) - 1)
+                frac = len(rows) / batch.n  # metrics are micro-batch means: weight by rows
+                metrics = {**metrics, "loss": loss.detach() / frac,
+                           "entropy": (ent * m).sum() / m.sum().clamp(min=1)}
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v) * frac / ac.num_iterations
+            sums["grad_norm"] = self.strategy.step(self.model, self.optimizer)
+        self.scheduler.step()
+        out = {f"loss/{k}" if k not in ("grad_norm", "entropy") else k: v for k, v in sums.items()}
+        if batch.sampler_logp is not None:  # ~1e-6 in float32; bf16 engines drift more (tis_cap)
+            out["rollout/logp_gap_max"] = gap
+        return out
+
+    # ---------------------------------------------------------------- state --------------------
+    def state_dict(self) -> dict:
+        """The learner's part of a checkpoint's trainer state; sharded strategies write their
+        optimizer state as shards (`strategy.save_shards`) instead."""
+        state = {"scheduler": self.scheduler.state_dict(),
+                 "parallel": {"name": self.strategy.name, "world": self.info.world}}
+        if not self.strategy.sharded_checkpoint:
+            state["optimizer"] = self.optimizer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict, ckpt) -> None:
+        saved = state.get("parallel", {"name": "ddp", "world": 1})
+        if "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+        elif (saved["name"], saved["world"]) != (self.strategy.name, self.info.world):
+            raise RuntimeError(
+                f"{ckpt} holds {saved['name']} shards from {saved['world']} processes; resume it "
+                f"with the same launcher and process count, or turn it into a model with "
+                f"`mmrl checkpoint consolidate {ckpt}` and start a new run from that (model.path)")
+        else:
+            self.strategy.load_shards(ckpt, self.model, self.optimizer)
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+def _max_gap(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor) -> float:
+    diff = (trainer_logp.float().cpu() - sampler_logp.float().cpu()).abs()[mask.cpu().bool()]
+    return float(diff.max()) if diff.numel() else 0.0

@@ -1,0 +1,74 @@
+"""The prompt source: which training samples a step sees, decoded and processed once.
+
+It owns the sampler (a resumable epoch-wise order), the media loader (decode budgets, disk
+cache, counted truncations), a bounded cache of processed prompts, and the bad-sample policy.
+Its state (sampler position, skip count) is part of every checkpoint.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from mmrl.config import RunConfig
+from mmrl.data.media import MediaError
+from mmrl.train import dist, setup
+from mmrl.types import PromptFeatures, Sample
+
+
+class PromptSource:
+    def __init__(self, cfg: RunConfig, dataset: list[Sample], adapter, processor,
+                 info: dist.DistInfo):
+        self.dataset, self.adapter, self.processor, self.info = dataset, adapter, processor, info
+        self.cache_size, self.on_bad_sample = cfg.data.feature_cache, cfg.data.on_bad_sample
+        self.media_stats: dict[str, int] = {}  # e.g. audio_truncated, counted into metrics
+        self.load_media = setup.media_loader(cfg, self.media_stats)
+        self.sampler = setup.PromptSampler(len(dataset), cfg.train.seed, cfg.data.shuffle)
+        self.skipped = 0
+        self._features: OrderedDict[int, PromptFeatures] = OrderedDict()
+
+    def features(self, sample: Sample, key: int | None = None) -> PromptFeatures:
+        """One processor call per sample, reused by rollout and every training forward."""
+        if key is not None and key in self._features:
+            self._features.move_to_end(key)
+            return self._features[key]
+        media = self.load_media(sample)
+        feats = self.adapter.prompt_features(self.processor, sample, **media)
+        feats.media = media
+        if key is not None and self.cache_size > 0:  # bounded: media tensors are big
+            self._features[key] = feats
+            while len(self._features) > self.cache_size:
+                self._features.popitem(last=False)
+        return feats
+
+    def next(self, n: int) -> list[PromptFeatures]:
+        """Draw n prompts (the global batch: every rank draws the same ones and keeps its slice,
+        so groups stay whole); bad media raises (on_bad_sample=error) or is skipped and counted
+        (a replacement is drawn locally, so ranks' orders may then drift apart)."""
+        todo = [self.sampler.next() for _ in range(n)][dist.local_slice(n, self.info)]
+        want, out = len(todo), []
+        while len(out) < want:
+            idx = todo.pop(0) if todo else self.sampler.next()
+            try:
+                out.append(self.features(self.dataset[idx], idx))
+            except MediaError as e:
+                if self.on_bad_sample != "skip":
+                    raise MediaError(f"{e}\n(set data.on_bad_sample=skip to skip such samples "
+                                     f"and count them in metrics)") from None
+                self.skipped += 1
+                if self.skipped > len(self.dataset):
+                    raise RuntimeError("every training sample failed to load") from e
+        return out
+
+    def group_base(self, n: int) -> int:
+        """Group ids unique across ranks: rank r's groups start at r * (its share of n)."""
+        return dist.local_slice(n, self.info).start
+
+    def metrics(self) -> dict[str, float]:
+        return {"data/skipped": self.skipped,
+                **{f"data/{k}": v for k, v in self.media_stats.items()}}
+
+    def state_dict(self) -> dict:
+        return {"sampler": self.sampler.state_dict(), "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+        self.skipped = state["skipped"]
