@@ -1,0 +1,24 @@
+"""The trainer asks engines and strategies what they do (attributes), never which one they are:
+each must say it, with the value the trainer's stages rely on."""
+from __future__ import annotations
+
+from mmrl.rollout.base import RolloutEngine
+from mmrl.rollout.hf import HFEngine
+from mmrl.rollout.vllm import VLLMEngine
+from mmrl.rollout.vllm_server import VLLMServerEngine
+from mmrl.train import parallel
+
+
+def test_engines_say_whether_they_sample_from_the_training_model():
+    # HF generates with the training model: weights gathered while it runs, never synced.
+    assert HFEngine.samples_from_training_model is True
+    # vLLM holds its own copy: synced after every update (test_vllm_train proves the sync).
+    assert VLLMEngine.samples_from_training_model is False
+    assert VLLMServerEngine.samples_from_training_model is False
+    assert "samples_from_training_model" in RolloutEngine.__annotations__
+
+
+def test_strategies_say_whether_they_place_the_model():
+    assert parallel.DDP.places_model is False  # the learner moves the model to its device
+    assert parallel.DeepSpeed.places_model is True  # deepspeed.initialize does
+    assert parallel.FSDP2.places_model is True  # fully_shard does
