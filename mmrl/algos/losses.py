@@ -229,6 +229,8 @@ def _check_extras(loss_type, dual_clip, entropy, entropy_coef, logp) -> None:
         raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {LOSS_TYPES}")
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (verl's clip_ratio_c; 3 is usual); got {dual_clip}")
+    if dual_clip is not None and loss_type != "ppo":
+        raise ValueError(f"dual_clip applies to loss_type 'ppo' only; got {loss_type!r}")
     if entropy_coef != 0.0 and (entropy is None or entropy.shape != logp.shape):
         raise ValueError(f"entropy_coef != 0 needs entropy of shape {tuple(logp.shape)}")
 
