@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from mmrl.train import checkpoint, dist, setup
 
 
@@ -32,13 +34,16 @@ class Checkpointer:
         self.log.print(f"resumed from {ckpt} at step {state['step']}")
         return state["step"], state.get("extra", {})
 
-    def reference(self, learner, beta: float):
+    def reference(self, learner, algo):
         """The KL reference: the policy as RL starts (after any SFT warm-up), or None when there
         is no KL term or LoRA serves it (adapter off). Saved once in the run dir so that a
         resumed run keeps the same reference, not the resumed policy."""
-        if beta <= 0 or learner.ref_model is not None or learner.peft is not None:
-            return learner.ref_model
         model, strategy, processor = learner.model, learner.strategy, learner.processor
+        if algo.ref_reset_every and (learner.peft is not None or strategy.shards_params):
+            raise ValueError("algo.ref_reset_every: resetting the reference needs full fine-tuning "
+                             "without ZeRO-3/FSDP2 parameter sharding")
+        if not algo.uses_reference or learner.ref_model is not None or learner.peft is not None:
+            return learner.ref_model
         path = self.run_dir / "reference"
         if not path.is_dir() and strategy.shards_params:  # no whole copy in memory
             weights = strategy.full_state_dict(model)
@@ -60,3 +65,14 @@ class Checkpointer:
             ref.save_pretrained(path)
             processor.save_pretrained(path)
         return ref
+
+    def reset_reference(self, learner) -> None:
+        """ProRL: the KL reference becomes a copy of the current policy (saved, so a resumed run
+        keeps it). Only where both are whole modules in this process (checked in `reference`)."""
+        if learner.ref_model is None:
+            return
+        with torch.no_grad():
+            learner.ref_model.load_state_dict(learner.model.state_dict())
+        if self.info.main:
+            learner.ref_model.save_pretrained(self.run_dir / "reference")
+        dist.barrier(self.info)

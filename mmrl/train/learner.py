@@ -17,7 +17,6 @@ from mmrl.config import RunConfig
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.models.shared_prefix import shared_prefix_logprobs, supports_shared_prefix
 from mmrl.models.towers import TowerToucher
-from mmrl.rollout.correction import tis_weights
 from mmrl.train import dist, lora, setup
 from mmrl.types import RolloutBatch, ScoredBatch
 
@@ -27,6 +26,7 @@ class Learner:
         """`weights`: a checkpoint to load the model from (resume), else model.path."""
         self.info, self.strategy, self.adapter = info, strategy, adapter
         self.algo, self.micro_batch_size = cfg.algo, max(1, cfg.train.micro_batch_size)
+        self.seed = cfg.train.seed
         self.temperature, self.max_len = cfg.rollout.temperature, cfg.rollout.max_new_tokens
         strategy.before_model()
         self.model, self.processor, self.peft = setup.build_model(cfg, adapter, weights)
@@ -91,29 +91,38 @@ class Learner:
         return out
 
     def old_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
-        """Stored before the first update when the rollout is reused (num_iterations > 1)."""
-        return self.logprobs(self.train_model, batch) if self.algo.num_iterations > 1 else None
+        """Stored before the first update when the rollout is reused (num_iterations > 1) or the
+        KL goes into the reward (it needs the policy's logprobs before the update)."""
+        ac = self.algo
+        if ac.num_iterations > 1 or ac.kl_reward_coef > 0:
+            return self.logprobs(self.train_model, batch)
+        return None
 
     def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
         if self.ref_model is not None:
             return self.logprobs(self.ref_model, batch)
-        if self.algo.beta > 0 and self.peft is not None:  # LoRA: reference = adapter disabled
+        if self.algo.uses_reference and self.peft is not None:  # LoRA: reference = adapter off
             with lora.reference_context(self.peft):
                 return self.logprobs(self.model, batch)
         return None
 
     # ---------------------------------------------------------------- update -------------------
-    def update(self, sb: ScoredBatch) -> dict[str, float]:
+    def update(self, sb: ScoredBatch, step: int) -> dict[str, float]:
+        """One optimizer step per iteration over `sb`; `step` (steps done) seeds the random
+        token selection of clip_cov / kl_cov, so a resumed run draws the same tokens."""
         ac, batch = self.algo, sb.rollout
         mask = batch.completion_mask.float()
         if ac.overlong_filter:
             mask = algos.overlong_filter_mask(mask, batch.truncated)
         # The normaliser is global so that summing micro-batch losses equals the one-shot loss.
-        local = mask.sum() if ac.agg == "token_mean" else batch.n
+        local = algos.loss_normalizer(mask, ac.agg)
         normalizer = float(dist.all_sum(local, self.info).clamp(min=1))
         sums: dict[str, float] = {}
         self.model.train()
         chunks = self.micro_batches(batch.n)
+        cov = {"cov_ratio": ac.cov_ratio, "cov_lb": ac.cov_lb, "cov_ub": ac.cov_ub,  # clip/kl_cov
+               "kl_cov_coef": ac.kl_cov_coef,
+               "generator": torch.Generator().manual_seed(self.seed * 100_003 + step)}
         gap = 0.0  # the rollout engine's logprobs against the trainer's, same weights
         for it in range(ac.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
@@ -125,15 +134,17 @@ class Learner:
                     gap = max(gap, _max_gap(old, batch.sampler_logp[rows, :width], m))
                 weights = None
                 if ac.tis_cap and batch.sampler_logp is not None:  # rollout-engine mismatch
-                    weights = tis_weights(old.to(logp.device),
-                                          batch.sampler_logp[rows, :width].to(logp.device), m,
-                                          cap=ac.tis_cap)
+                    weights = algos.is_weights(old.to(logp.device),
+                                               batch.sampler_logp[rows, :width].to(logp.device), m,
+                                               cap=ac.tis_cap, level=ac.tis_level, mode=ac.tis_mode)
                 ref = None if sb.ref_logp is None else sb.ref_logp[rows, :width].to(logp.device)
                 loss, metrics = algos.policy_loss(
                     logp, old.to(logp.device), sb.advantages[rows].to(logp.device), m,
                     clip_low=ac.clip_low, clip_high=ac.clip_high, agg=ac.agg, ratio=ac.ratio,
                     ref_logp=ref, beta=ac.beta, kl=ac.kl, max_len=self.max_len,
-                    normalizer=normalizer, token_weights=weights)
+                    normalizer=normalizer, token_weights=weights, loss_type=ac.loss_type,
+                    dual_clip=ac.dual_clip, entropy=ent, entropy_coef=ac.entropy_coef,
+                    kl_clamp=ac.kl_clamp, cov=cov)
                 self.strategy.backward(loss, last=i == len(chunks) - 1)
                 frac = len(rows) / batch.n  # metrics are micro-batch means: weight by rows
                 metrics = {**metrics, "loss": loss.detach() / frac,

@@ -105,15 +105,20 @@ class Trainer:
     def learn(self, batch: RolloutBatch, scores: torch.Tensor, per_reward: dict[str, list],
               extra: dict | None = None, timer: "StageTimer | None" = None) -> dict[str, float]:
         """Everything after sampling: advantages, old/ref logprobs, update, sync, metrics."""
-        timer, extra, learner = timer or StageTimer(), extra or {}, self.learner
-        with timer("advantage"):
-            adv = self.scorer.advantages(scores, batch.group_ids)
-        sb = ScoredBatch(rollout=batch, scores=scores, per_reward=per_reward, advantages=adv)
+        ac, timer, extra, learner = self.cfg.algo, timer or StageTimer(), extra or {}, self.learner
+        sb = ScoredBatch(rollout=batch, scores=scores, per_reward=per_reward, advantages=scores)
         with timer("logprob"):
             sb.old_logp = learner.old_logprobs(batch)
             sb.ref_logp = learner.reference_logprobs(batch)
+        with timer("advantage"):
+            rewards = (self.scorer.kl_in_reward(sb, self.state_extra, extra)
+                       if ac.kl_reward_coef > 0 else scores)
+            sb.advantages = self.scorer.advantages(rewards, batch.group_ids,
+                                                   batch.completion_mask.sum(1))
         with timer("update"):
-            metrics = learner.update(sb)
+            metrics = learner.update(sb, self.step)
+        if ac.ref_reset_every and (self.step + 1) % ac.ref_reset_every == 0:
+            self.checkpointer.reset_reference(learner)
         with timer("sync"):
             self.rollout.sync()
         self.step += 1
@@ -142,7 +147,7 @@ class Trainer:
 
     def enable_reference(self) -> None:
         """Fix the KL reference as the policy is now (call once, after any warm-up)."""
-        self.learner.ref_model = self.checkpointer.reference(self.learner, self.cfg.algo.beta)
+        self.learner.ref_model = self.checkpointer.reference(self.learner, self.cfg.algo)
 
     def save(self) -> None:
         self.checkpointer.save(self.step, self.learner, self.prompts, self.state_extra)

@@ -18,7 +18,7 @@ from rewards import get_reward
 from mmrl import algos
 from mmrl.config import RunConfig, RewardSpec
 from mmrl.train import dist
-from mmrl.types import RolloutBatch, Sample
+from mmrl.types import RolloutBatch, Sample, ScoredBatch
 
 
 def bind_reward(spec: RewardSpec) -> Callable[..., list]:
@@ -80,8 +80,7 @@ class Scorer:
     def __init__(self, cfg: RunConfig, info: dist.DistInfo):
         self.rewards = RewardSet(cfg.rewards)
         self.keys = self.rewards.keys
-        self.max_new_tokens, self.info = cfg.rollout.max_new_tokens, info
-        self.advantage_fn = algos.ADVANTAGES[cfg.algo.advantage]
+        self.algo, self.max_new_tokens, self.info = cfg.algo, cfg.rollout.max_new_tokens, info
 
     def score(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, list]]:
         """-> (weighted totals [N], {reward key: [N] scores, None = not applicable})."""
@@ -91,12 +90,31 @@ class Scorer:
         totals, per = self.rewards.score([p.sample for p in batch.prompts], batch.texts, extra)
         return torch.tensor(totals, dtype=torch.float32), per
 
-    def advantages(self, scores: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    def advantages(self, scores: torch.Tensor, group_ids: torch.Tensor,
+                   lengths: torch.Tensor) -> torch.Tensor:
         """Advantages over the global batch (all ranks' scores), returned for the local rows."""
+        ac = self.algo
         all_scores, start = dist.gather_cat(scores, self.info)
         all_groups, _ = dist.gather_cat(group_ids, self.info)
-        adv = self.advantage_fn(all_scores, all_groups)
+        all_lengths, _ = dist.gather_cat(lengths, self.info)
+        adv = algos.compute_advantages(ac.advantage, all_scores, all_groups, lengths=all_lengths,
+                                       scale=ac.scale_rewards)
+        adv = algos.weight_by_sign(adv, ac.pos_weight, ac.neg_weight)
         return adv[start:start + scores.numel()]
+
+    def kl_in_reward(self, sb: ScoredBatch, state: dict, metrics: dict) -> torch.Tensor:
+        """Scores minus coef * sum_t KL_t (verl use_kl_in_reward); the coefficient is fixed or
+        adapted toward algo.kl_reward_target and carried through checkpoints (in `state`, the
+        trainer's saved extra state)."""
+        ac = self.algo
+        ctl = algos.KLController(state.get("kl_reward_coef", ac.kl_reward_coef),
+                                 ac.kl_reward_target, ac.kl_reward_horizon)
+        scores, kl = algos.kl_in_reward(sb.scores, sb.old_logp, sb.ref_logp,
+                                        sb.rollout.completion_mask, ctl.coef, ac.kl_reward_kind)
+        kl = float(dist.all_sum(kl, self.info)) / self.info.world
+        metrics.update({"kl_reward/kl": kl, "kl_reward/coef": ctl.coef})
+        state["kl_reward_coef"] = ctl.update(kl, sb.rollout.n * self.info.world)
+        return scores
 
 
 def _field_lists(samples: list[Sample], extra: dict[str, list]) -> dict[str, list]:
