@@ -53,9 +53,9 @@ else
   $PIP install -q flash-attn --no-build-isolation || echo "flash-attn did not build; mmrl falls back to sdpa"
 fi
 
-# Headless Chromium renders the HTML run report in the browser test (Debian package; no-op
-# without apt or root, the test then skips and says why).
-bash scripts/install_chromium.sh || true
+# Debian packages some tests use: headless Chromium renders the HTML run report, shellcheck lints
+# scripts/ (no-op without apt or root; those tests then skip and say why).
+bash scripts/install_apt.sh chromium shellcheck || true
 
 "$VENV/bin/python" - <<'EOF'
 import importlib.util
