@@ -9,7 +9,7 @@
 # Why a script and not just `pip install -e .`: on CPU the torch wheel must be pinned (a bare
 # `torch` pulls a multi-GB CUDA build), torchvision's PyPI wheel needs a small patch to import
 # beside CPU torch, and torchaudio/torchcodec must be absent (their CUDA-linked wheels break every
-# transformers processor import). See ../shared/ENVIRONMENT.md for the measurements behind this.
+# transformers processor import). docs/install-notes.md has the measurements behind this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -151,7 +151,7 @@ def build_optimizer(tc: TrainConfig, model, total_steps: int):
 def lr_schedule(opt, tc: TrainConfig, total_steps: int):
     def factor(step: int) -> float:
         # Warm-up matters for RL on a fresh optimizer: without it early steps overshoot
-        # (observed collapses in ../shared/ENVIRONMENT.md).
+        # (observed collapses: docs/install-notes.md).
         if step < tc.warmup_steps:
             return (step + 1) / tc.warmup_steps
         progress = (step - tc.warmup_steps) / max(1, total_steps - tc.warmup_steps)
