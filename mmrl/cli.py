@@ -60,7 +60,7 @@ def validate(cfg) -> list[str]:
     check("algo.agg", lambda: _member(cfg.algo.agg, algos.AGG_MODES))
     check("algo.ratio", lambda: _member(cfg.algo.ratio, algos.RATIO_LEVELS))
     check("algo.kl", lambda: _member(cfg.algo.kl, algos.KL_KINDS))
-    check("data.format", lambda: FORMATS.get(cfg.data.format))
+    check("data.format", lambda: cfg.data.format is None or FORMATS.get(cfg.data.format))
     check("data.on_bad_sample", lambda: _member(cfg.data.on_bad_sample, ("error", "skip")))
     check("rollout.backend", lambda: _member(cfg.rollout.backend, ("hf", "vllm")))
     check("model.dtype", lambda: _member(cfg.model.dtype, ("float32", "bfloat16", "float16")))
