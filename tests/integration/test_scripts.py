@@ -114,3 +114,14 @@ def test_bench_sh_quick_update(tmp_path):
                  "--trials", 1], timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "update" in json.loads((tmp_path / "b" / "bench.json").read_text())
+
+
+def test_bench_data_load_streams_what_it_draws(tmp_path):
+    out = tmp_path / "d.json"
+    proc = _run([sys.executable, SCRIPTS / "bench_data_load.py", "--n", 1200, "--draw", 8,
+                 "--out", out])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["stream"]["records"] == res["eager"]["records"] == 1200
+    # Streaming decoded only the drawn images; reading whole wrote every distinct one (256).
+    assert 1 <= res["stream"]["images_written"] <= 8 and res["eager"]["images_written"] == 256
