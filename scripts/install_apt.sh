@@ -23,7 +23,8 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 0
   fi
 fi
-if $SUDO apt-get update -q && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y "${MISSING[@]}"; then
+if $SUDO apt-get update -q &&
+   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y "${MISSING[@]}"; then
   echo "installed: ${MISSING[*]}"
 else
   echo "install_apt.sh: apt-get install ${MISSING[*]} failed (offline?); tests needing them skip" >&2
