@@ -7,6 +7,7 @@ Its state (sampler position, skip count) is part of every checkpoint.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Sequence
 
 from mmrl.config import RunConfig
 from mmrl.data.media import MediaError
@@ -15,13 +16,14 @@ from mmrl.types import PromptFeatures, Sample
 
 
 class PromptSource:
-    def __init__(self, cfg: RunConfig, dataset: list[Sample], adapter, processor,
+    def __init__(self, cfg: RunConfig, dataset: Sequence[Sample], adapter, processor,
                  info: dist.DistInfo):
         self.dataset, self.adapter, self.processor, self.info = dataset, adapter, processor, info
         self.cache_size, self.on_bad_sample = cfg.data.feature_cache, cfg.data.on_bad_sample
         self.media_stats: dict[str, int] = {}  # e.g. audio_truncated, counted into metrics
         self.load_media = setup.media_loader(cfg, self.media_stats)
-        self.sampler = setup.PromptSampler(len(dataset), cfg.train.seed, cfg.data.shuffle)
+        self.sampler = setup.PromptSampler(len(dataset), cfg.train.seed, cfg.data.shuffle,
+                                           blocks=getattr(dataset, "blocks", None))
         self.skipped = 0
         self._features: OrderedDict[int, PromptFeatures] = OrderedDict()
 
