@@ -63,7 +63,7 @@ class Trainer:
             save_config(cfg, self.run_dir / "config.yaml")
         self.checkpointer = Checkpointer(self.run_dir, cfg.train.keep_checkpoints, self.info,
                                          self.log)
-        # `state_extra` is run.py's (stage results: SFT, accuracy before RL), saved with the rest.
+        # Saved with the rest: run.py's stage results (SFT, accuracy before RL), the KL-in-reward coef.
         self.step, self.state_extra = 0, {}
         if resume is not None:
             self.step, self.state_extra = self.checkpointer.restore(resume, self.learner,
