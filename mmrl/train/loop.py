@@ -63,7 +63,8 @@ class Trainer:
             save_config(cfg, self.run_dir / "config.yaml")
         self.checkpointer = Checkpointer(self.run_dir, cfg.train.keep_checkpoints, self.info,
                                          self.log)
-        # Saved with the rest: run.py's stage results (SFT, accuracy before RL), the KL-in-reward coef.
+        # Saved with the rest: run.py's stage results (SFT, accuracy before RL) and the
+        # algorithms' carried values (the adaptive KL-in-reward coefficient).
         self.step, self.state_extra = 0, {}
         if resume is not None:
             self.step, self.state_extra = self.checkpointer.restore(resume, self.learner,
