@@ -31,6 +31,7 @@ from typing import Sequence
 import torch
 
 from mmrl.models.base import TOKEN_KEYS
+from mmrl.models import prefix_attention
 from mmrl.models.forward import check_no_placeholders
 from mmrl.types import PromptFeatures
 
@@ -57,8 +58,13 @@ def attn_implementation(model) -> str:
 
 
 def supports_shared_prefix(model) -> bool:
-    """True when the model's attention takes a custom 4-D mask (sdpa, eager)."""
-    return attn_implementation(model) in MASKED_ATTENTION
+    """True when the model's attention takes a custom 4-D mask (sdpa, eager) or is the
+    shared-prefix varlen kernel (prefix_attention.NAME)."""
+    return attn_implementation(model) in MASKED_ATTENTION or uses_varlen(model)
+
+
+def uses_varlen(model) -> bool:
+    return attn_implementation(model) == prefix_attention.NAME
 
 
 def group_rows(prompts: Sequence[PromptFeatures]) -> list[list[int]]:
@@ -126,11 +132,14 @@ class Packed:
     row_of: list[int]  # output row -> packed row b
     sources: list[torch.Tensor]  # output row -> [len_i] indices into `keep`
     lengths: list[int]  # output row -> completion length
+    pad_fraction: float = 0.0  # pad tokens / all tokens of the packed rows
 
 
 def pack_groups(model, prompts: Sequence[PromptFeatures], completion_ids: torch.Tensor,
-                completion_mask: torch.Tensor, pad_id: int = 0) -> Packed:
-    """One packed row per group of rows sharing a PromptFeatures (see the module docstring)."""
+                completion_mask: torch.Tensor, pad_id: int = 0, varlen: bool = False) -> Packed:
+    """One packed row per group of rows sharing a PromptFeatures (see the module docstring).
+    `varlen`: every group in ONE row with no padding, and as attention mask the [1, 1, 1, T]
+    segment ids that prefix_attention's varlen kernel reads (group * SEGMENT_BASE + j)."""
     n = len(prompts)
     if completion_ids.shape[0] != n:
         raise ValueError(f"pack_groups: {n} prompts but {completion_ids.shape[0]} completion rows")
@@ -146,19 +155,26 @@ def pack_groups(model, prompts: Sequence[PromptFeatures], completion_ids: torch.
         longest = max(lengths[i] for i in rows)
         positions = prompt_and_completion_positions(model, prompt, longest)  # [R, P + longest]
         ids, pos = [p_ids], [positions[:, :plen]]
-        seg = [torch.zeros(plen, dtype=torch.long)]
+        gid = b * prefix_attention.SEGMENT_BASE if varlen else 0
+        seg = [torch.full((plen,), gid, dtype=torch.long)]
         valid = [p_valid]
+        base = sum(r.shape[0] for r in ids_rows) if varlen else 0  # where this group starts
+        if varlen:
+            b = 0  # one row holds every group
+        if varlen and not bool(p_valid.all()):
+            raise ValueError("pack_groups(varlen=True): prompts must not be padded")
         offset = plen
         for j, i in enumerate(rows):
             # Tokens 0..len-2 of completion i: token len-1's hidden state predicts nothing.
             k = max(lengths[i] - 1, 0)
             ids.append(completion_ids[i, :k].to(p_ids.dtype))
             pos.append(positions[:, plen:plen + k])
-            seg.append(torch.full((k,), j + 1, dtype=torch.long))
+            seg.append(torch.full((k,), gid + j + 1, dtype=torch.long))
             valid.append(torch.ones(k, dtype=torch.bool))
             row_of[i] = b
             # Logits for token 0 come from the prompt's last position, token t from token t-1.
-            src_pos[i] = torch.cat([torch.tensor([plen - 1]), torch.arange(offset, offset + k)])[:lengths[i]]
+            src_pos[i] = base + torch.cat([torch.tensor([plen - 1]),
+                                           torch.arange(offset, offset + k)])[:lengths[i]]
             offset += k
         ids_rows.append(torch.cat(ids))
         pos_rows.append(torch.cat(pos, 1))
@@ -167,7 +183,12 @@ def pack_groups(model, prompts: Sequence[PromptFeatures], completion_ids: torch.
         if "mm_token_type_ids" in prompt.tensors:
             type_rows.append(torch.cat([prompt.tensors["mm_token_type_ids"][0],
                                         torch.zeros(offset - plen, dtype=torch.long)]))
+    if varlen:  # all groups in one row: no padding anywhere
+        ids_rows, pos_rows, seg_rows, valid_rows = ([torch.cat(r, -1)] for r in
+                                                    (ids_rows, pos_rows, seg_rows, valid_rows))
+        type_rows = [torch.cat(type_rows)] if type_rows else []
     width = max(r.shape[0] for r in ids_rows)
+    pad_fraction = 1.0 - sum(r.shape[0] for r in ids_rows) / (width * len(ids_rows))
 
     def pad(rows, value):
         return torch.stack([torch.cat([r, r.new_full((*r.shape[:-1], width - r.shape[-1]), value)], -1)
@@ -178,8 +199,8 @@ def pack_groups(model, prompts: Sequence[PromptFeatures], completion_ids: torch.
     valid = pad(valid_rows, False)
     position_ids = pad(pos_rows, 0)  # [B, R, T]
     position_ids = position_ids.permute(1, 0, 2) if position_ids.shape[1] == 3 else position_ids[:, 0]
-    inputs = {"input_ids": input_ids, "attention_mask": group_attention_mask(seg, valid),
-              "position_ids": position_ids}
+    mask = seg[:, None, None, :] if varlen else group_attention_mask(seg, valid)
+    inputs = {"input_ids": input_ids, "attention_mask": mask, "position_ids": position_ids}
     if type_rows:  # unused when positions are explicit, but kept for families that read it
         if len(type_rows) != len(ids_rows):
             raise ValueError("pack_groups: some prompts carry mm_token_type_ids and some do not")
@@ -190,7 +211,7 @@ def pack_groups(model, prompts: Sequence[PromptFeatures], completion_ids: torch.
         inputs[key] = torch.cat([p.tensors[key] for p in group_prompts if key in p.tensors], 0)
     keep = torch.unique(torch.cat([s for s in src_pos if s.numel()] or [torch.zeros(1, dtype=torch.long)]))
     sources = [torch.searchsorted(keep, s) for s in src_pos]
-    return Packed(inputs, keep, row_of, sources, lengths)
+    return Packed(inputs, keep, row_of, sources, lengths, pad_fraction)
 
 
 def group_attention_mask(seg: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -220,7 +241,7 @@ def _takes_logits_index(model) -> bool:
 def shared_prefix_logprobs(model, prompts: Sequence[PromptFeatures], completion_ids: torch.Tensor,
                            completion_mask: torch.Tensor, *, temperature: float = 1.0,
                            return_entropy: bool = False, placeholder_ids: Sequence[int] = (),
-                           pad_id: int = 0):
+                           pad_id: int = 0, stats: dict | None = None):
     """Same contract as `forward.completion_logprobs(model, collate(prompts, ids, mask), ids,
     mask, ...)`: [N, L] float32 log p(token | prefix) (and entropies), differentiable, but each
     group's prompt and media are computed once. Values where the mask is 0 are 0.
@@ -230,9 +251,13 @@ def shared_prefix_logprobs(model, prompts: Sequence[PromptFeatures], completion_
     check_no_placeholders(completion_ids, completion_mask, placeholder_ids)
     if not supports_shared_prefix(model):
         raise ValueError(f"shared-prefix layout needs an attention taking a 4-D mask "
-                         f"({', '.join(MASKED_ATTENTION)}), not {attn_implementation(model)!r}")
+                         f"({', '.join(MASKED_ATTENTION)}) or {prefix_attention.NAME!r}, "
+                         f"not {attn_implementation(model)!r}")
     device = next(model.parameters()).device
-    packed = pack_groups(model, prompts, completion_ids.cpu(), completion_mask.cpu(), pad_id)
+    packed = pack_groups(model, prompts, completion_ids.cpu(), completion_mask.cpu(), pad_id,
+                         varlen=uses_varlen(model))
+    if stats is not None:
+        stats["pad_fraction"] = packed.pad_fraction
     inputs = {k: v.to(device) for k, v in packed.inputs.items()}
     if attn_implementation(model) == "eager":  # eager adds the mask to the scores
         inputs["attention_mask"] = _additive(inputs["attention_mask"], next(model.parameters()).dtype)
