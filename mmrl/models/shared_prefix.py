@@ -112,12 +112,18 @@ def prompt_and_completion_positions(model, prompt: PromptFeatures, length: int) 
         # so the shift by the left pad changes nothing, and arange over the prompt is exact.
         return torch.arange(ids.shape[1] + length, device=ids.device)[None]
     full_ids = torch.cat([ids, ids.new_zeros(1, length)], 1)
-    types = prompt.tensors["mm_token_type_ids"]
-    full_types = torch.cat([types, types.new_zeros(1, length)], 1)
     full_attn = torch.cat([attn, attn.new_ones(1, length)], 1)
     accepted = inspect.signature(fn).parameters
     media = {k: v for k, v in prompt.tensors.items() if k not in TOKEN_KEYS and k in accepted}
-    positions, _ = fn(full_ids, mm_token_type_ids=full_types, attention_mask=full_attn, **media)
+    if "mm_token_type_ids" in accepted:  # Qwen2-VL / 2.5-VL / 3-VL
+        types = prompt.tensors["mm_token_type_ids"]
+        media["mm_token_type_ids"] = torch.cat([types, types.new_zeros(1, length)], 1)
+    if "audio_seqlens" in accepted and "feature_attention_mask" in prompt.tensors:
+        # Qwen2.5-Omni names its inputs differently: as its own forward passes them.
+        media["audio_seqlens"] = prompt.tensors["feature_attention_mask"].sum(-1)
+    if "second_per_grids" in accepted and "video_second_per_grid" in prompt.tensors:
+        media["second_per_grids"] = prompt.tensors["video_second_per_grid"]
+    positions, _ = fn(full_ids, attention_mask=full_attn, **media)
     return positions[:, 0]  # [3, P + length]
 
 
