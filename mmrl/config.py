@@ -55,7 +55,7 @@ class ModelConfig:
     path: str = "tiny"  # HF-format checkpoint dir, or "tiny" for the adapter's offline tiny twin
     tiny: dict[str, Any] = field(default_factory=dict)  # overrides for adapter.tiny()
     dtype: str = "float32"  # float32 | bfloat16 | float16
-    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2
+    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 | mmrl_prefix_varlen
     gradient_checkpointing: bool = False
     freeze: list[str] = field(default_factory=list)  # parameter-name prefixes or: vision, audio
     lora: LoraSpec = field(default_factory=LoraSpec)

@@ -161,3 +161,6 @@ def register() -> str:
     AttentionInterface.register(NAME, prefix_attention_forward)
     AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS[base_kernel()])
     return NAME
+
+
+register()  # importing this module makes NAME loadable: from_pretrained(attn_implementation=NAME)

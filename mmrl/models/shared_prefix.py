@@ -67,6 +67,26 @@ def uses_varlen(model) -> bool:
     return attn_implementation(model) == prefix_attention.NAME
 
 
+def enable_shared_prefix(model, wanted: bool = True) -> tuple[bool, str]:
+    """Decide (once, at start) whether training forwards use the shared-prefix layout, switching
+    flash_attention_2 to the varlen path (flash_attn_varlen_func for the layout, flash_attention_2
+    for every other call: nothing else changes). -> (on, one line saying why, for the log)."""
+    impl = attn_implementation(model)
+    if not wanted:
+        return False, "shared-prefix layout off (train.shared_prefix=false): prompts run G times"
+    if impl == "flash_attention_2":
+        unwrap(model).set_attn_implementation(prefix_attention.NAME)
+        impl = prefix_attention.NAME
+    if impl == prefix_attention.NAME:
+        kernel = "flash_attn_varlen_func" if prefix_attention.flash_available() else "its torch emulation"
+        return True, f"shared-prefix layout on: varlen attention ({kernel}), groups packed pad-free"
+    if impl in MASKED_ATTENTION:
+        return True, f"shared-prefix layout on: {impl} with a 4-D group mask"
+    return False, (f"shared-prefix layout OFF: attn_implementation={impl!r} cannot take it, so every "
+                   f"prompt runs G times; set model.attn_implementation to flash_attention_2 (GPU), "
+                   f"{prefix_attention.NAME}, sdpa or eager")
+
+
 def group_rows(prompts: Sequence[PromptFeatures]) -> list[list[int]]:
     """Row indices grouped by PromptFeatures identity, groups in order of first appearance."""
     groups: dict[int, list[int]] = {}

@@ -19,7 +19,7 @@ from mmrl.config import RunConfig, save as save_config
 from mmrl.data.media import MediaError
 from mmrl.models import get_adapter
 from mmrl.models.forward import collate, completion_logprobs
-from mmrl.models.shared_prefix import shared_prefix_logprobs, supports_shared_prefix
+from mmrl.models.shared_prefix import enable_shared_prefix, shared_prefix_logprobs
 from mmrl.models.towers import TowerToucher
 from mmrl.rollout import make_engine
 from mmrl.rollout.correction import tis_weights
@@ -58,8 +58,11 @@ class Trainer:
         with self.parallel.full_params(self.model):
             self.engine = make_engine(cfg.rollout, self.model, self.processor, self.adapter)
         # One packed row per group: the prompt and its media run once, not G times (same
-        # logprobs and gradients to 1e-5); flash-attention cannot take the group mask.
-        self.shared_prefix = cfg.train.shared_prefix and supports_shared_prefix(self.model)
+        # logprobs and gradients to 1e-5); flash_attention_2 switches to the varlen kernel.
+        self.shared_prefix, why = enable_shared_prefix(self.model, cfg.train.shared_prefix)
+        if self.dist.main:
+            print(why, flush=True)
+        self.pack_stats: dict = {}  # pad_fraction of the last packed forward
         self.pad_id = self.processor.tokenizer.pad_token_id
         self.rewards = RewardSet(cfg.rewards)
         self.media_stats: dict[str, int] = {}  # e.g. audio_truncated, counted into metrics
@@ -194,7 +197,7 @@ class Trainer:
             return shared_prefix_logprobs(
                 model, sub.prompts, ids.to(self.device), mask.to(self.device),
                 temperature=self.cfg.rollout.temperature, return_entropy=entropy,
-                placeholder_ids=self.suppress_ids, pad_id=self.pad_id), width
+                placeholder_ids=self.suppress_ids, pad_id=self.pad_id, stats=self.pack_stats), width
         inputs = collate(sub.prompts, ids, mask, self.pad_id)
         inputs = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
         out = completion_logprobs(model, inputs, ids.to(self.device), mask.to(self.device),
@@ -290,6 +293,9 @@ class Trainer:
         metrics["time/tokens_per_s"] = tokens / max(timer.total, 1e-9)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         metrics["data/skipped"] = self.skipped
+        metrics["train/shared_prefix"] = float(self.shared_prefix)
+        if self.shared_prefix:
+            metrics["train/pad_fraction"] = self.pack_stats.get("pad_fraction", 0.0)
         metrics.update({f"data/{k}": v for k, v in self.media_stats.items()})
         metrics = dist.mean_metrics(metrics, self.dist)
         if self.dist.enabled:  # each rank's loss is its part of the global sum

@@ -161,3 +161,26 @@ def test_real_flash_kernel_equals_emulation():
     emulated = pa.prefix_varlen_attention(q.cpu().float(), k.cpu().float(), v.cpu().float(),
                                           pa.layout_from_segments(seg.cpu()))
     torch.testing.assert_close(flash.float().cpu(), emulated, atol=2e-2, rtol=2e-2)
+
+
+def test_flash_attention_2_switches_to_the_varlen_path_and_others_say_why():
+    """What the trainer decides at start: flash_attention_2 (every GPU recipe) keeps the layout
+    by switching to the varlen kernel (here its CPU emulation); a kernel that cannot take it
+    says so in one line with what to set."""
+    from mmrl.models.shared_prefix import attn_implementation, enable_shared_prefix
+
+    model, rows, ids, mask, pad = family_case("qwen2_vl", "image")
+    with torch.no_grad():
+        want = completion_logprobs(model, collate(rows, ids, mask, pad), ids, mask)
+    with attention(model, "sdpa"):
+        for config in (model.config, model.config.text_config):
+            config._attn_implementation = "flash_attention_2"  # as loaded on a GPU
+        on, why = enable_shared_prefix(model)
+        assert on and attn_implementation(model) == pa.NAME and "varlen" in why
+        with torch.no_grad():
+            got = shared_prefix_logprobs(model, rows, ids, mask, pad_id=pad)
+        assert ((want - got).abs() * mask).max() <= 1e-5
+        model.config.text_config._attn_implementation = "flex_attention"
+        on, why = enable_shared_prefix(model)
+        assert not on and "OFF" in why and "flash_attention_2" in why and "\n" not in why
+        assert enable_shared_prefix(model, wanted=False)[0] is False
