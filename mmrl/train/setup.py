@@ -89,6 +89,8 @@ def build_model(cfg: RunConfig, adapter, checkpoint: Path | None = None):
     if source == "tiny":
         model, processor = adapter.tiny(seed=cfg.train.seed, **m.tiny)
         model = model.to(dtype)
+        if m.attn_implementation != "sdpa":  # tiny models are built with sdpa
+            model.set_attn_implementation(m.attn_implementation)
     else:
         model, processor = adapter.load(source, dtype=dtype,
                                         attn_implementation=m.attn_implementation)
