@@ -45,20 +45,33 @@ def iter_records(path: str | Path) -> Iterator[tuple[dict, str]]:
         for i, row in enumerate(pq.read_table(path).to_pylist()):
             yield row, f"{path}[{i}]"
     elif path.suffix == ".json":
-        rows = json.loads(path.read_text())
+        rows = json.loads(_utf8(path.read_bytes(), path))
         if not isinstance(rows, list):
             raise RecordError(f"{path}: expected a JSON list of records")
         for i, row in enumerate(rows):
             yield row, f"{path}[{i}]"
     else:
-        with path.open() as f:
-            for lineno, line in enumerate(f, 1):
+        with path.open("rb") as f:  # bytes: a bad byte is reported with its line number
+            for lineno, raw in enumerate(f, 1):
+                line = _utf8(raw, path, lineno)
                 if not line.strip():
                     continue
                 try:
                     yield json.loads(line), f"{path}:{lineno}"
                 except json.JSONDecodeError as e:
                     raise RecordError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+
+
+def _utf8(data: bytes, path: Path, lineno: int | None = None) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1)
+        if lineno is None:  # a whole file: find the line of the bad byte
+            lineno = data.count(b"\n", 0, e.start) + 1
+        raise RecordError(f"{path}:{lineno}: not UTF-8 text (byte 0x{data[e.start]:02x} at "
+                          f"column {column + 1}); re-encode the file as UTF-8, e.g. "
+                          f"`iconv -f latin1 -t utf-8`") from None
 
 
 def _media_list(record: dict, key: str, source: str, base: Path) -> list[str]:
