@@ -294,10 +294,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _message(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
+    text = str(e.args[0] if isinstance(e, KeyError) and e.args else e).strip() or type(e).__name__
     # Our own errors say what to do; a foreign one is named by its type so it can be searched.
     if type(e).__module__.startswith(("mmrl", "rewards")) or isinstance(
-            e, (FileNotFoundError, FloatingPointError, ValueError, RuntimeError)):
+            e, (FileNotFoundError, FloatingPointError, KeyError, ValueError, RuntimeError)):
         return text
     return f"{type(e).__name__}: {text}"
 
