@@ -231,7 +231,7 @@ def test_nonfinite_loss_or_grad_skips_the_step_then_stops(tiny_yaml, tmp_path, m
     t = Trainer(_cfg(tiny_yaml, tmp_path / "a"))
     before = {k: v.detach().clone() for k, v in t.model.named_parameters()}
     batch, scores, per, _ = t.sample_batch()
-    t.advantages = lambda s, g: torch.full_like(s, float("nan"))  # a NaN loss
+    t.advantages = lambda s, *a: torch.full_like(s, float("nan"))  # a NaN loss
     m = t.learn(batch, scores, per)
     assert math.isnan(m["loss/loss"]) and m["train/nonfinite_skipped"] == 1
     assert all(torch.equal(v, before[k]) for k, v in t.model.named_parameters())
@@ -243,7 +243,7 @@ def test_nonfinite_loss_or_grad_skips_the_step_then_stops(tiny_yaml, tmp_path, m
     assert math.isinf(m["grad_norm"]) and t.nonfinite_streak == 2
     assert all(torch.equal(v, before[k]) for k, v in t.model.named_parameters())
     t.log.close()
-    monkeypatch.setattr(Trainer, "advantages", lambda self, s, g: torch.full_like(s, math.nan))
+    monkeypatch.setattr(Trainer, "advantages", lambda self, s, *a: torch.full_like(s, math.nan))
     with pytest.raises(FloatingPointError, match="NaN/inf in 2 steps in a row"):
         train(_cfg(tiny_yaml, tmp_path / "b", "train.steps=5", "train.max_nonfinite_steps=2"))
     assert [r["train/nonfinite_skipped"] for r in _rows(tmp_path / "b" / "metrics.jsonl")] == [1, 2]
