@@ -187,6 +187,9 @@ class TrainConfig:
     save_every: int = 0  # 0 = only at the end
     keep_checkpoints: int = 2
     resume: str = "none"  # none | auto | path to a checkpoint dir
+    overwrite: bool = False  # a fresh run may replace what a non-empty log.run_dir holds
+    run_id: Optional[str] = None  # set at a run's start; resume=auto accepts only its checkpoints
+    max_nonfinite_steps: int = 3  # consecutive steps skipped for NaN/inf loss or grad norm -> stop
     eval_every: int = 0  # in-loop held-out evaluation (0 = off)
     # How weights, gradients and optimizer state are spread over processes: auto (from the
     # launcher: accelerate's DeepSpeed / FSDP config, else ddp) | ddp | deepspeed | fsdp2.

@@ -10,6 +10,7 @@ import functools
 import math
 import os
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from mmrl.data.schema import load_samples
 from mmrl.train import lora
 from mmrl.types import Sample
 
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*|[A-Za-z0-9][\w.-]*")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -54,6 +56,10 @@ def check_environment(cfg: RunConfig) -> None:
         raise FileNotFoundError(f"model.path={m.path}: not a local directory and HF_HUB_OFFLINE=1; "
                                 f"download the checkpoint first (huggingface-cli download "
                                 f"{m.path} --local-dir DIR) and point model.path at DIR")
+    if m.path != "tiny" and not Path(m.path).exists() and not _REPO_ID.fullmatch(m.path):
+        # Without this the Hub client answers "Repo id must be in the form 'repo_name' ...".
+        raise FileNotFoundError(f"model.path={m.path}: no such local directory (and not a Hub "
+                                f"repo id like Qwen/Qwen2.5-VL-3B-Instruct); check the path")
     if cfg.rollout.backend == "vllm":
         try:
             import vllm  # noqa: F401
