@@ -10,19 +10,22 @@ from pathlib import Path
 
 import torch
 
+from mmrl.config import TrainConfig
 from mmrl.train import checkpoint, dist, setup
 
 
 class Checkpointer:
-    def __init__(self, run_dir: Path, keep: int, info: dist.DistInfo, log):
-        self.run_dir, self.keep, self.info, self.log = Path(run_dir), keep, info, log
+    def __init__(self, run_dir: Path, tc: TrainConfig, info: dist.DistInfo, log):
+        self.run_dir, self.info, self.log = Path(run_dir), info, log
+        self.tc = tc  # its run_id is set by rundir.prepare before the run starts
 
     def save(self, step: int, learner, prompts, extra: dict) -> None:
         """A collective: rank 0 writes the model and state, sharded strategies every rank's part
         (replicated weights are identical on every rank after the all-reduced step)."""
-        state = {**learner.state_dict(), **prompts.state_dict(), "extra": extra}
+        state = {**learner.state_dict(), **prompts.state_dict(), "extra": extra,
+                 "run_id": self.tc.run_id}
         checkpoint.save(self.run_dir, step, learner.peft or learner.model, learner.processor,
-                        state, keep=self.keep, strategy=learner.strategy,
+                        state, keep=self.tc.keep_checkpoints, strategy=learner.strategy,
                         optimizer=learner.optimizer)
 
     def restore(self, ckpt: Path, learner, prompts) -> tuple[int, dict]:

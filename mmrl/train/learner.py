@@ -8,6 +8,7 @@ optimizer step per iteration). It asks the strategy what it does (`places_model`
 """
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
 
 import torch
@@ -15,7 +16,7 @@ import torch
 from mmrl import algos
 from mmrl.config import RunConfig
 from mmrl.models.forward import collate, completion_logprobs
-from mmrl.models.shared_prefix import shared_prefix_logprobs, supports_shared_prefix
+from mmrl.models.shared_prefix import enable_shared_prefix, shared_prefix_logprobs
 from mmrl.models.towers import TowerToucher
 from mmrl.train import dist, lora, setup
 from mmrl.types import RolloutBatch, ScoredBatch
@@ -40,11 +41,19 @@ class Learner:
         self.touch_towers = (TowerToucher(self.model, adapter, self.processor)
                              if strategy.every_module else None)
         self.suppress_ids = adapter.placeholder_token_ids(self.processor)
-        # One packed row per group: the prompt and its media run once, not G times (same
-        # logprobs and gradients to 1e-5); flash-attention cannot take the group mask.
-        self.shared_prefix = cfg.train.shared_prefix and supports_shared_prefix(self.model)
+        self.shared_prefix, self.pack_stats = False, {}  # decided by choose_layout
         self.pad_id = self.processor.tokenizer.pad_token_id
         self.ref_model = None  # the KL reference, set by Checkpointer.reference
+        self.nonfinite_skipped = self.nonfinite_streak = 0  # steps skipped for NaN/inf
+
+    def choose_layout(self, wanted: bool) -> None:
+        """One packed row per group: the prompt and its media run once, not G times (same
+        logprobs and gradients to 1e-5); flash_attention_2 switches to the varlen kernel. Called
+        once the rollout engine is built, so the engine starts from the model as loaded."""
+        self.shared_prefix, why = enable_shared_prefix(self.model, wanted)
+        self.pack_stats: dict = {}  # pad_fraction of the last packed forward
+        if self.info.main:
+            print(why, flush=True)
 
     def full_params(self, enabled: bool = True):
         """Inside: every weight whole on every rank (generation, weight sync, evaluation)."""
@@ -73,7 +82,7 @@ class Learner:
             return shared_prefix_logprobs(
                 model, sub.prompts, ids.to(self.device), mask.to(self.device),
                 temperature=self.temperature, return_entropy=entropy,
-                placeholder_ids=self.suppress_ids, pad_id=self.pad_id), width
+                placeholder_ids=self.suppress_ids, pad_id=self.pad_id, stats=self.pack_stats), width
         inputs = collate(sub.prompts, ids, mask, self.pad_id)
         inputs = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
         out = completion_logprobs(model, inputs, ids.to(self.device), mask.to(self.device),
@@ -124,8 +133,10 @@ class Learner:
                "kl_cov_coef": ac.kl_cov_coef,
                "generator": torch.Generator().manual_seed(self.seed * 100_003 + step)}
         gap = 0.0  # the rollout engine's logprobs against the trainer's, same weights
+        stepped = True
         for it in range(ac.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
+            it_loss = 0.0
             for i, rows in enumerate(chunks):
                 (logp, ent), width = self.forward(self.train_model, batch, rows, entropy=True)
                 m = mask[rows, :width].to(logp.device)
@@ -146,16 +157,38 @@ class Learner:
                     dual_clip=ac.dual_clip, entropy=ent, entropy_coef=ac.entropy_coef,
                     kl_clamp=ac.kl_clamp, cov=cov)
                 self.strategy.backward(loss, last=i == len(chunks) - 1)
+                it_loss += float(loss.detach())
                 frac = len(rows) / batch.n  # metrics are micro-batch means: weight by rows
                 metrics = {**metrics, "loss": loss.detach() / frac,
                            "entropy": (ent * m).sum() / m.sum().clamp(min=1)}
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v) * frac / ac.num_iterations
-            sums["grad_norm"] = self.strategy.step(self.model, self.optimizer)
-        self.scheduler.step()
+            stepped = self._step(sums, it_loss) and stepped
+        if stepped:
+            self.scheduler.step()
+        self.nonfinite_streak = 0 if stepped else self.nonfinite_streak + 1
+        self.nonfinite_skipped += not stepped
         out = {f"loss/{k}" if k not in ("grad_norm", "entropy") else k: v for k, v in sums.items()}
+        out["train/nonfinite_skipped"] = self.nonfinite_skipped
         if batch.sampler_logp is not None:  # ~1e-6 in float32; bf16 engines drift more (tis_cap)
             out["rollout/logp_gap_max"] = gap
+        return out
+
+    def _step(self, sums: dict, loss: float) -> bool:
+        """The optimizer step of one iteration -> whether it happened. A NaN/inf loss never
+        reaches the optimizer (nor does a NaN/inf grad norm: the strategy's step skips it): the
+        step is skipped and counted."""
+        if dist.all_sum(float(not math.isfinite(loss)), self.info) > 0:
+            self.optimizer.zero_grad(set_to_none=True)
+            sums["grad_norm"] = float("nan")
+            return False
+        sums["grad_norm"] = self.strategy.step(self.model, self.optimizer)
+        return math.isfinite(sums["grad_norm"])
+
+    def metrics(self) -> dict[str, float]:
+        out = {"lr": self.lr, "train/shared_prefix": float(self.shared_prefix)}
+        if self.shared_prefix:
+            out["train/pad_fraction"] = self.pack_stats.get("pad_fraction", 0.0)
         return out
 
     # ---------------------------------------------------------------- state --------------------

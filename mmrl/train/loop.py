@@ -51,6 +51,7 @@ class Trainer:
         self.learner = Learner(cfg, self.info, strategy, adapter,
                                resume if checkpoint.has_weights(resume) else None)
         self.rollout = Rollout(cfg.rollout, self.learner)
+        self.learner.choose_layout(cfg.train.shared_prefix)
         self.scorer = Scorer(cfg, self.info)
         self.prompts = PromptSource(cfg, train_set, adapter, self.learner.processor, self.info)
         main = self.info.main  # only rank 0 writes the run dir; other ranks keep a local log
@@ -61,8 +62,7 @@ class Trainer:
             config=asdict(cfg))
         if main:
             save_config(cfg, self.run_dir / "config.yaml")
-        self.checkpointer = Checkpointer(self.run_dir, cfg.train.keep_checkpoints, self.info,
-                                         self.log)
+        self.checkpointer = Checkpointer(self.run_dir, cfg.train, self.info, self.log)
         # Saved with the rest: run.py's stage results (SFT, accuracy before RL) and the
         # algorithms' carried values (the adaptive KL-in-reward coefficient).
         self.step, self.state_extra = 0, {}
@@ -132,7 +132,7 @@ class Trainer:
         metrics.update(timer.metrics())
         tokens = int(batch.completion_mask.sum()) + sum(p.input_ids.numel() for p in batch.prompts)
         metrics["time/tokens_per_s"] = tokens / max(timer.total, 1e-9)
-        metrics["lr"] = self.learner.lr
+        metrics.update(self.learner.metrics())
         metrics.update(self.prompts.metrics())
         metrics = dist.mean_metrics(metrics, self.info)
         if self.info.enabled:  # each rank's loss is its part of the global sum

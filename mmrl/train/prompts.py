@@ -10,7 +10,7 @@ from collections import OrderedDict
 from typing import Sequence
 
 from mmrl.config import RunConfig
-from mmrl.data.media import MediaError
+from mmrl.data.media import MediaError, processor_errors
 from mmrl.train import dist, setup
 from mmrl.types import PromptFeatures, Sample
 
@@ -33,7 +33,8 @@ class PromptSource:
             self._features.move_to_end(key)
             return self._features[key]
         media = self.load_media(sample)
-        feats = self.adapter.prompt_features(self.processor, sample, **media)
+        with processor_errors(sample):  # e.g. aspect ratio: a media error naming the record
+            feats = self.adapter.prompt_features(self.processor, sample, **media)
         feats.media = media
         if key is not None and self.cache_size > 0:  # bounded: media tensors are big
             self._features[key] = feats
@@ -52,13 +53,28 @@ class PromptSource:
             try:
                 out.append(self.features(self.dataset[idx], idx))
             except MediaError as e:
-                if self.on_bad_sample != "skip":
-                    raise MediaError(f"{e}\n(set data.on_bad_sample=skip to skip such samples "
-                                     f"and count them in metrics)") from None
-                self.skipped += 1
+                self._skip(e)
                 if self.skipped > len(self.dataset):
                     raise RuntimeError("every training sample failed to load") from e
         return out
+
+    def load(self, indices: list[int]) -> tuple[list[Sample], list[PromptFeatures]]:
+        """The samples at `indices` that load, and their features (SFT warm-up batches); bad
+        media follows the same policy as `next`."""
+        samples, feats = [], []
+        for idx in indices:
+            try:
+                feats.append(self.features(self.dataset[idx], idx))
+                samples.append(self.dataset[idx])
+            except MediaError as e:
+                self._skip(e)
+        return samples, feats
+
+    def _skip(self, error: MediaError) -> None:
+        if self.on_bad_sample != "skip":
+            raise MediaError(f"{error}\n(set data.on_bad_sample=skip to skip such samples "
+                             f"and count them in metrics)") from None
+        self.skipped += 1
 
     def group_base(self, n: int) -> int:
         """Group ids unique across ranks: rank r's groups start at r * (its share of n)."""

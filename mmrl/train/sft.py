@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from mmrl.config import RunConfig
+from mmrl.data.media import MediaError
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.train import dist
 from mmrl.train.evaluate import evaluate
@@ -42,8 +43,9 @@ def sft_warmup(cfg: RunConfig, learner: Learner, prompts: PromptSource, log: Run
     log.print(f"SFT warm-up: up to {sc.steps} steps, stop at val accuracy {sc.stop_accuracy}")
     for step in range(1, sc.steps + 1):
         idx = (torch.randint(n_val, len(data), (sc.batch_size,), generator=gen)).tolist()
-        samples = [data[i] for i in idx]
-        feats = [prompts.features(s, i) for s, i in zip(samples, idx)]
+        samples, feats = prompts.load(idx)  # bad media: skipped and counted, or an error
+        if not samples:
+            raise MediaError(f"SFT warm-up: none of the {len(idx)} samples drawn could be loaded")
         ids, mask = _targets(sc.target, learner.processor.tokenizer, learner.pad_id, samples)
         model.train()
         inputs = collate(feats, ids, mask, learner.pad_id)
