@@ -144,7 +144,13 @@ def cmd_data(args) -> int:
 def cmd_data_convert(args) -> int:
     from mmrl.data.formats import convert
 
-    print(json.dumps(convert(args.fmt, args.inp, args.out, media_root=args.media_root), indent=2))
+    try:
+        result = convert(args.fmt, args.inp, args.out, media_root=args.media_root)
+    except (ValueError, KeyError, OSError) as e:  # RecordError, unknown format, missing file
+        print(f"mmrl data convert: error: {e.args[0] if isinstance(e, KeyError) else e}",
+              file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2))
     return 0
 
 

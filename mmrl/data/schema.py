@@ -46,6 +46,9 @@ def iter_records(path: str | Path) -> Iterator[tuple[dict, str]]:
             yield row, f"{path}[{i}]"
     elif path.suffix == ".json":
         rows = json.loads(path.read_text())
+        if isinstance(rows, dict):
+            yield from _per_video(rows, path)
+            return
         if not isinstance(rows, list):
             raise RecordError(f"{path}: expected a JSON list of records")
         for i, row in enumerate(rows):
@@ -59,6 +62,23 @@ def iter_records(path: str | Path) -> Iterator[tuple[dict, str]]:
                     yield json.loads(line), f"{path}:{lineno}"
                 except json.JSONDecodeError as e:
                     raise RecordError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+
+
+def _per_video(rows: dict, path: Path) -> Iterator[tuple[dict, str]]:
+    """Charades-style annotations (Time-R1, VideoChat-R1, TimeZero): {video id: {"duration",
+    "timestamps": [[s, e], ...], "sentences": [...]}} -> one record per (timestamp, sentence)."""
+    for vid, entry in rows.items():
+        where = f"{path}[{vid!r}]"
+        if not isinstance(entry, dict):
+            raise RecordError(f"{where}: expected a list of records, or a dict of videos whose "
+                              f"values are objects")
+        stamps, sents = entry.get("timestamps"), entry.get("sentences")
+        if not isinstance(stamps, list) or not isinstance(sents, list) or len(stamps) != len(sents):
+            raise RecordError(f"{where}: needs 'timestamps' and 'sentences' lists of equal length")
+        rest = {k: v for k, v in entry.items() if k not in ("timestamps", "sentences")}
+        for i, (stamp, sent) in enumerate(zip(stamps, sents)):
+            yield ({"video_id": vid, **rest, "timestamp": stamp, "sentence": sent,
+                    "id": f"{vid}_{i}"}, f"{where}[{i}]")
 
 
 def _media_list(record: dict, key: str, source: str, base: Path) -> list[str]:
