@@ -60,6 +60,7 @@ HINTS = {
     "OCR": "Answer with the transcribed text in <answer></answer>.",
     "free-form": "Answer in <answer></answer>.",
 }
+TIME_HINT = "Answer with <answer>start to end</answer> in seconds."
 
 
 # ---------------------------------------------------------------------------- shared helpers ----
@@ -435,8 +436,7 @@ def time_r1(record: Any, source: str, base_dir: Path) -> Sample:
                              "video_id")]
     if not videos:
         raise _fail(source, "missing 'video'")
-    text = (f'When does "{query.strip().rstrip(".")}" happen in the video? Answer with '
-            f"<answer>start to end</answer> in seconds.")
+    text = f'When does "{query.strip().rstrip(".")}" happen in the video? {TIME_HINT}'
     return _sample(record, source, text=text, media={"videos": videos}, solution=seg,
                    task="temporal_grounding", fields=fields, id_keys=("id", "qid"))
 

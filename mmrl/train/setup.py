@@ -38,7 +38,20 @@ def build_datasets(cfg: RunConfig) -> tuple[list[Sample], list[Sample] | None]:
         synthetic.GENERATORS.get(d.generate)(out, **d.generate_kwargs)
     train = load_samples(d.train, d.format, d.max_samples)
     evals = load_samples(d.eval, d.format, cfg.eval.max_samples) if d.eval else None
-    return train, evals
+    return prepare_samples(train, cfg), (prepare_samples(evals, cfg) if evals else None)
+
+
+def prepare_samples(samples: list[Sample], cfg: RunConfig) -> list[Sample]:
+    """What the config adds to loaded samples: the prompt template, and the resized image size
+    the box rewards need (data.image_min/max_pixels)."""
+    from mmrl.data.media import add_resized_sizes
+    from mmrl.data.prompts import apply_template
+
+    d = cfg.data
+    if d.prompt_template:
+        samples = [apply_template(s, d.prompt_template) for s in samples]
+    add_resized_sizes(samples, d.image_min_pixels, d.image_max_pixels)
+    return samples
 
 
 def check_environment(cfg: RunConfig) -> None:
