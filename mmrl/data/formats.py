@@ -5,15 +5,20 @@ anchor's files as they are. `convert(fmt, in_path, out_path)` writes the same Sa
 JSONL (what `mmrl data convert --from FORMAT IN OUT` runs).
 
     vlm_r1     LLaVA-style {"image": path | [paths], "conversations": [{"from": "human", "value":
-               "<image>Q"}, {"from": "gpt", "value": "A"}]}            (om-ai-lab/VLM-R1)
-    r1v        {"problem", "solution": "<answer> 3 </answer>", "image"}  (Deep-Agent/R1-V)
+               "<image>Q"}, {"from": "gpt", "value": "A"}], "accu_reward_method"?}  (om-ai-lab/VLM-R1)
+    r1v        {"problem", "solution": "<answer> 3 </answer>", "image"}  (Deep-Agent/R1-V; Visual-RFT's
+               [{"Position": [...], "Confidence": c}] solutions are detection)
     easyr1     {"problem", "answer", "images": [...], "videos": [...]}   (hiyouga/EasyR1)
     video_r1   {"problem_type", "problem", "options", "solution": "<answer>B</answer>", "path",
                "data_type": "image" | "video"}                            (tulerfeng/Video-R1)
     r1_aqa     {"audio_path", "question_text", "multi_choice", "answer": 0-based index} and MMAU
-               style {"audio", "question", "choices", "answer": text}     (xiaomi-research/r1-aqa)
-    time_r1    {"video", "duration", "timestamp": [s, e], "sentence"}     (xiaomi-research/time-r1);
-               also "timestamps"/"sentences" (TimeZero/Charades style) and "query"
+               {"audio_id", "question", "choices", "answer": text, "task"} (xiaomi-research/r1-aqa)
+    time_r1    {"video", "duration", "timestamp": [s, e], "sentence", "video_start"?, "video_end"?}
+               (Time-R1); "timestamps"/"sentences"; Charades-style dicts per video (schema.py)
+
+The task of a sample is its reward route (`rewards[].tasks`): VLM-R1's accu_reward_method and
+Video-R1's problem_type map onto it (ACCU_METHOD_TASKS, PROBLEM_TASKS). Box answers get
+`image_size` = [w, h] from the image header, which box rewards need for model coordinates.
 
 Normalisation: `<answer>` wrappers are stripped; multiple-choice solutions become one letter
 (from a letter, a 0-based index, or the option's text); boxes and segments become float lists.
