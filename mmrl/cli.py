@@ -56,7 +56,13 @@ def validate(cfg) -> list[str]:
             problems.append(f"{what}: {e}")
 
     check("model.family", lambda: MODELS.get(cfg.model.family))
-    check("algo.advantage", lambda: algos.ADVANTAGES.get(cfg.algo.advantage))
+    check("algo.advantage", lambda: algos.get_advantage(cfg.algo.advantage))
+    check("algo.loss_type", lambda: _member(cfg.algo.loss_type, algos.LOSS_TYPES))
+    check("algo.tis_level", lambda: _member(cfg.algo.tis_level, algos.IS_LEVELS))
+    check("algo.tis_mode", lambda: _member(cfg.algo.tis_mode, algos.IS_MODES))
+    check("algo.kl_reward_kind", lambda: _member(cfg.algo.kl_reward_kind, algos.KL_KINDS))
+    if cfg.algo.scale_rewards is not None:
+        check("algo.scale_rewards", lambda: _member(cfg.algo.scale_rewards, algos.SCALE_MODES))
     check("algo.agg", lambda: _member(cfg.algo.agg, algos.AGG_MODES))
     check("algo.ratio", lambda: _member(cfg.algo.ratio, algos.RATIO_LEVELS))
     check("algo.kl", lambda: _member(cfg.algo.kl, algos.KL_KINDS))
@@ -116,7 +122,7 @@ def cmd_ls(args) -> int:
         from mmrl import algos
         from mmrl.config import PRESETS
 
-        print("advantages: " + ", ".join(algos.ADVANTAGES.names()))
+        print("advantages: " + ", ".join(sorted(algos.ADVANTAGES)))
         print("presets:    " + ", ".join(sorted(PRESETS)))
         print("agg:        " + ", ".join(algos.AGG_MODES))
         return 0
