@@ -202,8 +202,11 @@ def check_scorable(specs, samples: list[Sample], max_new_tokens: int = 1024,
                    sample_size: int = 256) -> None:
     """Stop before training when a reward can score none of its task's records (checked on up to
     `sample_size` records spread over the data set)."""
-    step = max(1, len(samples) // sample_size)
-    rows = reward_scorability(specs, samples[::step][:sample_size], max_new_tokens)
+    if isinstance(samples, list):  # spread over the set
+        picked = samples[::max(1, len(samples) // sample_size)][:sample_size]
+    else:  # a lazily read table: the first rows (one row group), not a read of every group
+        picked = samples[:min(len(samples), sample_size)]
+    rows = reward_scorability(specs, picked, max_new_tokens)
     dead = [r for r in rows if r["of"] and not r["scorable"]]
     if dead:
         raise ValueError("a configured reward can score none of its records, so it would train "

@@ -41,17 +41,27 @@ def build_datasets(cfg: RunConfig) -> tuple[list[Sample], list[Sample] | None]:
     return prepare_samples(train, cfg), (prepare_samples(evals, cfg) if evals else None)
 
 
-def prepare_samples(samples: list[Sample], cfg: RunConfig) -> list[Sample]:
+def prepare_samples(samples, cfg: RunConfig):
     """What the config adds to loaded samples: the prompt template, and the resized image size
-    the box rewards need (data.image_min/max_pixels)."""
+    the box rewards need (data.image_min/max_pixels). Lazily read tables stay lazy: each sample
+    is prepared when drawn."""
     from mmrl.data.media import add_resized_sizes
     from mmrl.data.prompts import apply_template
+    from mmrl.data.schema import LazySamples
 
     d = cfg.data
-    if d.prompt_template:
-        samples = [apply_template(s, d.prompt_template) for s in samples]
-    add_resized_sizes(samples, d.image_min_pixels, d.image_max_pixels)
-    return samples
+
+    def prepare(sample: Sample) -> Sample:
+        if d.prompt_template:
+            sample = apply_template(sample, d.prompt_template)
+        add_resized_sizes([sample], d.image_min_pixels, d.image_max_pixels)
+        return sample
+
+    if isinstance(samples, LazySamples):
+        convert = samples.convert
+        samples.convert = lambda record, source, base: prepare(convert(record, source, base))
+        return samples
+    return [prepare(s) for s in samples]
 
 
 def check_environment(cfg: RunConfig) -> None:
@@ -164,7 +174,7 @@ def build_optimizer(tc: TrainConfig, model, total_steps: int):
 def lr_schedule(opt, tc: TrainConfig, total_steps: int):
     def factor(step: int) -> float:
         # Warm-up matters for RL on a fresh optimizer: without it early steps overshoot
-        # (observed collapses in ../shared/ENVIRONMENT.md).
+        # (observed collapses: docs/install-notes.md).
         if step < tc.warmup_steps:
             return (step + 1) / tc.warmup_steps
         progress = (step - tc.warmup_steps) / max(1, total_steps - tc.warmup_steps)
@@ -181,10 +191,15 @@ def lr_schedule(opt, tc: TrainConfig, total_steps: int):
 
 class PromptSampler:
     """Epoch-wise shuffled order over sample indices; its state (epoch, position) is saved in
-    checkpoints so a resumed run sees exactly the prompts the uninterrupted run would."""
+    checkpoints so a resumed run sees exactly the prompts the uninterrupted run would.
 
-    def __init__(self, n: int, seed: int, shuffle: bool = True):
+    `blocks` (sizes of consecutive index runs, e.g. Parquet row groups): the blocks are visited in
+    a shuffled order and each block's indices shuffled within it, so consecutive draws share one
+    row-group read while every epoch still visits every index once."""
+
+    def __init__(self, n: int, seed: int, shuffle: bool = True, blocks: list[int] | None = None):
         self.n, self.seed, self.shuffle = n, seed, shuffle
+        self.blocks = blocks if blocks and sum(blocks) == n and len(blocks) > 1 else None
         self.epoch, self.pos = 0, 0
         self._order = self._make_order()
 
@@ -192,7 +207,15 @@ class PromptSampler:
         if not self.shuffle:
             return list(range(self.n))
         g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        return torch.randperm(self.n, generator=g).tolist()
+        if self.blocks is None:
+            return torch.randperm(self.n, generator=g).tolist()
+        starts = [0]
+        for size in self.blocks:
+            starts.append(starts[-1] + size)
+        order: list[int] = []
+        for b in torch.randperm(len(self.blocks), generator=g).tolist():
+            order += (torch.randperm(self.blocks[b], generator=g) + starts[b]).tolist()
+        return order
 
     def next(self) -> int:
         if self.pos >= self.n:
