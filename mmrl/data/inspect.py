@@ -198,14 +198,17 @@ def format_scorability(rows: list[dict]) -> list[str]:
             + (f" ({r['reason']})" if r["reason"] else "") for r in rows]
 
 
-def check_scorable(specs, samples: list[Sample], max_new_tokens: int = 1024,
-                   sample_size: int = 256) -> None:
+LAZY_CHECK_ROWS = 8
+
+
+def check_scorable(specs, samples, max_new_tokens: int = 1024, sample_size: int = 256) -> None:
     """Stop before training when a reward can score none of its task's records (checked on up to
-    `sample_size` records spread over the data set)."""
-    if isinstance(samples, list):  # spread over the set
+    `sample_size` records spread over the data set; on a lazily read table, its first
+    LAZY_CHECK_ROWS rows: one row group read and a few embedded images written, not every one)."""
+    if isinstance(samples, list):
         picked = samples[::max(1, len(samples) // sample_size)][:sample_size]
-    else:  # a lazily read table: the first rows (one row group), not a read of every group
-        picked = samples[:min(len(samples), sample_size)]
+    else:
+        picked = samples[:min(len(samples), LAZY_CHECK_ROWS)]
     rows = reward_scorability(specs, picked, max_new_tokens)
     dead = [r for r in rows if r["of"] and not r["scorable"]]
     if dead:
