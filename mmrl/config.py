@@ -10,11 +10,30 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 import re
 from pathlib import Path
-from typing import Any, Optional
+import os
+from typing import Any, Literal, Optional, get_args
 
 import yaml
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from mmrl import config_rules
+
+# The legal values of every option, in one place. OmegaConf (>= 2.4) rejects anything else at load
+# time with the key's path; code downstream may rely on the value being one of these.
+OnBadSample = Literal["error", "skip"]  # error: stop naming record and file | skip: skip and count
+AudioTruncate = Literal["error", "head"]  # longer audio: error (name the file) | head (keep start)
+DType = Literal["float32", "bfloat16", "float16"]
+AttnImplementation = Literal["sdpa", "eager", "flash_attention_2"]
+WeightTransfer = Literal["auto", "bytes", "direct", "http", "nccl", "store"]
+Backend = Literal["hf", "vllm"]
+Preset = Literal["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp"]
+Agg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+Ratio = Literal["token", "sequence"]  # sequence = GSPO
+KL = Literal["k1", "k2", "k3"]
+LRSchedule = Literal["constant", "linear", "cosine"]
+Parallel = Literal["auto", "ddp", "deepspeed", "fsdp2"]
+Progress = Literal["auto", "bar", "lines", "off"]
 
 
 @dataclass
@@ -26,7 +45,7 @@ class DataConfig:
     generate_kwargs: dict[str, Any] = field(default_factory=dict)
     max_samples: Optional[int] = None
     shuffle: bool = True
-    on_bad_sample: str = "error"  # error: stop naming record and file | skip: skip and count
+    on_bad_sample: OnBadSample = "error"  # error: stop naming record and file | skip: skip and count
     image_min_pixels: Optional[int] = None  # per-image pixel budget (rounded to multiples of 28^2)
     image_max_pixels: Optional[int] = None
     video_fps: Optional[float] = 2.0  # frames sampled per second (or set video_nframes)
@@ -34,7 +53,7 @@ class DataConfig:
     video_max_frames: int = 64
     video_max_pixels: Optional[int] = None  # total pixel budget across a clip's frames
     audio_max_seconds: Optional[float] = None
-    audio_truncate: str = "error"  # longer audio: error (name the file) | head (keep the start)
+    audio_truncate: AudioTruncate = "error"  # longer audio: error (name the file) | head (keep the start)
     media_cache: Optional[str] = None  # dir for decoded video/audio; later epochs decode nothing
     feature_cache: int = 512  # processed prompts kept in memory (LRU), 0 = none
 
@@ -54,8 +73,8 @@ class ModelConfig:
     family: str = "qwen2_5_vl"  # registered adapter: `mmrl ls models`
     path: str = "tiny"  # HF-format checkpoint dir, or "tiny" for the adapter's offline tiny twin
     tiny: dict[str, Any] = field(default_factory=dict)  # overrides for adapter.tiny()
-    dtype: str = "float32"  # float32 | bfloat16 | float16
-    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2
+    dtype: DType = "float32"
+    attn_implementation: AttnImplementation = "sdpa"
     gradient_checkpointing: bool = False
     freeze: list[str] = field(default_factory=list)  # parameter-name prefixes or: vision, audio
     lora: LoraSpec = field(default_factory=LoraSpec)
@@ -73,14 +92,14 @@ class VLLMConfig:
     # How new weights reach vLLM after each step. Colocated: auto | bytes | direct. Server mode:
     # auto (= http: base64 safetensors through /collective_rpc) | nccl (GPU: broadcast from the
     # trainer to every server worker) | store (the same protocol over a TCP store, for CPU tests).
-    weight_transfer: str = "auto"
+    weight_transfer: WeightTransfer = "auto"
     weight_transfer_port: int = 51216  # server mode nccl/store: rendezvous port on the server host
     llm_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class RolloutConfig:
-    backend: str = "hf"  # hf | vllm
+    backend: Backend = "hf"
     prompts_per_step: int = 8  # B: prompts sampled per optimizer step
     num_generations: int = 8  # G: completions per prompt (one group)
     max_new_tokens: int = 64
@@ -102,14 +121,14 @@ class RewardSpec:
 
 @dataclass
 class AlgoConfig:
-    preset: Optional[str] = None  # grpo | dr_grpo | dapo | gspo | rloo | reinforce_pp
+    preset: Optional[Preset] = None
     advantage: str = "grpo"
     clip_low: float = 0.2
     clip_high: float = 0.2
-    agg: str = "seq_mean_token_mean"  # token_mean | seq_mean_token_mean | seq_mean_token_sum_norm
-    ratio: str = "token"  # token | sequence (GSPO)
+    agg: Agg = "seq_mean_token_mean"
+    ratio: Ratio = "token"
     beta: float = 0.0  # KL weight; 0 loads no reference model
-    kl: str = "k3"
+    kl: KL = "k3"
     num_iterations: int = 1  # updates per rollout (>1 reuses it with stored old logprobs)
     dynamic_sampling: bool = False  # DAPO: drop zero-std groups, sample until the batch is full
     max_sampling_rounds: int = 8
@@ -149,7 +168,7 @@ class TrainConfig:
     lr: float = 1e-6
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
-    lr_schedule: str = "constant"  # constant | linear | cosine (all after warmup)
+    lr_schedule: LRSchedule = "constant"  # all after warmup
     warmup_steps: int = 0
     max_grad_norm: float = 1.0
     micro_batch_size: int = 8  # rows per forward/backward; result independent of it
@@ -161,7 +180,7 @@ class TrainConfig:
     eval_every: int = 0  # in-loop held-out evaluation (0 = off)
     # How weights, gradients and optimizer state are spread over processes: auto (from the
     # launcher: accelerate's DeepSpeed / FSDP config, else ddp) | ddp | deepspeed | fsdp2.
-    parallel: str = "auto"
+    parallel: Parallel = "auto"
     deepspeed_config: Optional[str] = None  # DeepSpeed JSON (default: the accelerate config's)
 
 
@@ -185,7 +204,7 @@ class LogConfig:
     wandb: bool = False
     rollouts_every: int = 10  # write a sample of rollouts every N steps
     rollouts_per_step: int = 8
-    progress: str = "auto"  # auto (rich bar on a TTY, lines otherwise) | bar | lines | off
+    progress: Progress = "auto"  # auto: rich bar on a TTY, lines otherwise
     log_every: int = 10  # lines mode: print a line every N steps
 
 
@@ -283,7 +302,23 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> RunConf
         raise ConfigError(f"{where}{_short(e)}") from None
     if path and cfg.log.run_dir is None and cfg.name == "run":
         cfg.name = Path(path).stem if Path(path).stem != "config" else Path(path).parent.name
+    # Under torchrun / accelerate the process count is known already at load.
+    check(cfg, world=int(os.environ.get("WORLD_SIZE", "1")), where=where)
     return cfg
+
+
+def check(cfg: RunConfig, world: int = 1, where: str = "") -> None:
+    """Raise ConfigError with one line naming the first key out of its legal range (ranges and
+    cross-field rules: mmrl/config_rules.py; legal values are the Literal types above)."""
+    found = config_rules.problems(cfg, world)
+    if found:
+        more = f" (and {len(found) - 1} more: mmrl validate lists them)" if len(found) > 1 else ""
+        raise ConfigError(f"{where}{found[0]}{more}")
+
+
+def choices(literal) -> tuple[str, ...]:
+    """The legal values of an option type, e.g. `choices(Agg)`."""
+    return get_args(literal)
 
 
 def _short(e: Exception) -> str:
