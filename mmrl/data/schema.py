@@ -120,4 +120,6 @@ def load_samples(path: str | Path, fmt: str = "mmrl", max_samples: int | None = 
     return samples
 
 
-from mmrl.data import formats as _formats  # noqa: E402,F401  (registers the anchor formats)
+def write_jsonl(path: str | Path, records: list[dict]) -> None:
+    """One JSON object per line: the mmrl record format `iter_records` reads back."""
+    Path(path).write_text("".join(json.dumps(r) + "\n" for r in records))
