@@ -20,13 +20,12 @@ from typing import Any, Callable, Protocol
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from mmrl.types import Sample
+from mmrl.types import AUDIO_SAMPLING_RATE, Sample
 from rewards.boxes import smart_resize
 
 PIXEL_FACTOR = 28  # Qwen-VL: 14 px patches merged 2x2 -> sides are multiples of 28
 TEMPORAL_PATCH = 2  # Qwen-VL: 2 frames per temporal patch -> even frame counts
 DEFAULT_FPS = 2.0
-AUDIO_SR = 16000  # Whisper-style feature extractors assume 16 kHz; another rate is misread silently
 RESAMPLE_MARGIN = 0.1  # s read past a head cut, so the resampler's filter sees what follows it
 SOUNDFILE_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".aiff", ".aif"}
 VIDEO_BACKENDS = ("auto", "decord", "pyav")
@@ -308,7 +307,7 @@ def _decode_video(path: str, params: dict, backend: str, source: str) -> Video:
 
 # ------------------------------------------------------------------------------------- audio ----
 
-def load_audio(path: str, *, sr: int = AUDIO_SR, max_seconds: float | None = None,
+def load_audio(path: str, *, sr: int = AUDIO_SAMPLING_RATE, max_seconds: float | None = None,
                truncate: str = "error", source: str = "", cache: "DecodeCache | None" = None,
                stats: dict | None = None) -> np.ndarray:
     """Mono float32 waveform at `sr` Hz (channels averaged, resampled with soxr).

@@ -28,7 +28,7 @@ from mmrl.train import checkpoint, dist, lora, parallel, setup
 from mmrl.train.logging import RunLogger
 from mmrl.train.rollout_utils import concat_rollouts, rollout_metrics, rollout_records
 from mmrl.train.scoring import RewardSet
-from mmrl.types import PromptFeatures, RolloutBatch, Sample, ScoredBatch
+from mmrl.types import PromptFeatures, RolloutBatch, Sample, SamplingParams, ScoredBatch
 
 
 class Trainer:
@@ -122,9 +122,7 @@ class Trainer:
         hf = isinstance(self.engine, HFEngine)
         with self.parallel.full_params(self.model) if hf else nullcontext():
             ids, mask, slogp, truncated = self.engine.generate(
-                prompts, num_generations=rc.num_generations,
-                max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
-                top_k=rc.top_k, do_sample=True, suppress_ids=self.suppress_ids)
+                prompts, SamplingParams.from_rollout(rc, suppress_ids=self.suppress_ids))
         g = rc.num_generations
         texts = self.processor.tokenizer.batch_decode(
             [row[m.bool()] for row, m in zip(ids, mask)], skip_special_tokens=True)

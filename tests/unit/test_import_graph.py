@@ -125,3 +125,17 @@ def test_algos_import_only_torch_and_the_standard_library():
     if bad:  # issue #17: being made pure on another branch (advantages.py uses mmrl.registry)
         pytest.xfail(f"algos imports {bad}")
     assert bad == {}
+
+
+def test_no_private_names_imported_across_modules_in_data_and_rollout():
+    """A `_private` helper used by another module is a shared helper: make it public where it
+    belongs (e.g. rollout/vllm_io.py) instead of reaching into a sibling."""
+    bad = []
+    for name, path in MODULES.items():
+        if not name.startswith(("mmrl.data", "mmrl.rollout")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mmrl"):
+                bad += [f"{name}: {node.module}.{a.name}" for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+    assert bad == []
