@@ -164,6 +164,15 @@ def test_strict_off_turns_a_crash_into_zero():
         core.score_batch(broken, ["a"], ["b"], {"warned": set()})
 
 
+def test_overlong_stays_in_its_range_at_the_limit():
+    """Found by the fuzz test: ((3 - 0.95) - 3) / 0.95 is -1.0000000000000002 in floats."""
+    from rewards import get_reward
+
+    scores = get_reward("overlong")(["", ""], None, completion_length=[3, 2], max_length=3,
+                                    cache=0.95, strict=True)
+    assert scores == [-1.0, 0.0]  # 2 <= 3 - 0.95: no penalty
+
+
 def test_call_options_are_not_sample_fields():
     from rewards import get_reward
 
