@@ -235,10 +235,8 @@ class ConfigError(ValueError):
 
 def _apply_preset(merged: DictConfig, explicit_keys: set[str]) -> None:
     preset = merged.algo.preset
-    if preset is None:
+    if preset is None:  # else one of PRESETS: the Preset type admits nothing else
         return
-    if preset not in PRESETS:
-        raise ConfigError(f"algo.preset: unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     for key, value in PRESETS[preset].items():
         if key not in explicit_keys:
             merged.algo[key] = value
