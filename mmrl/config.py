@@ -45,7 +45,7 @@ class DataConfig:
     generate_kwargs: dict[str, Any] = field(default_factory=dict)
     max_samples: Optional[int] = None
     shuffle: bool = True
-    on_bad_sample: OnBadSample = "error"  # error: stop naming record and file | skip: skip and count
+    on_bad_sample: OnBadSample = "error"  # error: stop naming record and file | skip: count
     image_min_pixels: Optional[int] = None  # per-image pixel budget (rounded to multiples of 28^2)
     image_max_pixels: Optional[int] = None
     video_fps: Optional[float] = 2.0  # frames sampled per second (or set video_nframes)
@@ -53,7 +53,7 @@ class DataConfig:
     video_max_frames: int = 64
     video_max_pixels: Optional[int] = None  # total pixel budget across a clip's frames
     audio_max_seconds: Optional[float] = None
-    audio_truncate: AudioTruncate = "error"  # longer audio: error (name the file) | head (keep the start)
+    audio_truncate: AudioTruncate = "error"  # longer audio: error (name the file) | head
     media_cache: Optional[str] = None  # dir for decoded video/audio; later epochs decode nothing
     feature_cache: int = 512  # processed prompts kept in memory (LRU), 0 = none
 
