@@ -242,12 +242,26 @@ def _apply_preset(merged: DictConfig, explicit_keys: set[str]) -> None:
             merged.algo[key] = value
 
 
+# YAML 1.1 reads a bare `off` as false; these options have "off" among their legal values.
+_OFF_KEYS = ("log.progress",)
+
+
+def _load_layer(path) -> DictConfig:
+    layer = OmegaConf.load(path)
+    for key in _OFF_KEYS:
+        if OmegaConf.select(layer, key) is False:
+            OmegaConf.update(layer, key, "off")
+    return layer
+
+
 def _override(merged: DictConfig, item: str) -> str:
     """Apply one `a.b.c=value` (value parsed as YAML) with the schema's checks; returns the key."""
     key, sep, raw = item.partition("=")
     if not sep or not key:
         raise ConfigError(f"override {item!r}: expected key=value")
     value = yaml.safe_load(raw) if raw else ""
+    if key in _OFF_KEYS and value is False:
+        value = "off"
     if isinstance(value, str) and _NUMBER.fullmatch(value):  # YAML 1.1 reads "1e-4" as a string
         value = float(value)
     parent_key, _, leaf = key.rpartition(".")
@@ -279,12 +293,12 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> RunConf
         merged = OmegaConf.structured(RunConfig)
         explicit: set[str] = set()
         if path:
-            layer = OmegaConf.load(path)
+            layer = _load_layer(path)
             explicit |= set((layer.get("algo") or {}).keys())
             merged = OmegaConf.merge(merged, layer)
         for item in overrides or []:
             if item.endswith((".yaml", ".yml")) and "=" not in item:  # another delta layer
-                layer = OmegaConf.load(item)
+                layer = _load_layer(item)
                 explicit |= set((layer.get("algo") or {}).keys())
                 merged = OmegaConf.merge(merged, layer)
                 continue

@@ -72,7 +72,7 @@ class Trainer:
         self.log = logger or RunLogger(
             self.run_dir if main else self.run_dir / f"rank{self.dist.rank}",
             tensorboard=cfg.log.tensorboard and main, wandb=cfg.log.wandb and main,
-            progress=cfg.log.progress if main else "off", log_every=cfg.log.log_every,
+            progress=cfg.log.progress if main else "silent", log_every=cfg.log.log_every,
             config=asdict(cfg))
         if main:
             save_config(cfg, self.run_dir / "config.yaml")

@@ -186,3 +186,12 @@ def test_option_types_match_what_the_code_implements():
     assert config_rules.GROUP_RELATIVE <= set(algos.ADVANTAGES.names())
     transfers = {t for ts in config_rules.WEIGHT_TRANSFER.values() for t in ts}
     assert transfers == set(config.choices(config.WeightTransfer))
+
+
+def test_yaml_off_reads_as_the_option_off(tmp_path):
+    """YAML 1.1 reads a bare `off` as false; log.progress takes it as "off" (YAML and CLI)."""
+    p = _write(tmp_path, "data: {train: x.jsonl}\nrewards: [{name: accuracy}]\n"
+                         "log: {progress: off}\n")
+    assert config.load(p).log.progress == "off"
+    assert config.load(p, ["log.progress=off"]).log.progress == "off"
+    assert config.load(p, ["log.progress=lines"]).log.progress == "lines"
