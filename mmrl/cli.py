@@ -65,7 +65,7 @@ def cmd_ls(args) -> int:
         from mmrl import algos
         from mmrl.config import PRESETS, Agg, choices
 
-        print("advantages: " + ", ".join(algos.ADVANTAGES.names()))
+        print("advantages: " + ", ".join(sorted(algos.ADVANTAGES)))
         print("presets:    " + ", ".join(sorted(PRESETS)))
         print("agg:        " + ", ".join(choices(Agg)))
         return 0

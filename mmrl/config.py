@@ -27,10 +27,14 @@ DType = Literal["float32", "bfloat16", "float16"]
 AttnImplementation = Literal["sdpa", "eager", "flash_attention_2"]
 WeightTransfer = Literal["auto", "bytes", "direct", "http", "nccl", "store"]
 Backend = Literal["hf", "vllm"]
-Preset = Literal["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp"]
+Preset = Literal["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "gpg", "cispo"]
 Agg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 Ratio = Literal["token", "sequence"]  # sequence = GSPO
 KL = Literal["k1", "k2", "k3"]
+ISLevel = Literal["token", "sequence", "geometric"]  # geometric: per-token mean of the sequence's
+ISMode = Literal["truncate", "mask"]  # truncate: min(w, cap) | mask: 0 outside [1/cap, cap]
+ScaleRewards = Literal["group", "batch", "none"]  # as TRL's scale_rewards
+LossType = Literal["ppo", "cispo", "gpg", "clip_cov", "kl_cov"]
 LRSchedule = Literal["constant", "linear", "cosine"]
 Parallel = Literal["auto", "ddp", "deepspeed", "fsdp2"]
 Progress = Literal["auto", "bar", "lines", "off"]
@@ -133,7 +137,31 @@ class AlgoConfig:
     dynamic_sampling: bool = False  # DAPO: drop zero-std groups, sample until the batch is full
     max_sampling_rounds: int = 8
     overlong_filter: bool = False  # DAPO: mask truncated completions out of the loss
-    tis_cap: Optional[float] = None  # truncated importance sampling vs the rollout engine (e.g. 2)
+    tis_cap: Optional[float] = None  # importance sampling vs the rollout engine: upper threshold (e.g. 2)
+    tis_level: ISLevel = "token"  # sequence: product of token ratios | geometric: its token mean
+    tis_mode: ISMode = "truncate"  # mask = rejection sampling
+    # All knobs below are off by default (today's behaviour); README "Algorithms" names the peers.
+    scale_rewards: Optional[ScaleRewards] = None  # grpo / grpo_passk only
+    loss_type: LossType = "ppo"
+    dual_clip: Optional[float] = None  # dual-clip c > 1 for A < 0 tokens (verl/EasyR1 use 3)
+    entropy_coef: float = 0.0  # entropy bonus: loss -= coef * token entropy
+    kl_clamp: Optional[float] = None  # clamp the k3 value to [-c, c] (verl: 10)
+    kl_reward_coef: float = 0.0  # KL in the reward instead of the loss: r -= coef * sum_t KL_t
+    kl_reward_kind: KL = "k1"  # estimator for the reward KL (verl's default kl_penalty: kl = k1)
+    kl_reward_target: Optional[float] = None  # adaptive controller target KL (None: fixed coef)
+    kl_reward_horizon: float = 10000.0  # adaptive controller horizon, in samples
+    cov_ratio: float = 2e-4  # clip_cov / kl_cov: share of tokens selected by covariance
+    cov_lb: float = 1.0  # clip_cov: covariance band (lb, ub) of eligible tokens
+    cov_ub: float = 5.0
+    kl_cov_coef: float = 1.0  # kl_cov: weight of |logp - old_logp| on the selected tokens
+    pos_weight: float = 1.0  # scales positive advantages (W-REINFORCE: 0.1; NSR: 0)
+    neg_weight: float = 1.0  # scales negative advantages (PSR: 0)
+    ref_reset_every: int = 0  # ProRL: reference := current policy every N steps (0 = never)
+
+    @property
+    def uses_reference(self) -> bool:
+        """A reference model is needed for the KL loss or the KL in the reward."""
+        return self.beta > 0 or self.kl_reward_coef > 0
 
 
 # What each preset means; applied under explicit YAML/CLI values.
@@ -146,6 +174,9 @@ PRESETS: dict[str, dict[str, Any]] = {
              "clip_low": 3e-4, "clip_high": 4e-4},
     "rloo": {"advantage": "rloo", "agg": "token_mean"},
     "reinforce_pp": {"advantage": "reinforce_pp", "agg": "token_mean"},
+    "gpg": {"advantage": "gpg", "loss_type": "gpg", "agg": "token_mean"},
+    "cispo": {"advantage": "grpo", "loss_type": "cispo", "agg": "token_mean", "clip_low": 1.0,
+              "clip_high": 0.28},
 }
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 # Advantages that compare a sample with the others of its group: with one sample per group every
 # advantage is 0, so the run would train on loss 0 and grad 0 without a word.
-GROUP_RELATIVE = frozenset({"grpo", "dr_grpo", "rloo", "reinforce_pp"})
+GROUP_RELATIVE = frozenset({"grpo", "dr_grpo", "rloo", "reinforce_pp", "gpg", "grpo_passk"})
 
 # weight_transfer values that mean something in each vLLM mode (the Literal holds their union).
 WEIGHT_TRANSFER = {"colocated": ("auto", "bytes", "direct"),
@@ -31,12 +31,15 @@ RANGES: list[_Check] = [
     ("rollout.rounds_of", lambda v: v >= 1, ">= 1 or null"),
     ("rollout.vllm.gpu_memory_utilization", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("rollout.vllm.tensor_parallel_size", lambda v: v >= 1, ">= 1"),
-    ("algo.clip_low", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("algo.clip_high", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("algo.beta", lambda v: v >= 0, ">= 0"),
     ("algo.num_iterations", lambda v: v >= 1, ">= 1"),
     ("algo.max_sampling_rounds", lambda v: v >= 1, ">= 1"),
     ("algo.tis_cap", lambda v: v > 0, "> 0 or null"),
+    ("algo.dual_clip", lambda v: v > 1, "> 1 or null"),
+    ("algo.kl_reward_coef", lambda v: v >= 0, ">= 0"),
+    ("algo.kl_reward_horizon", lambda v: v > 0, "> 0"),
+    ("algo.ref_reset_every", lambda v: v >= 0, ">= 0 (0 = never)"),
     ("train.steps", lambda v: v >= 0, ">= 0"),
     ("train.lr", lambda v: v > 0, "> 0"),
     ("train.weight_decay", lambda v: v >= 0, ">= 0"),
@@ -80,6 +83,11 @@ def problems(cfg, world: int = 1) -> list[str]:
         if value is not None and not ok(value):
             out.append(f"{key}={value!r}: must be {legal}")
     r, a, d = cfg.rollout, cfg.algo, cfg.data
+    # CISPO clips only the weight's top: its clip_low 1.0 (ratio floor 0) means "no lower bound".
+    low_max = 1.0 if a.loss_type == "cispo" else None
+    if not (0 <= a.clip_low < 1 or a.clip_low == low_max):
+        out.append(f"algo.clip_low={a.clip_low!r}: must be in [0, 1)"
+                   + (" or 1.0 with algo.loss_type=cispo" if low_max is None else " or 1.0"))
     if r.num_generations < 2 and a.advantage in GROUP_RELATIVE:
         out.append(f"rollout.num_generations={r.num_generations}: must be >= 2 with "
                    f"algo.advantage={a.advantage} (it compares samples within a group; one "

@@ -29,7 +29,7 @@ def validate(cfg, world: int = 1) -> list[str]:
             problems.append(f"{what}: {e}")
 
     check("model.family", lambda: MODELS.get(cfg.model.family))
-    check("algo.advantage", lambda: algos.ADVANTAGES.get(cfg.algo.advantage))
+    check("algo.advantage", lambda: algos.get_advantage(cfg.algo.advantage))
     check("data.format", lambda: FORMATS.get(cfg.data.format))
     if cfg.data.generate:
         check("data.generate", lambda: GENERATORS.get(cfg.data.generate))

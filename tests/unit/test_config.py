@@ -113,6 +113,9 @@ BAD_NUMBERS = [
     (["train.lr=0"], "train.lr=0.0: must be > 0"),
     (["algo.clip_low=1.0"], "algo.clip_low=1.0: must be in [0, 1)"),
     (["algo.clip_high=-0.1"], "algo.clip_high=-0.1: must be in [0, 1)"),
+    (["algo.preset=cispo", "algo.loss_type=ppo"], "algo.clip_low=1.0: must be in [0, 1) or 1.0 with algo.loss_type=cispo"),
+    (["rollout.num_generations=1", "algo.preset=gpg"], "rollout.num_generations=1: must be >= 2 with algo.advantage=gpg"),
+    (["algo.dual_clip=0.5"], "algo.dual_clip=0.5: must be > 1 or null"),
     (["algo.num_iterations=0"], "algo.num_iterations=0: must be >= 1"),
     (["train.micro_batch_size=0"], "train.micro_batch_size=0: must be >= 1"),
     (["data.video_nframes=8"], "data.video_fps=2.0 and data.video_nframes=8: set one of them to null"),
@@ -168,6 +171,8 @@ def test_prompts_per_step_divisible_by_process_count(tmp_path, monkeypatch):
     ("data.on_bad_sample=ignore", "skip"), ("data.audio_truncate=tail", "head"),
     ("train.lr_schedule=step", "cosine"), ("log.progress=quiet", "lines"),
     ("rollout.vllm.weight_transfer=ftp", "nccl"),
+    ("algo.loss_type=ppo2", "cispo"), ("algo.tis_level=seq", "geometric"),
+    ("algo.tis_mode=clip", "mask"), ("algo.scale_rewards=std", "batch"), ("algo.kl_reward_kind=k5", "k1"),
 ])
 def test_option_values_are_typed(tmp_path, override, legal):
     """An illegal option value fails at load naming the key and the legal values."""
@@ -182,8 +187,12 @@ def test_option_types_match_what_the_code_implements():
     assert config.choices(config.Agg) == algos.AGG_MODES
     assert config.choices(config.Ratio) == algos.RATIO_LEVELS
     assert config.choices(config.KL) == algos.KL_KINDS
+    assert config.choices(config.ISLevel) == algos.IS_LEVELS
+    assert config.choices(config.ISMode) == algos.IS_MODES
+    assert config.choices(config.ScaleRewards) == algos.SCALE_MODES
+    assert config.choices(config.LossType) == algos.LOSS_TYPES
     assert set(config.choices(config.Preset)) == set(config.PRESETS)
-    assert config_rules.GROUP_RELATIVE <= set(algos.ADVANTAGES.names())
+    assert config_rules.GROUP_RELATIVE == set(algos.ADVANTAGES) - {"reinforce"}  # no baseline
     transfers = {t for ts in config_rules.WEIGHT_TRANSFER.values() for t in ts}
     assert transfers == set(config.choices(config.WeightTransfer))
 
@@ -195,3 +204,13 @@ def test_yaml_off_reads_as_the_option_off(tmp_path):
     assert config.load(p).log.progress == "off"
     assert config.load(p, ["log.progress=off"]).log.progress == "off"
     assert config.load(p, ["log.progress=lines"]).log.progress == "lines"
+
+
+def test_presets_and_plain_reinforce_are_legal(tmp_path):
+    p = _write(tmp_path, "data: {train: x.jsonl}\nrewards: [{name: accuracy}]\n")
+    for preset in config.PRESETS:
+        assert config.load(p, [f"algo.preset={preset}"]).algo.preset == preset
+    cfg = config.load(p, ["algo.preset=cispo"])
+    assert (cfg.algo.loss_type, cfg.algo.clip_low) == ("cispo", 1.0)
+    # REINFORCE has no baseline: one sample per prompt is a meaningful batch.
+    assert config.load(p, ["algo.advantage=reinforce", "rollout.num_generations=1"])

@@ -5,8 +5,6 @@ import ast
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).parents[2]
 PACKAGES = ("mmrl", "rewards")
 
@@ -121,10 +119,7 @@ def _algos_outside_imports() -> dict[str, list[str]]:
 
 
 def test_algos_import_only_torch_and_the_standard_library():
-    bad = _algos_outside_imports()
-    if bad:  # issue #17: being made pure on another branch (advantages.py uses mmrl.registry)
-        pytest.xfail(f"algos imports {bad}")
-    assert bad == {}
+    assert _algos_outside_imports() == {}
 
 
 def test_no_private_names_imported_across_modules_in_data_and_rollout():
