@@ -214,3 +214,14 @@ def test_presets_and_plain_reinforce_are_legal(tmp_path):
     assert (cfg.algo.loss_type, cfg.algo.clip_low) == ("cispo", 1.0)
     # REINFORCE has no baseline: one sample per prompt is a meaningful batch.
     assert config.load(p, ["algo.advantage=reinforce", "rollout.num_generations=1"])
+
+
+def test_mmrl_train_validates_before_building_anything(tmp_path):
+    """A bad registry name stops `mmrl train` at once with the same lines as `mmrl validate`
+    (the data file does not even exist: nothing was built or read)."""
+    p = _write(tmp_path, "data: {train: missing.jsonl}\nmodel: {family: nope}\n"
+                         f"rewards: [{{name: accuracy}}]\nlog: {{run_dir: {tmp_path}/run}}\n")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", str(p)])
+    assert str(e.value).startswith("config error: model.family:"), str(e.value)
+    assert not (tmp_path / "run").exists()
