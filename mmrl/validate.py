@@ -30,7 +30,7 @@ def validate(cfg, world: int = 1) -> list[str]:
 
     check("model.family", lambda: MODELS.get(cfg.model.family))
     check("algo.advantage", lambda: algos.get_advantage(cfg.algo.advantage))
-    check("data.format", lambda: FORMATS.get(cfg.data.format))
+    check("data.format", lambda: cfg.data.format is None or FORMATS.get(cfg.data.format))
     if cfg.data.generate:
         check("data.generate", lambda: GENERATORS.get(cfg.data.generate))
     if not cfg.rewards:
