@@ -24,7 +24,7 @@ from mmrl import config_rules
 OnBadSample = Literal["error", "skip"]  # error: stop naming record and file | skip: skip and count
 AudioTruncate = Literal["error", "head"]  # longer audio: error (name the file) | head (keep start)
 DType = Literal["float32", "bfloat16", "float16"]
-AttnImplementation = Literal["sdpa", "eager", "flash_attention_2"]
+AttnImplementation = Literal["sdpa", "eager", "flash_attention_2", "mmrl_prefix_varlen"]
 WeightTransfer = Literal["auto", "bytes", "direct", "http", "nccl", "store"]
 Backend = Literal["hf", "vllm"]
 Preset = Literal["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "gpg", "cispo"]
@@ -210,6 +210,9 @@ class TrainConfig:
     save_every: int = 0  # 0 = only at the end
     keep_checkpoints: int = 2
     resume: str = "none"  # none | auto | path to a checkpoint dir
+    overwrite: bool = False  # a fresh run may replace what a non-empty log.run_dir holds
+    run_id: Optional[str] = None  # set at a run's start; resume=auto accepts only its checkpoints
+    max_nonfinite_steps: int = 3  # consecutive steps skipped for NaN/inf loss or grad norm -> stop
     eval_every: int = 0  # in-loop held-out evaluation (0 = off)
     # How weights, gradients and optimizer state are spread over processes: auto (from the
     # launcher: accelerate's DeepSpeed / FSDP config, else ddp) | ddp | deepspeed | fsdp2.

@@ -5,7 +5,7 @@ import dataclasses
 from typing import Sequence
 
 from mmrl.models.forward import Generation, generate
-from mmrl.models.shared_prefix import generate_shared
+from mmrl.models.shared_generate import generate_shared
 from mmrl.types import PromptFeatures, SamplingParams
 
 
