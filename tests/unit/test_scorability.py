@@ -67,10 +67,10 @@ def test_scored_frac_per_step_and_a_warning_after_silent_steps():
     assert rs.step_metrics(warnings.append)["reward/tiou_v2/scored_frac"] == 1.0
 
 
-def test_mmrl_train_stops_before_building_the_model(tmp_path):
+def test_mmrl_train_stops_before_building_the_model(tmp_path, capsys):
     data = _rec_file(tmp_path)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"data: {{train: {data}}}\nrewards:\n  - {{name: iou, params: {{coords: "
                    f"qwen2_5_vl}}}}\nlog: {{run_dir: {tmp_path / 'run'}}}\n")
-    with pytest.raises(ValueError, match=r"iou: 0 of 3 records scorable \(no image_size\)"):
-        cli.main(["train", str(cfg)])
+    assert cli.main(["train", str(cfg)]) != 0
+    assert "iou: 0 of 3 records scorable (no image_size)" in capsys.readouterr().err
