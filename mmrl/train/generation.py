@@ -10,7 +10,7 @@ import torch
 
 from mmrl.config import RolloutConfig
 from mmrl.rollout import make_engine
-from mmrl.types import PromptFeatures, RolloutBatch
+from mmrl.types import PromptFeatures, RolloutBatch, SamplingParams
 
 
 class Rollout:
@@ -28,9 +28,7 @@ class Rollout:
         # once, not once per token.
         with learner.full_params(self.engine.samples_from_training_model):
             ids, mask, slogp, truncated = self.engine.generate(
-                prompts, num_generations=rc.num_generations,
-                max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
-                top_k=rc.top_k, do_sample=True, suppress_ids=learner.suppress_ids)
+                prompts, SamplingParams.from_rollout(rc, suppress_ids=learner.suppress_ids))
         g = rc.num_generations
         texts = self.tokenizer.batch_decode(
             [row[m.bool()] for row, m in zip(ids, mask)], skip_special_tokens=True)

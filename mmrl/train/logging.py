@@ -94,8 +94,15 @@ class RunLogger:
             self._progress = None
 
     def print(self, msg: str) -> None:
-        if self.mode != "off":
+        # progress "off" hides the bar and step lines only; "silent" (non-main ranks) hides all.
+        if self.mode != "silent":
             self.console.print(msg)
+
+    def warn(self, msg: str) -> None:
+        """A warning shown above the progress bar (or in the log lines), also in warnings.txt."""
+        with (self.run_dir / "warnings.txt").open("a") as f:
+            f.write(msg + "\n")
+        self.console.print(f"[bold yellow]warning:[/] {msg}")
 
     def _headline(self, metrics: dict) -> str:
         parts = [f"{short} {metrics[k]:.3g}" for k, short in HEADLINE
@@ -124,9 +131,8 @@ class RunLogger:
                 v, (list, dict, str)) else v for k, v in r.items()}}) + "\n")
         self._rollouts.flush()
 
-    def summary_table(self, title: str, rows: list[tuple[str, str]], always: bool = False) -> None:
-        """`always`: shown even with progress=off (the end-of-run summary)."""
-        if self.mode == "off" and not always:
+    def summary_table(self, title: str, rows: list[tuple[str, str]]) -> None:
+        if self.mode == "silent":
             return
         table = Table(title=title)
         table.add_column("metric")

@@ -24,6 +24,7 @@ import torch
 
 from mmrl import algos
 from mmrl.config import RunConfig, save as save_config
+from mmrl.data.inspect import check_scorable
 from mmrl.models import get_adapter
 from mmrl.train import checkpoint, dist, parallel, setup
 from mmrl.train.checkpointer import Checkpointer
@@ -46,6 +47,7 @@ class Trainer:
         strategy = parallel.make(cfg, self.info)
         setup.set_seed(cfg.train.seed)
         train_set, self.eval_set = setup.build_datasets(cfg)
+        check_scorable(cfg.rewards, train_set, cfg.rollout.max_new_tokens)
         adapter = get_adapter(cfg.model.family)
         resume = checkpoint.resolve_resume(cfg.train.resume, self.run_dir)
         self.learner = Learner(cfg, self.info, strategy, adapter,
@@ -58,7 +60,7 @@ class Trainer:
         self.log = logger or RunLogger(
             self.run_dir if main else self.run_dir / f"rank{self.info.rank}",
             tensorboard=cfg.log.tensorboard and main, wandb=cfg.log.wandb and main,
-            progress=cfg.log.progress if main else "off", log_every=cfg.log.log_every,
+            progress=cfg.log.progress if main else "silent", log_every=cfg.log.log_every,
             config=asdict(cfg))
         if main:
             save_config(cfg, self.run_dir / "config.yaml")
@@ -129,6 +131,7 @@ class Trainer:
         batch = sb.rollout
         metrics.update(extra)
         metrics.update(rollout_metrics(sb, self.scorer.keys))
+        metrics.update(self.scorer.rewards.step_metrics(self.log.warn))
         metrics.update(timer.metrics())
         tokens = int(batch.completion_mask.sum()) + sum(p.input_ids.numel() for p in batch.prompts)
         metrics["time/tokens_per_s"] = tokens / max(timer.total, 1e-9)

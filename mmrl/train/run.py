@@ -166,4 +166,4 @@ def _print_table(log: RunLogger, run_dir: Path, summary: dict) -> None:
     rows.append(("steps", str(summary.get("steps"))))
     rows.append(("wall time", f"{summary.get('wall_seconds', 0.0) / 60:.1f} min"))
     rows.append(("run dir", str(run_dir)))
-    log.summary_table("mmrl run summary", rows, always=True)
+    log.summary_table("mmrl run summary", rows)
