@@ -48,7 +48,7 @@ RANGES: list[_Check] = [
     ("train.max_grad_norm", lambda v: v >= 0, ">= 0 (0 = no clipping)"),
     ("train.micro_batch_size", lambda v: v >= 1, ">= 1"),
     ("train.save_every", lambda v: v >= 0, ">= 0 (0 = only at the end)"),
-    ("train.keep_checkpoints", lambda v: v >= 1, ">= 1"),
+    ("train.keep_checkpoints", lambda v: v >= 0, ">= 0 (0 = keep all)"),
     ("train.eval_every", lambda v: v >= 0, ">= 0 (0 = off)"),
     ("sft.steps", lambda v: v >= 0, ">= 0 (0 = off)"),
     ("sft.lr", lambda v: v > 0, "> 0"),
