@@ -1,0 +1,68 @@
+"""The learning table's pieces that need no training: anchor-format task files convert back to
+the native task (solutions and media), the shuffled-media control moves
+videos and audio too, and the bar's verdict."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from mmrl.data import anchor_tasks
+from mmrl.data.formats import convert
+from mmrl.data.synthetic import GENERATORS
+from mmrl.train.evaluate import shuffle_media
+from mmrl.types import Sample
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import learning_table  # noqa: E402
+
+
+@pytest.mark.parametrize("recipe", sorted(anchor_tasks.ANCHORS))
+def test_anchor_records_convert_back_to_the_native_task(recipe, tmp_path):
+    base, fixed, fmt, _ = anchor_tasks.ANCHORS[recipe]
+    native = GENERATORS.get(base)(tmp_path / "native", n_train=3, n_eval=2, **fixed)
+    want = [json.loads(line) for line in Path(native["train"]).read_text().splitlines()]
+    made = GENERATORS.get(f"anchor_{recipe}")(tmp_path / "anchor", n_train=3, n_eval=2)
+    assert made["format"] == fmt
+    assert not (tmp_path / "anchor" / "train.jsonl").exists()  # only the anchor's file is left
+    out = tmp_path / "conv.jsonl"
+    convert(fmt, made["train"], out)  # what `mmrl data convert --from FMT` runs
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g["solution"] == w["solution"]  # boxes and segments come back as floats: equal
+        for kind in ("images", "videos", "audios"):
+            assert [Path(p).name for p in g.get(kind, [])] == \
+                   [Path(p).name for p in w.get(kind, [])]
+
+
+def test_shuffle_media_moves_images_videos_and_audio_from_one_donor():
+    samples = [Sample(id=str(i), messages=[], images=[f"i{i}"], videos=[f"v{i}"],
+                      audios=[f"a{i}"], fields={"duration": i}) for i in range(5)]
+    out = shuffle_media(samples, seed=0)
+    for s, o in zip(samples, out):
+        donor = o.images[0][1:]
+        assert donor != s.id  # a derangement
+        assert o.videos == [f"v{donor}"] and o.audios == [f"a{donor}"]
+        assert o.fields == s.fields and o.id == s.id
+    assert sorted(o.images[0] for o in out) == sorted(s.images[0] for s in samples)
+
+
+def _row(metric="count", before=0.5, after=0.7, shuffled=0.26, chance=0.25, wall_s=100.0):
+    return dict(metric=metric, before=before, after=after, shuffled=shuffled, chance=chance,
+                wall_s=wall_s)
+
+
+def test_bar_verdict():
+    assert learning_table.verdict(_row())
+    assert not learning_table.verdict(_row(after=0.64))  # gain 0.14
+    assert not learning_table.verdict(_row(shuffled=0.6))  # control far above chance and before
+    assert learning_table.verdict(_row(shuffled=0.45, chance=0.1))  # below before RL
+    assert not learning_table.verdict(_row(wall_s=400))
+    # WER: the reward is 1 - WER; a WER falling 0.6 -> 0.4 is a reward gain of 0.2
+    assert learning_table.verdict(_row(metric="wer", before=0.4, after=0.6, shuffled=0.3,
+                                       chance=None))
+    assert not learning_table.verdict(_row(before=float("nan")))
