@@ -56,11 +56,17 @@ def validate(cfg) -> list[str]:
             problems.append(f"{what}: {e}")
 
     check("model.family", lambda: MODELS.get(cfg.model.family))
-    check("algo.advantage", lambda: algos.ADVANTAGES.get(cfg.algo.advantage))
+    check("algo.advantage", lambda: algos.get_advantage(cfg.algo.advantage))
+    check("algo.loss_type", lambda: _member(cfg.algo.loss_type, algos.LOSS_TYPES))
+    check("algo.tis_level", lambda: _member(cfg.algo.tis_level, algos.IS_LEVELS))
+    check("algo.tis_mode", lambda: _member(cfg.algo.tis_mode, algos.IS_MODES))
+    check("algo.kl_reward_kind", lambda: _member(cfg.algo.kl_reward_kind, algos.KL_KINDS))
+    if cfg.algo.scale_rewards is not None:
+        check("algo.scale_rewards", lambda: _member(cfg.algo.scale_rewards, algos.SCALE_MODES))
     check("algo.agg", lambda: _member(cfg.algo.agg, algos.AGG_MODES))
     check("algo.ratio", lambda: _member(cfg.algo.ratio, algos.RATIO_LEVELS))
     check("algo.kl", lambda: _member(cfg.algo.kl, algos.KL_KINDS))
-    check("data.format", lambda: FORMATS.get(cfg.data.format))
+    check("data.format", lambda: cfg.data.format is None or FORMATS.get(cfg.data.format))
     check("data.on_bad_sample", lambda: _member(cfg.data.on_bad_sample, ("error", "skip")))
     check("rollout.backend", lambda: _member(cfg.rollout.backend, ("hf", "vllm")))
     check("model.dtype", lambda: _member(cfg.model.dtype, ("float32", "bfloat16", "float16")))
@@ -113,7 +119,7 @@ def cmd_ls(args) -> int:
         from mmrl import algos
         from mmrl.config import PRESETS
 
-        print("advantages: " + ", ".join(algos.ADVANTAGES.names()))
+        print("advantages: " + ", ".join(sorted(algos.ADVANTAGES)))
         print("presets:    " + ", ".join(sorted(PRESETS)))
         print("agg:        " + ", ".join(algos.AGG_MODES))
         return 0
@@ -256,7 +262,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def quiet_known_warnings() -> None:
+    """Silence third-party warnings known to be harmless, at the CLI entry only (library users
+    keep every warning). numpy warns that float32/float64's smallest subnormal is zero when
+    `np.finfo` first runs after torch.set_flush_denormal(True), which training sets on purpose
+    (denormals caused 10-20x step-time spikes): the flush is intended, the warning is noise."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message="The value of the smallest subnormal for",
+                            category=UserWarning, module="numpy")
+
+
 def main(argv: list[str] | None = None) -> int:
+    quiet_known_warnings()
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     # key=value overrides may also follow options (`mmrl eval C --checkpoint D k=v`).

@@ -21,7 +21,9 @@ from omegaconf.errors import OmegaConfBaseException
 class DataConfig:
     train: str = MISSING  # JSONL / JSON / Parquet / HF dataset dir
     eval: Optional[str] = None  # held-out set for before/after and in-loop evaluation
-    format: str = "mmrl"  # record adapter: mmrl | vlm_r1 | r1v | video_r1 | r1_aqa | time_r1
+    # record adapter: mmrl | vlm_r1 | r1v | easyr1 | video_r1 | r1_aqa | time_r1; null: mmrl for
+    # JSONL/JSON, detected from the column names for Parquet / Arrow (mmrl/data/detect.py)
+    format: Optional[str] = None
     generate: Optional[str] = None  # synthetic generator that writes `train`/`eval` if missing
     generate_kwargs: dict[str, Any] = field(default_factory=dict)
     max_samples: Optional[int] = None
@@ -102,7 +104,7 @@ class RewardSpec:
 
 @dataclass
 class AlgoConfig:
-    preset: Optional[str] = None  # grpo | dr_grpo | dapo | gspo | rloo | reinforce_pp
+    preset: Optional[str] = None  # grpo | dr_grpo | dapo | gspo | rloo | reinforce_pp | gpg | cispo
     advantage: str = "grpo"
     clip_low: float = 0.2
     clip_high: float = 0.2
@@ -114,7 +116,31 @@ class AlgoConfig:
     dynamic_sampling: bool = False  # DAPO: drop zero-std groups, sample until the batch is full
     max_sampling_rounds: int = 8
     overlong_filter: bool = False  # DAPO: mask truncated completions out of the loss
-    tis_cap: Optional[float] = None  # truncated importance sampling vs the rollout engine (e.g. 2)
+    tis_cap: Optional[float] = None  # importance sampling vs the rollout engine: upper threshold (e.g. 2)
+    tis_level: str = "token"  # token | sequence (product of token ratios) | geometric (its per-token mean)
+    tis_mode: str = "truncate"  # truncate: min(w, cap) | mask: weight 0 outside [1/cap, cap] (rejection)
+    # All knobs below are off by default (today's behaviour); README "Algorithms" names the peers.
+    scale_rewards: Optional[str] = None  # grpo / grpo_passk: group | batch | none (TRL scale_rewards)
+    loss_type: str = "ppo"  # ppo | cispo | gpg | clip_cov | kl_cov
+    dual_clip: Optional[float] = None  # dual-clip c > 1 for A < 0 tokens (verl/EasyR1 use 3)
+    entropy_coef: float = 0.0  # entropy bonus: loss -= coef * token entropy
+    kl_clamp: Optional[float] = None  # clamp the k3 value to [-c, c] (verl: 10)
+    kl_reward_coef: float = 0.0  # KL in the reward instead of the loss: r -= coef * sum_t KL_t
+    kl_reward_kind: str = "k1"  # estimator for the reward KL (verl's default kl_penalty: kl = k1)
+    kl_reward_target: Optional[float] = None  # adaptive controller target KL (None: fixed coef)
+    kl_reward_horizon: float = 10000.0  # adaptive controller horizon, in samples
+    cov_ratio: float = 2e-4  # clip_cov / kl_cov: share of tokens selected by covariance
+    cov_lb: float = 1.0  # clip_cov: covariance band (lb, ub) of eligible tokens
+    cov_ub: float = 5.0
+    kl_cov_coef: float = 1.0  # kl_cov: weight of |logp - old_logp| on the selected tokens
+    pos_weight: float = 1.0  # scales positive advantages (W-REINFORCE: 0.1; NSR: 0)
+    neg_weight: float = 1.0  # scales negative advantages (PSR: 0)
+    ref_reset_every: int = 0  # ProRL: reference := current policy every N steps (0 = never)
+
+    @property
+    def uses_reference(self) -> bool:
+        """A reference model is needed for the KL loss or the KL in the reward."""
+        return self.beta > 0 or self.kl_reward_coef > 0
 
 
 # What each preset means; applied under explicit YAML/CLI values.
@@ -127,6 +153,9 @@ PRESETS: dict[str, dict[str, Any]] = {
              "clip_low": 3e-4, "clip_high": 4e-4},
     "rloo": {"advantage": "rloo", "agg": "token_mean"},
     "reinforce_pp": {"advantage": "reinforce_pp", "agg": "token_mean"},
+    "gpg": {"advantage": "gpg", "loss_type": "gpg", "agg": "token_mean"},
+    "cispo": {"advantage": "grpo", "loss_type": "cispo", "agg": "token_mean", "clip_low": 1.0,
+              "clip_high": 0.28},
 }
 
 

@@ -1,9 +1,13 @@
-"""Pure RL algorithms over tensors (imports only torch): advantages, policy loss, KL, DAPO
+"""Pure RL algorithms over tensors (imports only torch and the standard library): advantages,
+policy loss and its surrogates, KL (as a loss or in the reward), off-policy correction, DAPO
 sampling helpers and memory-light log-prob/entropy. See each module's docstring for formulas."""
-from mmrl.algos.advantages import ADVANTAGES, compute_advantages, group_stats
-from mmrl.algos.kl import KL_KINDS, kl_penalty
+from mmrl.algos.advantages import (ADVANTAGES, SCALE_MODES, compute_advantages, get_advantage, group_stats,
+                                   weight_by_sign)
+from mmrl.algos.correction import IS_LEVELS, IS_MODES, is_weights, tis_metrics, tis_weights
+from mmrl.algos.kl import KL_KINDS, KLController, kl_in_reward, kl_penalty
 from mmrl.algos.logprob import entropy_from_logits, selective_log_softmax
-from mmrl.algos.losses import AGG_MODES, RATIO_LEVELS, aggregate_loss, importance_ratio, policy_loss
+from mmrl.algos.losses import (AGG_MODES, RATIO_LEVELS, aggregate_loss, importance_ratio, loss_normalizer,
+                               policy_loss)
 from mmrl.algos.sampling import (
     GroupAccumulator,
     frac_zero_std_groups,
@@ -11,23 +15,36 @@ from mmrl.algos.sampling import (
     groups_with_signal,
     overlong_filter_mask,
 )
+from mmrl.algos.surrogates import LOSS_TYPES
 
 __all__ = [
     "ADVANTAGES",
     "AGG_MODES",
+    "IS_LEVELS",
+    "IS_MODES",
     "KL_KINDS",
+    "KLController",
+    "LOSS_TYPES",
     "RATIO_LEVELS",
+    "SCALE_MODES",
     "GroupAccumulator",
     "aggregate_loss",
     "compute_advantages",
     "entropy_from_logits",
     "frac_zero_std_groups",
+    "get_advantage",
     "group_has_signal",
     "group_stats",
     "groups_with_signal",
     "importance_ratio",
+    "is_weights",
+    "kl_in_reward",
     "kl_penalty",
+    "loss_normalizer",
     "overlong_filter_mask",
     "policy_loss",
     "selective_log_softmax",
+    "tis_metrics",
+    "tis_weights",
+    "weight_by_sign",
 ]

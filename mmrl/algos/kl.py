@@ -25,11 +25,12 @@ KL_KINDS = ("k1", "k2", "k3")
 _MAX_LOG_RATIO = 20.0
 
 
-def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:
+def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3", clamp: float | None = None) -> Tensor:
     """Elementwise KL estimate, same shape as ``logp``; see the module docstring for formulas.
 
     ``kind`` is "k1", "k2" or "k3" (aliases: "kl"/"k1", "mse"/"k2", "low_var_kl"/"k3").
-    For k3 the log-ratio is clamped to +-20 to avoid exp overflow.
+    For k3 the log-ratio is clamped to +-20 to avoid exp overflow. ``clamp`` (k3 only) also
+    clamps the k3 *value* to [-clamp, clamp], as verl's ``low_var_kl`` does with 10; None = off.
     """
     kind = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}.get(kind, kind)
     if logp.shape != ref_logp.shape:
@@ -41,5 +42,54 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:
         return 0.5 * d * d
     if kind == "k3":
         d = d.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-        return torch.exp(d) - d - 1.0
+        k3 = torch.exp(d) - d - 1.0
+        return k3 if clamp is None else k3.clamp(-clamp, clamp)
     raise ValueError(f"unknown kl estimator {kind!r}; expected one of {KL_KINDS}")
+
+
+def kl_in_reward(scores: Tensor, logp: Tensor, ref_logp: Tensor, mask: Tensor, coef: float,
+                 kind: str = "k1") -> tuple[Tensor, Tensor]:
+    """KL as a reward penalty instead of a loss term (verl ``use_kl_in_reward``).
+
+    Per row: r_i - coef * sum_t m_t KL_t, with KL_t = kl_penalty(logp, ref_logp, kind) of the
+    policy that sampled (old) against the reference. verl puts -coef * KL_t on every token and the
+    outcome estimators sum the token rewards, which is this sum. Returns (new scores [N], the
+    batch KL = mean over rows of the per-row token-mean KL [scalar], which the adaptive
+    controller tracks, as verl's ``current_kl``).
+    """
+    m = mask.to(torch.float64)
+    valid = m > 0
+    zero = torch.zeros_like(logp, dtype=torch.float64)
+    kl = kl_penalty(torch.where(valid, logp.detach().double(), zero),
+                    torch.where(valid, ref_logp.detach().double(), zero), kind)
+    per_row = (kl * m).sum(-1)
+    seq_mean = per_row / m.sum(-1).clamp(min=1)
+    current = seq_mean.mean() if seq_mean.numel() else seq_mean.new_zeros(())
+    return (scores.double() - coef * per_row).to(scores.dtype if scores.is_floating_point()
+                                                 else torch.float32), current
+
+
+class KLController:
+    """The KL-in-reward coefficient: fixed (``target`` None) or adaptive (Ziegler et al. 2019).
+
+    Adaptive update, as verl's ``AdaptiveKLController``:
+        e = clip(current_kl / target - 1, -0.2, 0.2);  coef *= 1 + e * n_samples / horizon
+    ``state_dict`` / ``load_state_dict`` carry ``coef`` through checkpoints.
+    """
+
+    def __init__(self, coef: float, target: float | None = None, horizon: float = 10000.0):
+        if target is not None and (target <= 0 or horizon <= 0):
+            raise ValueError(f"adaptive KL needs target > 0 and horizon > 0; got {target}, {horizon}")
+        self.coef, self.target, self.horizon = float(coef), target, float(horizon)
+
+    def update(self, current_kl: float, n_samples: int) -> float:
+        if self.target is not None:
+            err = min(max(float(current_kl) / self.target - 1.0, -0.2), 0.2)
+            self.coef *= 1.0 + err * n_samples / self.horizon
+        return self.coef
+
+    def state_dict(self) -> dict:
+        return {"coef": self.coef}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.coef = float(state["coef"])

@@ -27,6 +27,11 @@ splits N rows into micro-batches and passes ``normalizer`` = the *global* token 
 (token_mean) or the global N (seq modes) gets sum(micro losses) == one-shot loss, and the same
 gradients. Metrics are computed over the micro-batch only.
 
+Extras (all off by default): ``loss_type`` picks the surrogate (mmrl.algos.surrogates: ppo,
+cispo, gpg, clip_cov, kl_cov); ``dual_clip`` c caps the loss of A < 0 tokens at -A c;
+``entropy_coef`` subtracts coef * H_t per token (entropy bonus, aggregated with the same ``agg``
+and normaliser as the surrogate, as verl's ``entropy_coeff``); ``kl_clamp`` clamps k3.
+
 Log-ratios are clamped to +-20 before exp (float32 overflows near 88; verl clamps likewise).
 Inputs below float32 are upcast to float32. ``old_logp``, ``ref_logp`` and ``adv`` are detached.
 """
@@ -36,6 +41,8 @@ import torch
 from torch import Tensor
 
 from mmrl.algos.kl import KL_KINDS, kl_penalty
+from mmrl.algos.surrogates import (LOSS_TYPES, cispo_surrogate, clip_cov_surrogate, kl_cov_surrogate,
+                                   ppo_surrogate)
 
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 RATIO_LEVELS = ("token", "sequence")
@@ -46,6 +53,19 @@ def _safe_div(num: Tensor, denom) -> Tensor:
     """num / denom, with denom <= 0 treated as 1 (an all-masked batch has num == 0 -> loss 0)."""
     d = torch.as_tensor(denom, dtype=num.dtype, device=num.device)
     return num / torch.where(d > 0, d, torch.ones_like(d))
+
+
+def loss_normalizer(mask: Tensor, agg: str) -> Tensor:
+    """This process's share of the loss denominator: valid tokens (token_mean) or rows (seq_*).
+
+    A trainer sums it over processes and passes the total as ``normalizer`` to every
+    micro-batch's ``policy_loss``, so the summed micro-batch losses equal the one-shot loss.
+    """
+    if agg not in AGG_MODES:
+        raise ValueError(f"unknown agg {agg!r}; expected one of {AGG_MODES}")
+    if agg == "token_mean":
+        return (mask > 0).to(torch.float64).sum() if mask.dtype == torch.bool else mask.double().sum()
+    return torch.tensor(float(mask.shape[0]), dtype=torch.float64)
 
 
 def _validate(logp, old_logp, adv, mask, ref_logp, *, agg, ratio, beta, kl, max_len, clip_low):
@@ -62,8 +82,8 @@ def _validate(logp, old_logp, adv, mask, ref_logp, *, agg, ratio, beta, kl, max_
         raise ValueError(f"unknown ratio {ratio!r}; expected one of {RATIO_LEVELS}")
     if agg == "seq_mean_token_sum_norm" and (max_len is None or max_len <= 0):
         raise ValueError("agg='seq_mean_token_sum_norm' needs max_len (the generation budget) > 0")
-    if not 0.0 <= clip_low < 1.0:
-        raise ValueError(f"clip_low must be in [0, 1); got {clip_low}")
+    if not 0.0 <= clip_low <= 1.0:
+        raise ValueError(f"clip_low must be in [0, 1]; got {clip_low}")
     if beta != 0.0:
         if ref_logp is None:
             raise ValueError("beta != 0 needs ref_logp")
@@ -149,6 +169,12 @@ def policy_loss(
     max_len: int | None = None,
     normalizer: float | Tensor | None = None,
     token_weights: Tensor | None = None,
+    loss_type: str = "ppo",
+    dual_clip: float | None = None,
+    entropy: Tensor | None = None,
+    entropy_coef: float = 0.0,
+    kl_clamp: float | None = None,
+    cov: dict | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped surrogate loss + optional per-token KL penalty; returns (loss, metrics).
 
@@ -161,7 +187,12 @@ def policy_loss(
     metrics (Python floats, over this call's valid tokens only): clip_frac_low (r < 1-clip_low
     and A < 0), clip_frac_high (r > 1+clip_high and A > 0), ratio_mean/min/max, and kl (mean
     KL_t) when beta != 0.
+
+    ``loss_type``/``dual_clip``/``entropy_coef``/``kl_clamp``: module docstring. ``entropy``
+    [N, L] is the per-token entropy *with* its graph (needed when entropy_coef != 0). ``cov``
+    holds the Clip-Cov / KL-Cov settings (cov_ratio, cov_lb, cov_ub, kl_cov_coef, generator).
     """
+    _check_extras(loss_type, dual_clip, entropy, entropy_coef, logp)
     _validate(logp, old_logp, adv, mask, ref_logp, agg=agg, ratio=ratio, beta=beta, kl=kl,
               max_len=max_len, clip_low=clip_low)
     dtype = torch.promote_types(logp.dtype, torch.float32)
@@ -173,8 +204,8 @@ def policy_loss(
     a = a.unsqueeze(-1) if a.dim() == 1 else a
 
     r = importance_ratio(logp, old_logp, valid, ratio)
-    clipped = r.clamp(1.0 - clip_low, 1.0 + clip_high)
-    per_token = torch.maximum(-a * r, -a * clipped)
+    per_token = _surrogate(loss_type, r, torch.where(valid, logp, torch.zeros_like(logp)), old_logp,
+                           a, valid, clip_low, clip_high, dual_clip, cov or {})
     if token_weights is not None:
         per_token = per_token * token_weights.detach().to(dtype)
 
@@ -183,9 +214,38 @@ def policy_loss(
         zero = torch.zeros_like(logp)
         # Masked positions get logp == ref == 0 -> KL 0, so padding cannot overflow exp().
         ref = torch.where(valid, ref_logp.detach().to(dtype), zero)
-        kl_tok = kl_penalty(torch.where(valid, logp, zero), ref, kl)
+        kl_tok = kl_penalty(torch.where(valid, logp, zero), ref, kl, clamp=kl_clamp)
         per_token = per_token + beta * kl_tok
+    if entropy_coef != 0.0:  # bonus: lower loss for higher entropy
+        per_token = per_token - entropy_coef * torch.where(valid, entropy.to(dtype), torch.zeros_like(logp))
 
     per_token = torch.where(valid, per_token, torch.zeros_like(per_token))
     loss = aggregate_loss(per_token, m, agg, max_len=max_len, normalizer=normalizer)
     return loss, _metrics(r, a, valid, clip_low, clip_high, kl_tok)
+
+
+def _check_extras(loss_type, dual_clip, entropy, entropy_coef, logp) -> None:
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {LOSS_TYPES}")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (verl's clip_ratio_c; 3 is usual); got {dual_clip}")
+    if dual_clip is not None and loss_type != "ppo":
+        raise ValueError(f"dual_clip applies to loss_type 'ppo' only; got {loss_type!r}")
+    if entropy_coef != 0.0 and (entropy is None or entropy.shape != logp.shape):
+        raise ValueError(f"entropy_coef != 0 needs entropy of shape {tuple(logp.shape)}")
+
+
+def _surrogate(loss_type, r, logp, old_logp, a, valid, clip_low, clip_high, dual_clip, cov) -> Tensor:
+    if loss_type == "ppo":
+        return ppo_surrogate(r, a, clip_low, clip_high, dual_clip)
+    if loss_type == "cispo":
+        return cispo_surrogate(r, logp, a, clip_low, clip_high)
+    if loss_type == "gpg":
+        return -a * logp
+    ratio_share = cov.get("cov_ratio", 2e-4)
+    if loss_type == "clip_cov":
+        return clip_cov_surrogate(r, logp, a, valid, clip_low, clip_high, cov_ratio=ratio_share,
+                                  cov_lb=cov.get("cov_lb", 1.0), cov_ub=cov.get("cov_ub", 5.0),
+                                  generator=cov.get("generator"))
+    return kl_cov_surrogate(r, logp, torch.where(valid, old_logp, torch.zeros_like(old_logp)), a,
+                            valid, cov_ratio=ratio_share, kl_cov_coef=cov.get("kl_cov_coef", 1.0))

@@ -4,6 +4,5 @@ hf: the training model's own generate (mmrl.models.forward.generate). vllm: a co
 engine (mmrl.rollout.vllm, imported only when chosen) or a `vllm serve` client.
 """
 from mmrl.rollout.base import RolloutEngine, make_engine
-from mmrl.rollout.correction import tis_weights
 
-__all__ = ["RolloutEngine", "make_engine", "tis_weights"]
+__all__ = ["RolloutEngine", "make_engine"]

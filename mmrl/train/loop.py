@@ -22,7 +22,6 @@ from mmrl.models.forward import collate, completion_logprobs
 from mmrl.models.shared_prefix import shared_prefix_logprobs, supports_shared_prefix
 from mmrl.models.towers import TowerToucher
 from mmrl.rollout import make_engine
-from mmrl.rollout.correction import tis_weights
 from mmrl.rollout.hf import HFEngine
 from mmrl.train import checkpoint, dist, lora, parallel, setup
 from mmrl.train.logging import RunLogger
@@ -64,7 +63,8 @@ class Trainer:
         self.rewards = RewardSet(cfg.rewards)
         self.media_stats: dict[str, int] = {}  # e.g. audio_truncated, counted into metrics
         self.load_media = setup.media_loader(cfg, self.media_stats)
-        self.sampler = setup.PromptSampler(len(self.train_set), cfg.train.seed, cfg.data.shuffle)
+        self.sampler = setup.PromptSampler(len(self.train_set), cfg.train.seed, cfg.data.shuffle,
+                                           blocks=getattr(self.train_set, "blocks", None))
         self.ref_model = None
         self.step, self.skipped, self.state_extra = 0, 0, {}
         self._features: OrderedDict[int, PromptFeatures] = OrderedDict()
@@ -170,11 +170,16 @@ class Trainer:
         """Group ids unique across ranks: rank r's groups start at r * (its share of b)."""
         return dist.local_slice(b, self.dist).start
 
-    def advantages(self, scores: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    def advantages(self, scores: torch.Tensor, group_ids: torch.Tensor,
+                   lengths: torch.Tensor) -> torch.Tensor:
         """Advantages over the global batch (all ranks' scores), returned for the local rows."""
+        ac = self.cfg.algo
         all_scores, start = dist.gather_cat(scores, self.dist)
         all_groups, _ = dist.gather_cat(group_ids, self.dist)
-        adv = algos.ADVANTAGES.get(self.cfg.algo.advantage)(all_scores, all_groups)
+        all_lengths, _ = dist.gather_cat(lengths, self.dist)
+        adv = algos.compute_advantages(ac.advantage, all_scores, all_groups, lengths=all_lengths,
+                                       scale=ac.scale_rewards)
+        adv = algos.weight_by_sign(adv, ac.pos_weight, ac.neg_weight)
         return adv[start:start + scores.numel()]
 
     # ---------------------------------------------------------------- stage: logprobs ----------
@@ -218,11 +223,14 @@ class Trainer:
         if ac.overlong_filter:
             mask = algos.overlong_filter_mask(mask, batch.truncated)
         # The normaliser is global so that summing micro-batch losses equals the one-shot loss.
-        local = mask.sum() if ac.agg == "token_mean" else batch.n
+        local = algos.loss_normalizer(mask, ac.agg)
         normalizer = float(dist.all_sum(local, self.dist).clamp(min=1))
         sums: dict[str, float] = {}
         self.model.train()
         chunks = self.micro_batches(batch.n)
+        cov = {"cov_ratio": ac.cov_ratio, "cov_lb": ac.cov_lb, "cov_ub": ac.cov_ub,  # clip/kl_cov
+               "kl_cov_coef": ac.kl_cov_coef,
+               "generator": torch.Generator().manual_seed(self.cfg.train.seed * 100_003 + self.step)}
         gap = 0.0  # the rollout engine's logprobs against the trainer's, same weights
         for it in range(ac.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
@@ -234,15 +242,17 @@ class Trainer:
                     gap = max(gap, _max_gap(old, batch.sampler_logp[rows, :width], m))
                 weights = None
                 if ac.tis_cap and batch.sampler_logp is not None:  # rollout-engine mismatch
-                    weights = tis_weights(old.to(logp.device),
-                                          batch.sampler_logp[rows, :width].to(logp.device), m,
-                                          cap=ac.tis_cap)
+                    weights = algos.is_weights(old.to(logp.device),
+                                               batch.sampler_logp[rows, :width].to(logp.device), m,
+                                               cap=ac.tis_cap, level=ac.tis_level, mode=ac.tis_mode)
                 ref = None if sb.ref_logp is None else sb.ref_logp[rows, :width].to(logp.device)
                 loss, metrics = algos.policy_loss(
                     logp, old.to(logp.device), sb.advantages[rows].to(logp.device), m,
                     clip_low=ac.clip_low, clip_high=ac.clip_high, agg=ac.agg, ratio=ac.ratio,
                     ref_logp=ref, beta=ac.beta, kl=ac.kl, max_len=self.cfg.rollout.max_new_tokens,
-                    normalizer=normalizer, token_weights=weights)
+                    normalizer=normalizer, token_weights=weights, loss_type=ac.loss_type,
+                    dual_clip=ac.dual_clip, entropy=ent, entropy_coef=ac.entropy_coef,
+                    kl_clamp=ac.kl_clamp, cov=cov)
                 self.parallel.backward(loss, last=i == len(chunks) - 1)
                 frac = len(rows) / batch.n  # metrics are micro-batch means: weight by rows
                 metrics = {**metrics, "loss": loss.detach() / frac,
@@ -267,19 +277,22 @@ class Trainer:
               extra: dict | None = None, timer: "StageTimer | None" = None) -> dict[str, float]:
         """Everything after sampling: advantages, old/ref logprobs, update, metrics."""
         ac, timer, extra = self.cfg.algo, timer or StageTimer(), extra or {}
-        with timer("advantage"):
-            adv = self.advantages(scores, batch.group_ids)
-        sb = ScoredBatch(rollout=batch, scores=scores, per_reward=per_reward, advantages=adv)
+        sb = ScoredBatch(rollout=batch, scores=scores, per_reward=per_reward, advantages=scores)
         with timer("logprob"):
-            if ac.num_iterations > 1:
+            if ac.num_iterations > 1 or ac.kl_reward_coef > 0:
                 sb.old_logp = self.logprobs(self.train_model, batch)
             if self.ref_model is not None:
                 sb.ref_logp = self.logprobs(self.ref_model, batch)
-            elif ac.beta > 0 and self.peft is not None:  # LoRA: reference = adapter disabled
+            elif ac.uses_reference and self.peft is not None:  # LoRA: reference = adapter disabled
                 with lora.reference_context(self.peft):
                     sb.ref_logp = self.logprobs(self.model, batch)
+        with timer("advantage"):
+            rewards = self.kl_in_reward(sb, extra) if ac.kl_reward_coef > 0 else scores
+            sb.advantages = self.advantages(rewards, batch.group_ids, batch.completion_mask.sum(1))
         with timer("update"):
             metrics = self.update(sb)
+        if ac.ref_reset_every and (self.step + 1) % ac.ref_reset_every == 0:
+            self.reset_reference()
         with timer("sync"):
             self.sync_engine()
         self.step += 1
@@ -297,6 +310,30 @@ class Trainer:
         if self.cfg.log.rollouts_every and self.step % self.cfg.log.rollouts_every == 0:
             self.log.log_rollouts(self.step, rollout_records(sb, self.cfg.log.rollouts_per_step))
         return metrics
+
+    def kl_in_reward(self, sb: ScoredBatch, extra: dict) -> torch.Tensor:
+        """Scores minus coef * sum_t KL_t (verl use_kl_in_reward); the coefficient is fixed or
+        adapted toward algo.kl_reward_target and carried through checkpoints (state extra)."""
+        ac = self.cfg.algo
+        ctl = algos.KLController(self.state_extra.get("kl_reward_coef", ac.kl_reward_coef),
+                                 ac.kl_reward_target, ac.kl_reward_horizon)
+        scores, kl = algos.kl_in_reward(sb.scores, sb.old_logp, sb.ref_logp,
+                                        sb.rollout.completion_mask, ctl.coef, ac.kl_reward_kind)
+        kl = float(dist.all_sum(kl, self.dist)) / self.dist.world
+        extra.update({"kl_reward/kl": kl, "kl_reward/coef": ctl.coef})
+        self.state_extra["kl_reward_coef"] = ctl.update(kl, sb.rollout.n * self.dist.world)
+        return scores
+
+    def reset_reference(self) -> None:
+        """ProRL: the KL reference becomes a copy of the current policy (saved, so a resumed run
+        keeps it). Only where both are whole modules in this process (checked at RL start)."""
+        if self.ref_model is None:
+            return
+        with torch.no_grad():
+            self.ref_model.load_state_dict(self.model.state_dict())
+        if self.dist.main:
+            self.ref_model.save_pretrained(self.run_dir / "reference")
+        dist.barrier(self.dist)
 
     def sync_engine(self) -> None:
         """vLLM reloads the new weights (whole: gathered first when sharded); HF samples from the
@@ -341,7 +378,11 @@ class Trainer:
     def enable_reference(self) -> None:
         """The KL reference is the policy as RL starts (after any SFT warm-up). It is saved once
         in the run dir so that a resumed run keeps the same reference, not the resumed policy."""
-        if self.cfg.algo.beta <= 0 or self.ref_model is not None or self.peft is not None:
+        ac = self.cfg.algo
+        if ac.ref_reset_every and (self.peft is not None or self.parallel.shards_params):
+            raise ValueError("algo.ref_reset_every: resetting the reference needs full fine-tuning "
+                             "without ZeRO-3/FSDP2 parameter sharding")
+        if not ac.uses_reference or self.ref_model is not None or self.peft is not None:
             return
         path = self.run_dir / "reference"
         if not path.is_dir() and self.parallel.shards_params:  # no whole copy in memory

@@ -11,8 +11,8 @@ from PIL import Image
 
 from mmrl.models import MODELS, get_adapter
 from mmrl.models.forward import generate
-from mmrl.rollout import RolloutEngine, make_engine, tis_weights
-from mmrl.rollout.correction import tis_metrics
+from mmrl.algos.correction import tis_metrics, tis_weights
+from mmrl.rollout import RolloutEngine, make_engine
 from mmrl.rollout.hf import HFEngine
 from mmrl.rollout.vllm import build_request, collapse_media_pads, media_pad_ids, to_generation
 from mmrl.rollout.vllm_weights import vllm_state_dict

@@ -24,7 +24,7 @@ def approx(values, abs=1e-6):
 
 
 def test_registry_names():
-    assert ADVANTAGES.names() == ["dr_grpo", "grpo", "reinforce_pp", "rloo"]
+    assert sorted(ADVANTAGES) == ["dr_grpo", "gpg", "grpo", "grpo_passk", "reinforce", "reinforce_pp", "rloo"]
 
 
 def test_grpo_hand_computed():

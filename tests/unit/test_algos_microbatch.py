@@ -9,7 +9,7 @@ import itertools
 import pytest
 import torch
 
-from mmrl.algos import policy_loss
+from mmrl.algos import loss_normalizer, policy_loss
 
 N, L = 7, 6
 SPLITS = [(0, 3), (3, 5), (5, 7)]  # uneven on purpose
@@ -39,7 +39,7 @@ def test_micro_batches_equal_one_shot(agg, ratio, beta):
     one_shot.backward()
     grad_one_shot, logp.grad = logp.grad.clone(), None
 
-    normalizer = mask.sum() if agg == "token_mean" else N
+    normalizer = loss_normalizer(mask, agg)  # what the trainer passes (summed over processes)
     total = 0.0
     for lo, hi in SPLITS:
         mb_kw = dict(kw, ref_logp=ref[lo:hi])
