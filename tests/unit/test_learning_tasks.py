@@ -4,6 +4,7 @@ videos and audio too, and the bar's verdict."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -66,3 +67,26 @@ def test_bar_verdict():
     assert learning_table.verdict(_row(metric="wer", before=0.4, after=0.6, shuffled=0.3,
                                        chance=None))
     assert not learning_table.verdict(_row(before=float("nan")))
+
+
+def test_learning_table_sh_names_unknown_rows():
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "learning_table.sh"), "--rows", "bogus"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "unknown rows ['bogus']" in proc.stderr
+
+
+def test_learning_table_py_renders_table_and_plot_from_results(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    row = dict(row="asr", recipe="asr", seed=1, sft_steps=40, rl_steps=150, load=2.0,
+               curve=[[0, 0.4], [50, 0.5], [150, 0.6]], **_row(metric="wer", before=0.4,
+                                                               after=0.6, shuffled=0.3, chance=None))
+    (runs / "results.json").write_text(json.dumps([row]))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "learning_table.py"),
+                           "--render-only", "--runs", str(runs), "--out", str(tmp_path / "docs")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    md = (tmp_path / "docs" / "learning.md").read_text()
+    # WER is shown as 1 - reward: 0.60 -> 0.40
+    assert "| asr | asr | WER | 1 | 0.60 | 0.40 | 0.70 | – | 40/150 | 100 s | 2.00 | meets |" in md
+    assert (tmp_path / "docs" / "learning.png").stat().st_size > 1000
