@@ -7,7 +7,7 @@ from mmrl import config
 from mmrl.cli import validate
 
 RECIPE_DIR = Path(__file__).parents[2] / "recipes"
-RECIPES = sorted(p for p in RECIPE_DIR.rglob("*.yaml") if p.name != "tiny.yaml")
+RECIPES = sorted(p for p in RECIPE_DIR.rglob("*.yaml") if p.name not in ("tiny.yaml", "learn.yaml"))
 TINY = sorted(RECIPE_DIR.rglob("tiny.yaml"))
 
 

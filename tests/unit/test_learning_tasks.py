@@ -90,3 +90,16 @@ def test_learning_table_py_renders_table_and_plot_from_results(tmp_path):
     # WER is shown as 1 - reward: 0.60 -> 0.40
     assert "| asr | asr | WER | 1 | 0.60 | 0.40 | 0.70 | – | 40/150 | 100 s | 2.00 | meets |" in md
     assert (tmp_path / "docs" / "learning.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("recipe", sorted(p.parent.name for p in (ROOT / "recipes").rglob("learn.yaml")))
+def test_every_learn_layer_validates_on_the_converted_task(recipe):
+    """config.yaml + learn.yaml + the table's data overrides resolve, on a tiny model."""
+    from mmrl import config
+
+    cfg = config.load(ROOT / "recipes" / recipe / "config.yaml",
+                      [str(ROOT / "recipes" / recipe / "learn.yaml"), "data.train=t.jsonl",
+                       "data.eval=e.jsonl"])
+    assert cfg.model.path == "tiny" and cfg.data.format == "mmrl" and cfg.eval.shuffled_images
+    assert cfg.eval.metric_reward in {r.name for r in cfg.rewards}
+    assert recipe in learning_table.ROWS
