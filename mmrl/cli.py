@@ -32,74 +32,32 @@ def cmd_train(args) -> int:
 
     torch.set_flush_denormal(True)  # tiny-model CPU steps otherwise spike 10-20x on denormals
     cfg = _load(args)
-    from mmrl.config import to_yaml
+    from mmrl.validate import validate
 
-    print(to_yaml(cfg), file=sys.stderr)
+    problems = validate(cfg, world=int(os.environ.get("WORLD_SIZE", "1")))
+    if problems:  # before building anything: a bad name fails in a second, not after model load
+        sys.exit("config error: " + "\n  ".join(problems))
+    print(config_summary(cfg), file=sys.stderr)
     train(cfg)
     return 0
 
 
-def validate(cfg) -> list[str]:
-    """Resolve every registry name and bind reward params; instantiate no model or data."""
-    from mmrl import algos
-    from mmrl.data.schema import FORMATS
-    from mmrl.data.synthetic import GENERATORS
-    from mmrl.models import MODELS
-    from mmrl.train.scoring import bind_reward
-
-    problems = []
-
-    def check(what, fn):
-        try:
-            fn()
-        except Exception as e:  # collect every problem, not just the first
-            problems.append(f"{what}: {e}")
-
-    check("model.family", lambda: MODELS.get(cfg.model.family))
-    check("algo.advantage", lambda: algos.get_advantage(cfg.algo.advantage))
-    check("algo.loss_type", lambda: _member(cfg.algo.loss_type, algos.LOSS_TYPES))
-    check("algo.tis_level", lambda: _member(cfg.algo.tis_level, algos.IS_LEVELS))
-    check("algo.tis_mode", lambda: _member(cfg.algo.tis_mode, algos.IS_MODES))
-    check("algo.kl_reward_kind", lambda: _member(cfg.algo.kl_reward_kind, algos.KL_KINDS))
-    if cfg.algo.scale_rewards is not None:
-        check("algo.scale_rewards", lambda: _member(cfg.algo.scale_rewards, algos.SCALE_MODES))
-    check("algo.agg", lambda: _member(cfg.algo.agg, algos.AGG_MODES))
-    check("algo.ratio", lambda: _member(cfg.algo.ratio, algos.RATIO_LEVELS))
-    check("algo.kl", lambda: _member(cfg.algo.kl, algos.KL_KINDS))
-    check("data.format", lambda: cfg.data.format is None or FORMATS.get(cfg.data.format))
-    check("data.on_bad_sample", lambda: _member(cfg.data.on_bad_sample, ("error", "skip")))
-    check("rollout.backend", lambda: _member(cfg.rollout.backend, ("hf", "vllm")))
-    check("model.dtype", lambda: _member(cfg.model.dtype, ("float32", "bfloat16", "float16")))
-    check("train.lr_schedule", lambda: _member(cfg.train.lr_schedule,
-                                               ("constant", "linear", "cosine")))
-    if cfg.data.generate:
-        check("data.generate", lambda: GENERATORS.get(cfg.data.generate))
-    if not cfg.rewards:
-        problems.append("rewards: none configured")
-    for i, spec in enumerate(cfg.rewards):
-        check(f"rewards[{i}] ({spec.name})", lambda spec=spec: bind_reward(spec))
-    if cfg.algo.agg == "seq_mean_token_sum_norm" and cfg.rollout.max_new_tokens <= 0:
-        problems.append("algo.agg=seq_mean_token_sum_norm needs rollout.max_new_tokens > 0")
-    if cfg.algo.dynamic_sampling and cfg.rollout.num_generations < 2:
-        problems.append("algo.dynamic_sampling needs rollout.num_generations >= 2")
-    return problems
-
-
-def _member(value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"{value!r} is not one of {sorted(allowed)}")
-
-
-def data_warnings(cfg) -> list[str]:
-    """Missing data files are warnings, not errors: recipes name data you prepare first."""
-    if cfg.data.generate:
-        return []
-    return [f"data.{k}: {getattr(cfg.data, k)} does not exist yet (see the recipe README to "
-            f"prepare it)" for k in ("train", "eval")
-            if getattr(cfg.data, k) and not Path(getattr(cfg.data, k)).exists()]
+def config_summary(cfg) -> str:
+    """A few lines on the terminal; the whole config goes to RUN_DIR/config.yaml."""
+    r, a, t = cfg.rollout, cfg.algo, cfg.train
+    rewards = ", ".join(f"{s.name}" + (f" x{s.weight:g}" if s.weight != 1 else "")
+                        for s in cfg.rewards)
+    return "\n".join([
+        f"run {cfg.name}: {cfg.model.family} ({cfg.model.path}), data {cfg.data.train}",
+        f"  {a.preset or a.advantage}: {t.steps} steps x {r.prompts_per_step} prompts x "
+        f"{r.num_generations} completions (max {r.max_new_tokens} tokens), lr {t.lr:g}, "
+        f"rollout {r.backend}, rewards: {rewards or 'none'}",
+        f"  run dir {cfg.run_dir}  (full config: {cfg.run_dir / 'config.yaml'})"])
 
 
 def cmd_validate(args) -> int:
+    from mmrl.validate import data_warnings, validate
+
     cfg = _load(args)
     problems = validate(cfg)
     for w in data_warnings(cfg):
@@ -117,11 +75,11 @@ def cmd_ls(args) -> int:
         names = MODELS.names()
     elif args.what == "algos":
         from mmrl import algos
-        from mmrl.config import PRESETS
+        from mmrl.config import PRESETS, Agg, choices
 
         print("advantages: " + ", ".join(sorted(algos.ADVANTAGES)))
         print("presets:    " + ", ".join(sorted(PRESETS)))
-        print("agg:        " + ", ".join(algos.AGG_MODES))
+        print("agg:        " + ", ".join(choices(Agg)))
         return 0
     elif args.what == "rewards":
         from rewards import REWARDS
@@ -151,17 +109,46 @@ def cmd_data(args) -> int:
 def cmd_data_convert(args) -> int:
     from mmrl.data.formats import convert
 
-    print(json.dumps(convert(args.fmt, args.inp, args.out, media_root=args.media_root), indent=2))
+    try:
+        result = convert(args.fmt, args.inp, args.out, media_root=args.media_root)
+    except (ValueError, KeyError, OSError) as e:  # RecordError, unknown format, missing file
+        print(f"mmrl data convert: error: {e.args[0] if isinstance(e, KeyError) else e}",
+              file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2))
     return 0
 
 
 def cmd_data_inspect(args) -> int:
     from mmrl.data.inspect import format_report, inspect_file
 
-    report = inspect_file(args.file, fmt=args.format, n_show=args.show, deep=args.deep,
-                          media_root=args.media_root)
-    print(json.dumps(report, indent=2, default=str) if args.json else format_report(report))
-    return 1 if report["bad_records"] or report["bad_media"] else 0
+    from mmrl import config
+
+    fmt, cfg = args.format, None
+    if args.config:  # the recipe's format, template and pixel budget, and its rewards
+        cfg = config.load(args.config, [])
+        fmt = fmt or cfg.data.format
+    report = inspect_file(args.file, fmt=fmt or "mmrl", n_show=args.show, deep=args.deep,
+                          media_root=args.media_root, family=args.family)
+    dead = False
+    if cfg is not None:
+        from mmrl.data.inspect import format_scorability, reward_scorability
+        from mmrl.data.schema import load_samples
+        from mmrl.train.setup import prepare_samples
+
+        try:
+            samples = prepare_samples(load_samples(args.file, fmt or cfg.data.format), cfg)
+        except ValueError:  # malformed records are already listed in the report
+            samples = []
+        report["scorability"] = reward_scorability(cfg.rewards, samples,
+                                                   cfg.rollout.max_new_tokens)
+        dead = any(r["of"] and not r["scorable"] for r in report["scorability"])
+    text = format_report(report)
+    if "scorability" in report:
+        text += "\nrewards:\n" + "\n".join("  " + line for line in
+                                           format_scorability(report["scorability"]))
+    print(json.dumps(report, indent=2, default=str) if args.json else text)
+    return 1 if report["bad_records"] or report["bad_media"] or dead else 0
 
 
 def cmd_report(args) -> int:
@@ -253,9 +240,13 @@ def build_parser() -> argparse.ArgumentParser:
     cp.set_defaults(fn=cmd_data_convert)
     ip = dsub.add_parser("inspect", help="counts by task/modality, bad records and media, prompts")
     ip.add_argument("file")
-    ip.add_argument("--format", default="mmrl")
+    ip.add_argument("--format", default=None, help="record format (default: the config's, or mmrl)")
+    ip.add_argument("--config", default=None,
+                    help="recipe YAML: also say how many records each of its rewards can score")
     ip.add_argument("--show", type=int, default=3, help="prompts to render")
-    ip.add_argument("--deep", action="store_true", help="fully decode every media file")
+    ip.add_argument("--deep", action="store_true",
+                    help="fully decode every media file and run the model family's processor on it")
+    ip.add_argument("--family", default="qwen2_5_vl", help="processor for --deep (`mmrl ls models`)")
     ip.add_argument("--media-root", default=None)
     ip.add_argument("--json", action="store_true", help="print the report as JSON")
     ip.set_defaults(fn=cmd_data_inspect)
@@ -274,8 +265,44 @@ def quiet_known_warnings() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("MMRL_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("mmrl: aborted (no checkpoint saved by this interrupt)", file=sys.stderr)
+        return 130
+    except Exception as e:  # one clear line; the traceback is for --debug
+        if debug:
+            raise
+        run = sys.modules.get("mmrl.train.run")  # not imported: no training ran
+        if run is not None and isinstance(e, run.RunInterrupted):
+            print(f"mmrl: {e}", file=sys.stderr)
+            return 130
+        print(f"mmrl: error: {_message(e)}\n(run with --debug or MMRL_DEBUG=1 for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+def _message(e: BaseException) -> str:
+    text = str(e.args[0] if isinstance(e, KeyError) and e.args else e).strip() or type(e).__name__
+    # Our own errors say what to do; a foreign one is named by its type so it can be searched.
+    if type(e).__module__.startswith(("mmrl", "rewards")) or isinstance(
+            e, (FileNotFoundError, FloatingPointError, KeyError, ValueError, RuntimeError)):
+        return text
+    return f"{type(e).__name__}: {text}"
+
+
+def _run(argv: list[str]) -> int:
     quiet_known_warnings()
     parser = build_parser()
+    parser.add_argument("--debug", action="store_true",
+                        help="show tracebacks (also MMRL_DEBUG=1)")
     args, rest = parser.parse_known_args(argv)
     # key=value overrides may also follow options (`mmrl eval C --checkpoint D k=v`).
     if rest and hasattr(args, "overrides") and all(not r.startswith("-") for r in rest):

@@ -12,8 +12,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from mmrl.data import formats as _formats  # noqa: F401  (registers the anchor formats)
-from mmrl.data.media import MediaError, load_audio, load_image, load_video
+from mmrl.data.media import MediaError, load_audio, load_image, load_media, load_video, \
+    processor_errors
 from mmrl.data.schema import FORMATS, RecordError, iter_records
 from mmrl.types import Sample
 
@@ -78,9 +78,34 @@ def _open_header(kind: str, path: str, source: str) -> None:
         raise MediaError(f"{where}cannot open {kind[:-1]} {path}: {e}") from None
 
 
+def processor_check(family: str = "qwen2_5_vl"):
+    """`sample -> error message or None`: the training path's decode plus the model family's
+    processor call (a tiny offline processor with the same checks: aspect ratio, minimum size,
+    frame and token limits), so `--deep` finds what would stop training. Samples with media the
+    family cannot take are not checked (None)."""
+    from mmrl.models import get_adapter
+
+    adapter = get_adapter(family)
+    _, processor = adapter.tiny()
+
+    def check(sample: Sample) -> str | None:
+        kinds = [k for k in ("images", "videos", "audios") if getattr(sample, k)]
+        if not kinds or any(k not in adapter.media_kinds for k in kinds):
+            return None
+        try:
+            media = load_media(sample)
+            with processor_errors(sample):
+                adapter.prompt_features(processor, sample, **media)
+        except MediaError as e:
+            return str(e)
+        return None
+
+    return check
+
+
 def inspect_file(path: str | Path, fmt: str = "mmrl", n_show: int = 3, *, check: bool = True,
                  deep: bool = False, max_records: int | None = None,
-                 media_root: str | Path | None = None) -> dict:
+                 media_root: str | Path | None = None, family: str = "qwen2_5_vl") -> dict:
     """Report on a data file: {"path", "format", "records", "by_task", "by_modality",
     "bad_records": [msg], "bad_media": [{"source", "kind", "path", "error"}], "examples":
     [{"id", "task", "prompt", "solution", "media"}]}. Never raises for bad records or media.
@@ -93,6 +118,7 @@ def inspect_file(path: str | Path, fmt: str = "mmrl", n_show: int = 3, *, check:
     bad_records, bad_media, examples = [], [], []
     n = 0
     records = iter_records(path)
+    deep_check = processor_check(family) if deep and check else None
     while True:
         try:
             record, source = next(records)
@@ -113,12 +139,18 @@ def inspect_file(path: str | Path, fmt: str = "mmrl", n_show: int = 3, *, check:
         kinds = [k for k in ("images", "videos", "audios") if getattr(sample, k)]
         by_modality["+".join(k[:-1] for k in kinds) or "text"] += 1
         if check:
+            before = len(bad_media)
             for kind in kinds:
                 for media_path in getattr(sample, kind):
                     error = check_media(kind, media_path, source, deep)
                     if error:
                         bad_media.append({"source": source, "kind": kind[:-1], "path": media_path,
                                           "error": error})
+            # Files that open can still be refused by the processor (e.g. a 600x2 image).
+            error = deep_check(sample) if deep_check and len(bad_media) == before else None
+            if error:
+                bad_media.append({"source": source, "kind": "processor", "path": "",
+                                  "error": error})
         if len(examples) < n_show:
             examples.append({"id": sample.id, "task": sample.task, "prompt": render_prompt(sample),
                              "solution": sample.solution,
@@ -143,3 +175,76 @@ def format_report(report: dict, max_listed: int = 20) -> str:
         out += [f"--- {ex['id']} ({ex['task']})", ex["prompt"],
                 f"solution: {json.dumps(ex['solution'])}"]
     return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------ scorability ----
+# A reward can score a record if, given the record's own gold answer as the completion (wrapped
+# as "<think>probe</think><answer>GOLD</answer>", lists as JSON), it returns a number rather than
+# None. None there means the reward lacks something it needs (an image size, a duration, options)
+# and would score None for every completion: the run would train on the other rewards alone.
+# Only records of the reward's `tasks` count. Pure, cheap: one reward call per reward.
+# The field whose absence is the usual reason a reward returns None (named in the report).
+NEEDED_FIELD = {"iou": "image_size", "giou": "image_size", "detection": "image_size",
+                "tiou_v2": "duration"}
+
+
+def probe_completion(solution) -> str:
+    gold = solution if isinstance(solution, str) else json.dumps(solution)
+    return f"<think>probe</think><answer>{gold}</answer>"
+
+
+def reward_scorability(specs, samples: list[Sample], max_new_tokens: int = 1024) -> list[dict]:
+    """Per reward spec (name, params, tasks): {"reward", "scorable", "of", "reason"}."""
+    import functools
+
+    from rewards import get_reward
+
+    out = []
+    for spec in specs:
+        fn = get_reward(spec.name)
+        if spec.params:
+            fn = functools.partial(fn, **dict(spec.params))
+        rows = [s for s in samples if spec.tasks is None or s.task in spec.tasks]
+        scores = []
+        if rows:
+            keys = {k for s in rows for k in s.fields}
+            fields = {k: [s.fields.get(k) for s in rows] for k in keys}
+            fields.update(task=[s.task for s in rows], completion_length=[1] * len(rows),
+                          max_completion_length=[max_new_tokens] * len(rows))
+            scores = fn([probe_completion(s.solution) for s in rows], [s.solution for s in rows],
+                        **fields)
+        unscored = [s for s, v in zip(rows, scores) if v is None]
+        name = spec.name.rsplit(":", 1)[-1]
+        need = NEEDED_FIELD.get(name)
+        missing = need is not None and any(need not in s.fields for s in unscored)
+        reason = (f"no {need}" if missing else
+                  "it returns None for the gold answer") if unscored else ""
+        out.append({"reward": name, "scorable": len(rows) - len(unscored),
+                    "of": len(rows), "reason": reason})
+    return out
+
+
+def format_scorability(rows: list[dict]) -> list[str]:
+    """`iou: 0 of 1200 records scorable (no image_size)`."""
+    return [f"{r['reward']}: {r['scorable']} of {r['of']} records scorable"
+            + (f" ({r['reason']})" if r["reason"] else "") for r in rows]
+
+
+LAZY_CHECK_ROWS = 8
+
+
+def check_scorable(specs, samples, max_new_tokens: int = 1024, sample_size: int = 256) -> None:
+    """Stop before training when a reward can score none of its task's records (checked on up to
+    `sample_size` records spread over the data set; on a lazily read table, its first
+    LAZY_CHECK_ROWS rows: one row group read and a few embedded images written, not every one)."""
+    if isinstance(samples, list):
+        picked = samples[::max(1, len(samples) // sample_size)][:sample_size]
+    else:
+        picked = samples[:min(len(samples), LAZY_CHECK_ROWS)]
+    rows = reward_scorability(specs, picked, max_new_tokens)
+    dead = [r for r in rows if r["of"] and not r["scorable"]]
+    if dead:
+        raise ValueError("a configured reward can score none of its records, so it would train "
+                         "on nothing: " + "; ".join(format_scorability(dead))
+                         + f" (checked {min(len(samples), sample_size)} records; see `mmrl data "
+                           f"inspect FILE --config CONFIG`)")

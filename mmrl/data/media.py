@@ -13,23 +13,20 @@ wav/flac/ogg, PyAV for everything else (mp3, m4a, the audio track of a video), r
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from mmrl.types import Sample
+from mmrl.types import AUDIO_SAMPLING_RATE, Sample
 from rewards.boxes import smart_resize
-
-if TYPE_CHECKING:
-    from mmrl.data.cache import MediaCache
 
 PIXEL_FACTOR = 28  # Qwen-VL: 14 px patches merged 2x2 -> sides are multiples of 28
 TEMPORAL_PATCH = 2  # Qwen-VL: 2 frames per temporal patch -> even frame counts
 DEFAULT_FPS = 2.0
-AUDIO_SR = 16000  # Whisper-style feature extractors assume 16 kHz; another rate is misread silently
 RESAMPLE_MARGIN = 0.1  # s read past a head cut, so the resampler's filter sees what follows it
 SOUNDFILE_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".aiff", ".aif"}
 VIDEO_BACKENDS = ("auto", "decord", "pyav")
@@ -40,6 +37,19 @@ VIDEO_FIELD_OVERRIDES = {"video_start": "start", "video_end": "end", "fps": "fps
 
 class MediaError(RuntimeError):
     """A media file that cannot be decoded; the message names record source and file path."""
+
+
+@contextmanager
+def processor_errors(sample: Sample):
+    """Inside: the processor's rejections of a sample's media (an aspect ratio over 200, an image
+    under the patch size, too many frames or tokens: ValueErrors in transformers) become a
+    MediaError naming the record, so `data.on_bad_sample=skip` covers them too."""
+    try:
+        yield
+    except ValueError as e:
+        media = ", ".join([*sample.images, *sample.videos, *sample.audios]) or "no media"
+        raise MediaError(f"{sample.source}: the processor rejected the sample ({media}): "
+                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 
 
 def _fail(source: str, what: str, path: str, reason: str) -> MediaError:
@@ -95,6 +105,26 @@ def fit_pixels(w: int, h: int, min_pixels: int, max_pixels: int,
     return max(factor, wb), max(factor, hb)
 
 
+def add_resized_sizes(samples: list[Sample], min_pixels: int | None,
+                      max_pixels: int | None) -> None:
+    """Store `resized_size` = [w, h] (the processor's input frame under data.image_min/max_pixels)
+    on single-image samples with an `image_size`, so that box rewards with coords=qwen2_5_vl map
+    boxes through the same budget as the processor (fit_pixels is the one rule for both)."""
+    if min_pixels is None and max_pixels is None:
+        return  # the processor's defaults are the rewards' defaults (Qwen's)
+    from rewards.boxes import QWEN_MAX_PIXELS, QWEN_MIN_PIXELS
+
+    lo = QWEN_MIN_PIXELS if min_pixels is None else int(min_pixels)
+    hi = QWEN_MAX_PIXELS if max_pixels is None else int(max_pixels)
+    for s in samples:
+        size = s.fields.get("image_size")
+        if len(s.images) == 1 and isinstance(size, (list, tuple)) and len(size) == 2:
+            try:
+                s.fields["resized_size"] = list(fit_pixels(int(size[0]), int(size[1]), lo, hi))
+            except (TypeError, ValueError):
+                continue  # an unusable size: the reward scores None and inspect says so
+
+
 # ------------------------------------------------------------------------------------- video ----
 
 @dataclass
@@ -122,6 +152,17 @@ class Video:
         t, h, w = self.frames.shape[:3]
         return {"total_num_frames": int(t), "fps": float(self.fps), "frames_indices": list(range(t)),
                 "duration": t / self.fps, "width": int(w), "height": int(h)}
+
+
+class DecodeCache(Protocol):
+    """What the decoders need of a cache (mmrl.data.cache.MediaCache is one): return the stored
+    value for (file, params), else call `decode`, store and return its result. A protocol, so
+    media.py does not depend on the cache module (which depends on `Video` here)."""
+
+    def video(self, path: str, params: dict, decode: Callable[[], Video]) -> Video: ...
+
+    def audio(self, path: str, params: dict,
+              decode: Callable[[], tuple[np.ndarray, bool]]) -> tuple[np.ndarray, bool]: ...
 
 
 class _PlanError(MediaError):
@@ -238,7 +279,7 @@ def _resize_frames(frames: np.ndarray, max_total_pixels: int) -> np.ndarray:
 def load_video(path: str, *, fps: float | None = None, nframes: int | None = None,
                start: float | None = None, end: float | None = None, max_frames: int = 64,
                max_total_pixels: int | None = None, backend: str = "auto", source: str = "",
-               cache: "MediaCache | None" = None) -> Video:
+               cache: "DecodeCache | None" = None) -> Video:
     """Sample frames from a video file (see `plan_frames` for which ones).
 
     fps XOR nframes (neither: fps=2). `start`/`end` (seconds) restrict sampling to a segment.
@@ -300,8 +341,8 @@ def _decode_video(path: str, params: dict, backend: str, source: str) -> Video:
 
 # ------------------------------------------------------------------------------------- audio ----
 
-def load_audio(path: str, *, sr: int = AUDIO_SR, max_seconds: float | None = None,
-               truncate: str = "error", source: str = "", cache: "MediaCache | None" = None,
+def load_audio(path: str, *, sr: int = AUDIO_SAMPLING_RATE, max_seconds: float | None = None,
+               truncate: str = "error", source: str = "", cache: "DecodeCache | None" = None,
                stats: dict | None = None) -> np.ndarray:
     """Mono float32 waveform at `sr` Hz (channels averaged, resampled with soxr).
 
@@ -436,7 +477,7 @@ def _video_overrides(sample: Sample) -> dict:
 
 
 def load_media(sample: Sample, *, video_kwargs: dict | None = None,
-               audio_kwargs: dict | None = None, cache: "MediaCache | None" = None,
+               audio_kwargs: dict | None = None, cache: "DecodeCache | None" = None,
                stats: dict | None = None) -> dict[str, list]:
     """All media of a sample, decoded: {"images": [PIL RGB], "videos": [Video], "audios":
     [float32 mono at 16 kHz]}.

@@ -12,10 +12,12 @@ Every malformed record raises `RecordError` naming the file and line, never a si
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Iterator
 
+from mmrl.data.sources import RecordError, open_table  # noqa: F401  (RecordError re-exported)
 from mmrl.registry import Registry
 from mmrl.types import Sample
 
@@ -24,16 +26,27 @@ MEDIA_KINDS = ("images", "videos", "audios")
 RESERVED = {"id", "task", "prompt", "messages", "solution", "system", *MEDIA_KINDS}
 
 
-class RecordError(ValueError):
-    """A record that cannot become a Sample; the message names file:line."""
-
-
 def iter_records(path: str | Path) -> Iterator[tuple[dict, str]]:
     """Yield (record, "file:line") from JSONL, JSON (list), Parquet (a file or a directory of
     shards), a `datasets` save dir, or a `datasets` name in the local cache (mmrl/data/sources.py)."""
-    from mmrl.data.sources import open_table
-
     yield from open_table(path)
+
+
+def per_video(rows: dict, path: Path) -> Iterator[tuple[dict, str]]:
+    """Charades-style annotations (Time-R1, VideoChat-R1, TimeZero): {video id: {"duration",
+    "timestamps": [[s, e], ...], "sentences": [...]}} -> one record per (timestamp, sentence)."""
+    for vid, entry in rows.items():
+        where = f"{path}[{vid!r}]"
+        if not isinstance(entry, dict):
+            raise RecordError(f"{where}: expected a list of records, or a dict of videos whose "
+                              f"values are objects")
+        stamps, sents = entry.get("timestamps"), entry.get("sentences")
+        if not isinstance(stamps, list) or not isinstance(sents, list) or len(stamps) != len(sents):
+            raise RecordError(f"{where}: needs 'timestamps' and 'sentences' lists of equal length")
+        rest = {k: v for k, v in entry.items() if k not in ("timestamps", "sentences")}
+        for i, (stamp, sent) in enumerate(zip(stamps, sents)):
+            yield ({"video_id": vid, **rest, "timestamp": stamp, "sentence": sent,
+                    "id": f"{vid}_{i}"}, f"{where}[{i}]")
 
 
 def _media_list(record: dict, key: str, source: str, base: Path) -> list[str]:
@@ -107,7 +120,6 @@ def load_samples(path: str | Path, fmt: str | None = "mmrl",
     LazySamples for Parquet/Arrow tables. `fmt=None`: mmrl for JSONL/JSON, detected from the
     columns for tables (mmrl/data/detect.py)."""
     from mmrl.data.detect import detect_format
-    from mmrl.data.sources import open_table
 
     table = open_table(path)
     if fmt is None:
@@ -122,4 +134,6 @@ def load_samples(path: str | Path, fmt: str | None = "mmrl",
     return [convert(record, source, base) for record, source in table[:n]]
 
 
-from mmrl.data import formats as _formats  # noqa: E402,F401  (registers the anchor formats)
+def write_jsonl(path: str | Path, records: list[dict]) -> None:
+    """One JSON object per line: the mmrl record format `iter_records` reads back."""
+    Path(path).write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -14,12 +14,13 @@ from rich.console import Console
 from rich.progress import track
 
 from mmrl.config import RewardSpec, RunConfig
-from mmrl.data.media import MediaError
+from mmrl.data.media import MediaError, processor_errors
 from mmrl.models.forward import generate
+from mmrl.train.logging import json_safe
 from mmrl.train.metrics import summarize
 from mmrl.train.scoring import RewardSet
 from mmrl.train.setup import media_loader
-from mmrl.types import Sample
+from mmrl.types import Sample, SamplingParams
 from rewards import extract_answer
 
 
@@ -46,12 +47,14 @@ def _decode_chunk(samples, adapter, processor, load, cfg) -> tuple[list[Sample],
     chunk, feats, failed = [], [], 0
     for s in samples:
         try:
-            feats.append(adapter.prompt_features(processor, s, **load(s)))
+            media = load(s)
+            with processor_errors(s):
+                feats.append(adapter.prompt_features(processor, s, **media))
             chunk.append(s)
         except MediaError:
             if cfg.data.on_bad_sample != "skip":
                 raise
-            failed += 1
+            failed += 1  # counted in the result's "failed"
     return chunk, feats, failed
 
 
@@ -80,9 +83,9 @@ def evaluate(model, processor, adapter, samples: list[Sample], cfg: RunConfig, *
         failed += bad
         if not chunk:
             continue
-        ids, mask, _, _ = generate(model, processor, feats, num_generations=k,
-                                   max_new_tokens=max_new, temperature=ec.temperature, top_p=1.0,
-                                   top_k=0, do_sample=k > 1, suppress_ids=suppress)
+        ids, mask, _, _ = generate(model, processor, feats, SamplingParams(
+            num_generations=k, max_new_tokens=max_new, temperature=ec.temperature, top_p=1.0,
+            top_k=0, do_sample=k > 1, suppress_ids=suppress))
         texts = processor.tokenizer.batch_decode([r[m.bool()] for r, m in zip(ids, mask)],
                                                  skip_special_tokens=True)
         drawn = [s for s in chunk for _ in range(k)]
@@ -147,5 +150,5 @@ def evaluate_checkpoint(cfg: RunConfig, checkpoint: str, out_dir: str | None = N
     if cfg.eval.shuffled_images:
         result["accuracy_shuffled_images"] = evaluate(
             model, processor, adapter, samples, cfg, shuffled=True)["accuracy"]
-    (out / "metrics.json").write_text(json.dumps(result, indent=2))
+    (out / "metrics.json").write_text(json.dumps(json_safe(result), indent=2, allow_nan=False))
     return result

@@ -7,6 +7,7 @@ This is the only module that knows about devices, micro-batches and the optimize
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from contextlib import contextmanager, nullcontext
@@ -16,18 +17,19 @@ import torch
 
 from mmrl import algos
 from mmrl.config import RunConfig, save as save_config
-from mmrl.data.media import MediaError
+from mmrl.data.media import MediaError, processor_errors
 from mmrl.models import get_adapter
 from mmrl.models.forward import collate, completion_logprobs
-from mmrl.models.shared_prefix import shared_prefix_logprobs, supports_shared_prefix
+from mmrl.models.shared_prefix import enable_shared_prefix, shared_prefix_logprobs
 from mmrl.models.towers import TowerToucher
 from mmrl.rollout import make_engine
 from mmrl.rollout.hf import HFEngine
 from mmrl.train import checkpoint, dist, lora, parallel, setup
 from mmrl.train.logging import RunLogger
 from mmrl.train.rollout_utils import concat_rollouts, rollout_metrics, rollout_records
+from mmrl.data.inspect import check_scorable
 from mmrl.train.scoring import RewardSet
-from mmrl.types import PromptFeatures, RolloutBatch, Sample, ScoredBatch
+from mmrl.types import PromptFeatures, RolloutBatch, Sample, SamplingParams, ScoredBatch
 
 
 class Trainer:
@@ -39,6 +41,7 @@ class Trainer:
         setup.set_seed(cfg.train.seed)
         self.run_dir = cfg.run_dir
         self.train_set, self.eval_set = setup.build_datasets(cfg)
+        check_scorable(cfg.rewards, self.train_set, cfg.rollout.max_new_tokens)
         self.adapter = get_adapter(cfg.model.family)
         resume = checkpoint.resolve_resume(cfg.train.resume, self.run_dir)
         self.parallel.before_model()
@@ -57,8 +60,11 @@ class Trainer:
         with self.parallel.full_params(self.model):
             self.engine = make_engine(cfg.rollout, self.model, self.processor, self.adapter)
         # One packed row per group: the prompt and its media run once, not G times (same
-        # logprobs and gradients to 1e-5); flash-attention cannot take the group mask.
-        self.shared_prefix = cfg.train.shared_prefix and supports_shared_prefix(self.model)
+        # logprobs and gradients to 1e-5); flash_attention_2 switches to the varlen kernel.
+        self.shared_prefix, why = enable_shared_prefix(self.model, cfg.train.shared_prefix)
+        if self.dist.main:
+            print(why, flush=True)
+        self.pack_stats: dict = {}  # pad_fraction of the last packed forward
         self.pad_id = self.processor.tokenizer.pad_token_id
         self.rewards = RewardSet(cfg.rewards)
         self.media_stats: dict[str, int] = {}  # e.g. audio_truncated, counted into metrics
@@ -67,12 +73,13 @@ class Trainer:
                                            blocks=getattr(self.train_set, "blocks", None))
         self.ref_model = None
         self.step, self.skipped, self.state_extra = 0, 0, {}
+        self.nonfinite_skipped = self.nonfinite_streak = 0  # steps skipped for NaN/inf
         self._features: OrderedDict[int, PromptFeatures] = OrderedDict()
         main = self.dist.main  # only rank 0 writes the run dir; other ranks keep a local log
         self.log = logger or RunLogger(
             self.run_dir if main else self.run_dir / f"rank{self.dist.rank}",
             tensorboard=cfg.log.tensorboard and main, wandb=cfg.log.wandb and main,
-            progress=cfg.log.progress if main else "off", log_every=cfg.log.log_every,
+            progress=cfg.log.progress if main else "silent", log_every=cfg.log.log_every,
             config=asdict(cfg))
         if main:
             save_config(cfg, self.run_dir / "config.yaml")
@@ -86,7 +93,8 @@ class Trainer:
             self._features.move_to_end(key)
             return self._features[key]
         media = self.load_media(sample)
-        feats = self.adapter.prompt_features(self.processor, sample, **media)
+        with processor_errors(sample):  # e.g. aspect ratio: a media error naming the record
+            feats = self.adapter.prompt_features(self.processor, sample, **media)
         feats.media = media
         if key is not None and self.cfg.data.feature_cache > 0:  # bounded: media tensors are big
             self._features[key] = feats
@@ -122,9 +130,7 @@ class Trainer:
         hf = isinstance(self.engine, HFEngine)
         with self.parallel.full_params(self.model) if hf else nullcontext():
             ids, mask, slogp, truncated = self.engine.generate(
-                prompts, num_generations=rc.num_generations,
-                max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
-                top_k=rc.top_k, do_sample=True, suppress_ids=self.suppress_ids)
+                prompts, SamplingParams.from_rollout(rc, suppress_ids=self.suppress_ids))
         g = rc.num_generations
         texts = self.processor.tokenizer.batch_decode(
             [row[m.bool()] for row, m in zip(ids, mask)], skip_special_tokens=True)
@@ -199,7 +205,7 @@ class Trainer:
             return shared_prefix_logprobs(
                 model, sub.prompts, ids.to(self.device), mask.to(self.device),
                 temperature=self.cfg.rollout.temperature, return_entropy=entropy,
-                placeholder_ids=self.suppress_ids, pad_id=self.pad_id), width
+                placeholder_ids=self.suppress_ids, pad_id=self.pad_id, stats=self.pack_stats), width
         inputs = collate(sub.prompts, ids, mask, self.pad_id)
         inputs = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
         out = completion_logprobs(model, inputs, ids.to(self.device), mask.to(self.device),
@@ -232,8 +238,10 @@ class Trainer:
                "kl_cov_coef": ac.kl_cov_coef,
                "generator": torch.Generator().manual_seed(self.cfg.train.seed * 100_003 + self.step)}
         gap = 0.0  # the rollout engine's logprobs against the trainer's, same weights
+        stepped = True
         for it in range(ac.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
+            it_loss = 0.0
             for i, rows in enumerate(chunks):
                 (logp, ent), width = self._forward(self.train_model, batch, rows, entropy=True)
                 m = mask[rows, :width].to(logp.device)
@@ -254,14 +262,26 @@ class Trainer:
                     dual_clip=ac.dual_clip, entropy=ent, entropy_coef=ac.entropy_coef,
                     kl_clamp=ac.kl_clamp, cov=cov)
                 self.parallel.backward(loss, last=i == len(chunks) - 1)
+                it_loss += float(loss.detach())
                 frac = len(rows) / batch.n  # metrics are micro-batch means: weight by rows
                 metrics = {**metrics, "loss": loss.detach() / frac,
                            "entropy": (ent * m).sum() / m.sum().clamp(min=1)}
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v) * frac / ac.num_iterations
-            sums["grad_norm"] = self.parallel.step(self.model, self.optimizer)
-        self.scheduler.step()
+            # A NaN/inf loss never reaches the optimizer (nor does a NaN/inf grad norm: the
+            # strategy's step skips it): the step is skipped and counted.
+            if dist.all_sum(float(not math.isfinite(it_loss)), self.dist) > 0:
+                self.optimizer.zero_grad(set_to_none=True)
+                sums["grad_norm"], stepped = float("nan"), False
+            else:
+                sums["grad_norm"] = self.parallel.step(self.model, self.optimizer)
+                stepped = stepped and math.isfinite(sums["grad_norm"])
+        if stepped:
+            self.scheduler.step()
+        self.nonfinite_streak = 0 if stepped else self.nonfinite_streak + 1
+        self.nonfinite_skipped += not stepped
         out = {f"loss/{k}" if k not in ("grad_norm", "entropy") else k: v for k, v in sums.items()}
+        out["train/nonfinite_skipped"] = self.nonfinite_skipped
         if batch.sampler_logp is not None:  # ~1e-6 in float32; bf16 engines drift more (tis_cap)
             out["rollout/logp_gap_max"] = gap
         return out
@@ -298,11 +318,15 @@ class Trainer:
         self.step += 1
         metrics.update(extra)
         metrics.update(rollout_metrics(sb, self.rewards.keys))
+        metrics.update(self.rewards.step_metrics(self.log.warn))
         metrics.update(timer.metrics())
         tokens = int(batch.completion_mask.sum()) + sum(p.input_ids.numel() for p in batch.prompts)
         metrics["time/tokens_per_s"] = tokens / max(timer.total, 1e-9)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         metrics["data/skipped"] = self.skipped
+        metrics["train/shared_prefix"] = float(self.shared_prefix)
+        if self.shared_prefix:
+            metrics["train/pad_fraction"] = self.pack_stats.get("pad_fraction", 0.0)
         metrics.update({f"data/{k}": v for k, v in self.media_stats.items()})
         metrics = dist.mean_metrics(metrics, self.dist)
         if self.dist.enabled:  # each rank's loss is its part of the global sum
@@ -349,6 +373,7 @@ class Trainer:
         (replicated weights are identical on every rank after the all-reduced step)."""
         state = {"scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
                  "skipped": self.skipped, "extra": self.state_extra,
+                 "run_id": self.cfg.train.run_id,
                  "parallel": {"name": self.parallel.name, "world": self.dist.world}}
         if not self.parallel.sharded_checkpoint:
             state["optimizer"] = self.optimizer.state_dict()

@@ -10,6 +10,7 @@ import functools
 import math
 import os
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from mmrl.data.schema import load_samples
 from mmrl.train import lora
 from mmrl.types import Sample
 
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*|[A-Za-z0-9][\w.-]*")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -38,7 +40,30 @@ def build_datasets(cfg: RunConfig) -> tuple[list[Sample], list[Sample] | None]:
         synthetic.GENERATORS.get(d.generate)(out, **d.generate_kwargs)
     train = load_samples(d.train, d.format, d.max_samples)
     evals = load_samples(d.eval, d.format, cfg.eval.max_samples) if d.eval else None
-    return train, evals
+    return prepare_samples(train, cfg), (prepare_samples(evals, cfg) if evals else None)
+
+
+def prepare_samples(samples, cfg: RunConfig):
+    """What the config adds to loaded samples: the prompt template, and the resized image size
+    the box rewards need (data.image_min/max_pixels). Lazily read tables stay lazy: each sample
+    is prepared when drawn."""
+    from mmrl.data.media import add_resized_sizes
+    from mmrl.data.prompts import apply_template
+    from mmrl.data.schema import LazySamples
+
+    d = cfg.data
+
+    def prepare(sample: Sample) -> Sample:
+        if d.prompt_template:
+            sample = apply_template(sample, d.prompt_template)
+        add_resized_sizes([sample], d.image_min_pixels, d.image_max_pixels)
+        return sample
+
+    if isinstance(samples, LazySamples):
+        convert = samples.convert
+        samples.convert = lambda record, source, base: prepare(convert(record, source, base))
+        return samples
+    return [prepare(s) for s in samples]
 
 
 def check_environment(cfg: RunConfig) -> None:
@@ -46,13 +71,18 @@ def check_environment(cfg: RunConfig) -> None:
     m, cuda = cfg.model, torch.cuda.is_available()
     if m.attn_implementation == "flash_attention_2" and not cuda:
         raise RuntimeError("model.attn_implementation=flash_attention_2 needs a CUDA GPU and the "
-                           "flash-attn package; on this machine use model.attn_implementation=sdpa")
+                           "flash-attn package; on this machine use model.attn_implementation=sdpa, or "
+                           "mmrl_prefix_varlen (the same varlen shared-prefix path, emulated in torch)")
     if m.dtype == "float16" and not cuda:
         raise RuntimeError("model.dtype=float16 is GPU-only here; use float32 (or bfloat16) on CPU")
     if m.path != "tiny" and not Path(m.path).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise FileNotFoundError(f"model.path={m.path}: not a local directory and HF_HUB_OFFLINE=1; "
                                 f"download the checkpoint first (huggingface-cli download "
                                 f"{m.path} --local-dir DIR) and point model.path at DIR")
+    if m.path != "tiny" and not Path(m.path).exists() and not _REPO_ID.fullmatch(m.path):
+        # Without this the Hub client answers "Repo id must be in the form 'repo_name' ...".
+        raise FileNotFoundError(f"model.path={m.path}: no such local directory (and not a Hub "
+                                f"repo id like Qwen/Qwen2.5-VL-3B-Instruct); check the path")
     if cfg.rollout.backend == "vllm":
         try:
             import vllm  # noqa: F401
@@ -67,9 +97,7 @@ def media_loader(cfg: RunConfig, stats: dict | None = None):
     from mmrl.data.cache import MediaCache
     from mmrl.data.media import load_media
 
-    d = cfg.data
-    if d.video_fps is not None and d.video_nframes is not None:
-        raise ValueError("data.video_fps and data.video_nframes are exclusive: set one to null")
+    d = cfg.data  # video_fps and video_nframes are exclusive (mmrl/config_rules.py)
     video = {"fps": d.video_fps if d.video_nframes is None else None, "nframes": d.video_nframes,
              "max_frames": d.video_max_frames, "max_total_pixels": d.video_max_pixels}
     audio = {"max_seconds": d.audio_max_seconds, "truncate": d.audio_truncate}
@@ -88,6 +116,8 @@ def build_model(cfg: RunConfig, adapter, checkpoint: Path | None = None):
     if source == "tiny":
         model, processor = adapter.tiny(seed=cfg.train.seed, **m.tiny)
         model = model.to(dtype)
+        if m.attn_implementation != "sdpa":  # tiny models are built with sdpa
+            model.set_attn_implementation(m.attn_implementation)
     else:
         model, processor = adapter.load(source, dtype=dtype,
                                         attn_implementation=m.attn_implementation)
@@ -159,9 +189,7 @@ def lr_schedule(opt, tc: TrainConfig, total_steps: int):
             return max(0.0, 1.0 - progress)
         if tc.lr_schedule == "cosine":
             return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-        if tc.lr_schedule != "constant":
-            raise ValueError(f"train.lr_schedule: {tc.lr_schedule!r}; use constant|linear|cosine")
-        return 1.0
+        return 1.0  # constant (config.LRSchedule holds the legal values)
 
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
