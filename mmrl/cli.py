@@ -95,7 +95,6 @@ def cmd_ls(args) -> int:
 
 
 def cmd_data(args) -> int:
-    from mmrl.data import anchor_tasks  # noqa: F401  (registers anchor_<recipe>)
     from mmrl.data.synthetic import GENERATORS
 
     kwargs = {}

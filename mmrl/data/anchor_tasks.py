@@ -21,7 +21,8 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from mmrl.data.synthetic import GENERATORS, _write_jsonl
+from mmrl.data.schema import write_jsonl as _write_jsonl
+from mmrl.data.synthetic import GENERATORS
 
 _ANSWER_HINT = re.compile(r"\s*Answer with .*$", re.S)
 
