@@ -206,12 +206,12 @@ class TrainConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     lr_schedule: LRSchedule = "constant"  # all after warmup
     warmup_steps: int = 0
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = 1.0  # 0 = no clipping
     micro_batch_size: int = 8  # rows per forward/backward; result independent of it
     shared_prefix: bool = True  # each group's prompt (media encoder included) computed once
     seed: int = 0
     save_every: int = 0  # 0 = only at the end
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # 0 = keep all
     resume: str = "none"  # none | auto | path to a checkpoint dir
     overwrite: bool = False  # a fresh run may replace what a non-empty log.run_dir holds
     run_id: Optional[str] = None  # set at a run's start; resume=auto accepts only its checkpoints
