@@ -60,6 +60,7 @@ def validate(cfg) -> list[str]:
     check("algo.loss_type", lambda: _member(cfg.algo.loss_type, algos.LOSS_TYPES))
     check("algo.tis_level", lambda: _member(cfg.algo.tis_level, algos.IS_LEVELS))
     check("algo.tis_mode", lambda: _member(cfg.algo.tis_mode, algos.IS_MODES))
+    check("algo.history_mode", lambda: _member(cfg.algo.history_mode, algos.HISTORY_MODES))
     check("algo.kl_reward_kind", lambda: _member(cfg.algo.kl_reward_kind, algos.KL_KINDS))
     if cfg.algo.scale_rewards is not None:
         check("algo.scale_rewards", lambda: _member(cfg.algo.scale_rewards, algos.SCALE_MODES))

@@ -134,6 +134,15 @@ class AlgoConfig:
     pos_weight: float = 1.0  # scales positive advantages (W-REINFORCE: 0.1; NSR: 0)
     neg_weight: float = 1.0  # scales negative advantages (PSR: 0)
     ref_reset_every: int = 0  # ProRL: reference := current policy every N steps (0 = never)
+    # Methods from the papers (README "Methods from the papers"); every one is off by default.
+    history_epochs: int = 0  # ReST-GRPO/Temporal-R1: filter prompts all-solved/none-solved on their last k visits (0 = off)
+    history_mode: str = "skip"  # skip (never drawn again) | downweight (advantages * history_weight)
+    history_weight: float = 0.1
+    gt_threshold: Optional[float] = None  # TempSamp-R1: group max reward < this -> one row becomes the ground truth (None = off)
+    gt_template: str = "<answer>{solution}</answer>"  # the recipe's answer format for that row
+    gt_tau: float = 1.0  # soft advantage pivot: rewards above it are log-compressed, below exp-stretched
+    gt_alpha_pos: float = 1.0  # compression strength above gt_tau (0 = linear)
+    gt_alpha_neg: float = 1.0  # stretch strength below gt_tau (0 = linear)
 
     @property
     def uses_reference(self) -> bool:

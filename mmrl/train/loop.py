@@ -23,7 +23,7 @@ from mmrl.models.shared_prefix import shared_prefix_logprobs, supports_shared_pr
 from mmrl.models.towers import TowerToucher
 from mmrl.rollout import make_engine
 from mmrl.rollout.hf import HFEngine
-from mmrl.train import checkpoint, dist, lora, parallel, setup
+from mmrl.train import checkpoint, dist, lora, methods, parallel, setup
 from mmrl.train.logging import RunLogger
 from mmrl.train.rollout_utils import concat_rollouts, rollout_metrics, rollout_records
 from mmrl.train.scoring import RewardSet
@@ -66,6 +66,8 @@ class Trainer:
         self.sampler = setup.PromptSampler(len(self.train_set), cfg.train.seed, cfg.data.shuffle)
         self.ref_model = None
         self.step, self.skipped, self.state_extra = 0, 0, {}
+        # Methods from the papers (mmrl/train/methods.py): prompt history, GT-guided rows.
+        self.history, self.history_stats, self.guided = methods.make_history(cfg), {}, None
         self._features: OrderedDict[int, PromptFeatures] = OrderedDict()
         main = self.dist.main  # only rank 0 writes the run dir; other ranks keep a local log
         self.log = logger or RunLogger(
@@ -101,6 +103,8 @@ class Trainer:
         want, out = len(todo), []
         while len(out) < want:
             idx = todo.pop(0) if todo else self.sampler.next()
+            if methods.history_skips(self, self.train_set[idx]):
+                continue
             try:
                 out.append(self.features(self.train_set[idx], idx))
             except MediaError as e:
@@ -135,7 +139,7 @@ class Trainer:
     # ---------------------------------------------------------------- stage: rewards -----------
     def score(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, list]]:
         lengths = batch.completion_mask.sum(1).tolist()
-        extra = {"completion_length": lengths,
+        extra = {"completion_length": lengths, "group_id": batch.group_ids.tolist(),
                  "max_completion_length": [self.cfg.rollout.max_new_tokens] * batch.n}
         totals, per = self.rewards.score([p.sample for p in batch.prompts], batch.texts, extra)
         return torch.tensor(totals, dtype=torch.float32), per
@@ -147,6 +151,7 @@ class Trainer:
         if not ac.dynamic_sampling:
             batch = self.rollout(self.next_prompts(b), group_offset=self._group_base(b))
             scores, per = self.score(batch)
+            methods.history_observe(self, batch, scores)
             return batch, scores, per, {"sampling/rounds": 1}
         acc = algos.GroupAccumulator(target_groups=b // self.dist.world,
                                      max_rounds=ac.max_sampling_rounds)
@@ -155,6 +160,7 @@ class Trainer:
             batch = self.rollout(self.next_prompts(b), group_offset=self._group_base(b) + offset)
             offset += b * self.dist.world
             scores, per = self.score(batch)
+            methods.history_observe(self, batch, scores)
             ids, keep = algos.groups_with_signal(scores, batch.group_ids)
             acc.add(ids.tolist(), keep)  # raises with advice after max_rounds
             rows = torch.isin(batch.group_ids, ids[keep]).nonzero().flatten().tolist()
@@ -270,6 +276,9 @@ class Trainer:
         timer = StageTimer()
         with timer("rollout"):
             batch, scores, per_reward, extra = self.sample_batch()
+            batch, scores, per_reward, self.guided, gt = methods.inject_ground_truth(
+                self, batch, scores, per_reward)
+        extra.update(gt)
         return self.learn(batch, scores, per_reward, extra, timer)
 
     def learn(self, batch: RolloutBatch, scores: torch.Tensor, per_reward: dict[str, list],
@@ -287,7 +296,9 @@ class Trainer:
                     sb.ref_logp = self.logprobs(self.model, batch)
         with timer("advantage"):
             rewards = self.kl_in_reward(sb, extra) if ac.kl_reward_coef > 0 else scores
+            rewards = methods.guided_scores(self, rewards, batch.group_ids)
             sb.advantages = self.advantages(rewards, batch.group_ids, batch.completion_mask.sum(1))
+            sb.advantages = methods.history_advantages(self, sb.advantages, batch)
         with timer("update"):
             metrics = self.update(sb)
         if ac.ref_reset_every and (self.step + 1) % ac.ref_reset_every == 0:
@@ -296,6 +307,8 @@ class Trainer:
             self.sync_engine()
         self.step += 1
         metrics.update(extra)
+        metrics.update(methods.history_end_step(self))
+        metrics.update(methods.label_free_metrics(self, batch))
         metrics.update(rollout_metrics(sb, self.rewards.keys))
         metrics.update(timer.metrics())
         tokens = int(batch.completion_mask.sum()) + sum(p.input_ids.numel() for p in batch.prompts)
@@ -370,6 +383,8 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         self.skipped, self.state_extra = state["skipped"], state.get("extra", {})
+        if self.history is not None and "prompt_history" in self.state_extra:
+            self.history.load_state_dict(self.state_extra["prompt_history"])
         self.step = state["step"]
         checkpoint.set_rng_state(state["rng"])
         self.log.print(f"resumed from {ckpt} at step {self.step}")

@@ -1,0 +1,134 @@
+"""Trainer glue for the methods from the papers (README "Methods from the papers").
+
+Each function is called from one line of the loop, with the trainer; the decisions themselves
+are pure functions in mmrl/algos and rewards/. Every method is off unless its config key is set.
+"""
+from __future__ import annotations
+
+import torch
+
+from mmrl import algos
+from mmrl.types import RolloutBatch
+from rewards.label_free import majority_error
+
+
+# ------------------------------------------------------------- label-free rewards (TTRL) -------
+def label_free_metrics(trainer, batch: RolloutBatch) -> dict[str, float]:
+    """How often the group's majority answer is wrong where the sample has a label (the
+    pseudo-label's error rate); only when a majority_vote reward is configured."""
+    if not any(s.name == "majority_vote" for s in trainer.cfg.rewards):
+        return {}
+    known, wrong = majority_error(batch.texts, [p.sample.solution for p in batch.prompts],
+                                  batch.group_ids.tolist())
+    return {"label_free/labelled_groups": known,
+            "label_free/majority_wrong": wrong / known if known else float("nan")}
+
+
+# ------------------------------------------------------------- history-aware filtering ---------
+def make_history(cfg) -> algos.PromptHistory | None:
+    return algos.PromptHistory(cfg.algo.history_epochs) if cfg.algo.history_epochs > 0 else None
+
+
+def history_skips(trainer, sample) -> bool:
+    """Mode skip: True when this prompt is filtered (counted; the caller draws another)."""
+    h = trainer.history
+    if h is None:
+        return False
+    stats = trainer.history_stats
+    stats["drawn"] = stats.get("drawn", 0) + 1
+    if trainer.cfg.algo.history_mode != "skip" or not h.filtered(sample.id):
+        return False
+    stats["skipped"] = stats.get("skipped", 0) + 1
+    if stats["skipped"] > len(trainer.train_set):  # a whole pass within one step was filtered
+        raise RuntimeError(f"algo.history_epochs={h.k}: every training prompt was solved by all "
+                           f"or none of its samples on its last {h.k} visits; nothing is left to "
+                           f"train on (use history_mode=downweight or a harder/easier dataset)")
+    return True
+
+
+def history_observe(trainer, batch: RolloutBatch, scores: torch.Tensor) -> None:
+    if trainer.history is not None:
+        trainer.history.observe([p.sample.id for p in batch.prompts], scores, batch.group_ids)
+
+
+def history_advantages(trainer, adv: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
+    """Mode downweight: advantages of filtered prompts' rows times history_weight."""
+    ac = trainer.cfg.algo
+    if trainer.history is None or ac.history_mode != "downweight":
+        return adv
+    w = trainer.history.row_weights([p.sample.id for p in batch.prompts], ac.history_weight)
+    return adv * w.to(adv.dtype)
+
+
+def history_end_step(trainer) -> dict[str, float]:
+    """Commit this step's groups; -> kept fraction of drawn prompts and filtered prompt count."""
+    h = trainer.history
+    if h is None:
+        return {}
+    h.commit()
+    trainer.state_extra["prompt_history"] = h.state_dict()  # saved with the checkpoint
+    s, trainer.history_stats = trainer.history_stats, {}
+    drawn = s.get("drawn", 0)
+    return {"history/kept_frac": 1.0 - s.get("skipped", 0) / drawn if drawn else 1.0,
+            "history/filtered": float(sum(map(h.filtered, h.flags)))}
+
+
+# ------------------------------------------------------------- ground-truth guidance -----------
+def inject_ground_truth(trainer, batch: RolloutBatch, scores: torch.Tensor, per: dict):
+    """TempSamp-R1: in every group whose best reward < gt_threshold the last rollout becomes the
+    ground truth in the recipe's answer format (plus EOS), rescored by the configured rewards;
+    its sampler logprobs are the current policy's. -> (batch, scores, per, guided Bool[N],
+    metrics). Samples without a solution are never guided."""
+    ac = trainer.cfg.algo
+    guided = torch.zeros(batch.n, dtype=torch.bool)
+    if ac.gt_threshold is None:
+        return batch, scores, per, guided, {}
+    rows = [r for r in algos.guidance_rows(scores, batch.group_ids, ac.gt_threshold)
+            .nonzero().flatten().tolist() if batch.prompts[r].sample.solution is not None]
+    n_groups = int(batch.group_ids.unique().numel())
+    metrics = {"gt_guidance/fired_frac": len(rows) / max(n_groups, 1)}
+    if not rows:
+        return batch, scores, per, guided, metrics
+    tok = trainer.processor.tokenizer
+    targets = [tok(ac.gt_template.format(solution=batch.prompts[r].sample.solution),
+                   add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for r in rows]
+    width = max(batch.completion_ids.shape[1], max(map(len, targets)))
+    ids, mask = _widen(batch.completion_ids, width, trainer.pad_id), _widen(batch.completion_mask, width, 0)
+    slogp = None if batch.sampler_logp is None else _widen(batch.sampler_logp, width, 0.0)
+    texts, truncated = list(batch.texts), batch.truncated.clone()
+    for r, t in zip(rows, targets):
+        ids[r], mask[r] = trainer.pad_id, 0
+        ids[r, :len(t)], mask[r, :len(t)] = torch.tensor(t), 1
+        texts[r], truncated[r] = tok.decode(t, skip_special_tokens=True), False
+    out = RolloutBatch(prompts=batch.prompts, completion_ids=ids, completion_mask=mask,
+                       group_ids=batch.group_ids, sampler_logp=slogp, texts=texts,
+                       truncated=truncated)
+    if slogp is not None:  # off-policy row: "sampled" by the current policy, so ratio 1 at start
+        slogp[rows] = trainer.logprobs(trainer.train_model, out.select(rows))
+    new_scores, new_per = trainer.score(out.select(rows))
+    scores = scores.clone()
+    scores[rows] = new_scores
+    per = {k: list(v) for k, v in per.items()}
+    for k, v in new_per.items():
+        for r, x in zip(rows, v):
+            per[k][r] = x
+    guided[rows] = True
+    return out, scores, per, guided, metrics
+
+
+def guided_scores(trainer, scores: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """The soft (asymmetric) reshaping of the guided groups' rewards, before advantages."""
+    ac, guided, trainer.guided = trainer.cfg.algo, trainer.guided, None  # consumed by this step
+    if guided is None or not bool(guided.any()):
+        return scores
+    if guided.numel() != scores.numel():
+        raise RuntimeError(f"{guided.numel()} guided flags for {scores.numel()} rows")
+    return algos.soft_guided_scores(scores, group_ids, guided, ac.gt_tau, ac.gt_alpha_pos,
+                                    ac.gt_alpha_neg)
+
+
+def _widen(x: torch.Tensor, width: int, value) -> torch.Tensor:
+    if x.shape[1] >= width:
+        return x.clone()
+    pad = torch.full((x.shape[0], width - x.shape[1]), value, dtype=x.dtype)
+    return torch.cat([x, pad], dim=1)
