@@ -126,7 +126,7 @@ def test_ground_truth_row_replaces_a_failed_groups_last_rollout(tiny_yaml, tmp_p
     # The advantage is the group advantage of the soft-reshaped rewards: 1 stays 1, 0 -> 2 - e.
     shaped = algos.soft_rewards(sb.scores, 1.0, 1.0, 1.0)
     torch.testing.assert_close(sb.advantages, algos.compute_advantages("grpo", shaped, b.group_ids))
-    if b.sampler_logp is not None:  # its "sampler" logprobs are the current policy's
-        rows = torch.tensor(last)
-        torch.testing.assert_close(b.sampler_logp[rows], sb.policy_logp[rows], atol=1e-5, rtol=0)
+    # Its "sampler" logprobs are the current policy's (the HF engine returns sampler logprobs).
+    rows = torch.tensor(last)
+    torch.testing.assert_close(b.sampler_logp[rows], sb.policy_logp[rows], atol=1e-5, rtol=0)
     t.log.close()
