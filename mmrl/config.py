@@ -143,6 +143,9 @@ class AlgoConfig:
     gt_tau: float = 1.0  # soft advantage pivot: rewards above it are log-compressed, below exp-stretched
     gt_alpha_pos: float = 1.0  # compression strength above gt_tau (0 = linear)
     gt_alpha_neg: float = 1.0  # stretch strength below gt_tau (0 = linear)
+    tgrpo_alpha: float = 0.0  # T-GRPO (Video-R1 0.3): bonus for correct samples when order helps (0 = off)
+    tgrpo_mu: float = 0.8  # order "helps" when ordered accuracy >= mu * shuffled accuracy
+    tgrpo_reward: Optional[str] = None  # reward key giving accuracy (None: the first reward)
 
     @property
     def uses_reference(self) -> bool:

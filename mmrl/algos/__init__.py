@@ -19,6 +19,7 @@ from mmrl.algos.sampling import (
     overlong_filter_mask,
 )
 from mmrl.algos.surrogates import LOSS_TYPES
+from mmrl.algos.temporal import contrast_win_frac, temporal_bonus
 
 __all__ = [
     "ADVANTAGES",
@@ -28,6 +29,8 @@ __all__ = [
     "in_guided_groups",
     "soft_guided_scores",
     "soft_rewards",
+    "contrast_win_frac",
+    "temporal_bonus",
     "AGG_MODES",
     "IS_LEVELS",
     "IS_MODES",

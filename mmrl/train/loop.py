@@ -276,9 +276,10 @@ class Trainer:
         timer = StageTimer()
         with timer("rollout"):
             batch, scores, per_reward, extra = self.sample_batch()
+            scores, tgrpo = methods.temporal_contrast(self, batch, scores, per_reward)
             batch, scores, per_reward, self.guided, gt = methods.inject_ground_truth(
                 self, batch, scores, per_reward)
-        extra.update(gt)
+        extra.update({**gt, **tgrpo})
         return self.learn(batch, scores, per_reward, extra, timer)
 
     def learn(self, batch: RolloutBatch, scores: torch.Tensor, per_reward: dict[str, list],

@@ -5,9 +5,12 @@ are pure functions in mmrl/algos and rewards/. Every method is off unless its co
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from mmrl import algos
+from mmrl.data.pretext import shuffle_frames
 from mmrl.types import RolloutBatch
 from rewards.label_free import majority_error
 
@@ -132,3 +135,43 @@ def _widen(x: torch.Tensor, width: int, value) -> torch.Tensor:
         return x.clone()
     pad = torch.full((x.shape[0], width - x.shape[1]), value, dtype=x.dtype)
     return torch.cat([x, pad], dim=1)
+
+
+# ------------------------------------------------------------- temporal contrast (T-GRPO) ------
+def temporal_contrast(trainer, batch: RolloutBatch, scores: torch.Tensor, per: dict):
+    """Video-R1's T-GRPO: re-sample every video prompt with shuffled frames (a second G
+    rollouts per video prompt: the extra cost), score both, add the bonus to the ordered rows'
+    total reward. -> (scores, metrics). Shuffled rollouts are scored, never trained on."""
+    ac = trainer.cfg.algo
+    if ac.tgrpo_alpha <= 0:
+        return scores, {}
+    key = ac.tgrpo_reward or trainer.rewards.keys[0]
+    if key not in trainer.rewards.keys:
+        raise KeyError(f"algo.tgrpo_reward={key!r} is not a configured reward key "
+                       f"({trainer.rewards.keys})")
+    first: dict[int, int] = {}
+    for i, g in enumerate(batch.group_ids.tolist()):
+        if batch.prompts[i].sample.videos and g not in first:
+            first[g] = i
+    if not first:
+        return scores, {"tgrpo/extra_rollout_frac": 0.0}
+    t0 = time.perf_counter()
+    seed = trainer.cfg.train.seed * 100_003 + trainer.step
+    shuffled = []
+    for g, i in first.items():
+        p = batch.prompts[i]
+        media = {**p.media, "videos": [shuffle_frames(v, seed + g) for v in p.media["videos"]]}
+        feats = trainer.adapter.prompt_features(trainer.processor, p.sample, **media)
+        feats.media = media
+        shuffled.append(feats)
+    sb = trainer.rollout(shuffled)
+    s_gids = torch.tensor(list(first)).repeat_interleave(trainer.cfg.rollout.num_generations)
+    _, s_per = trainer.score(sb)
+    acc = torch.tensor([v or 0.0 for v in per[key]])
+    s_acc = torch.tensor([v or 0.0 for v in s_per[key]])
+    bonus = algos.temporal_bonus(acc, batch.group_ids, s_acc, s_gids, ac.tgrpo_alpha, ac.tgrpo_mu)
+    return scores + bonus.to(scores.dtype), {
+        "tgrpo/extra_rollout_frac": sb.n / batch.n,  # shuffled rows per trained row
+        "tgrpo/win_frac": algos.contrast_win_frac(acc, batch.group_ids, s_acc, s_gids, ac.tgrpo_mu),
+        "tgrpo/bonus_rows": float((bonus > 0).sum()), "tgrpo/shuffled_acc": float(s_acc.mean()),
+        "time/tgrpo_rollout": time.perf_counter() - t0}

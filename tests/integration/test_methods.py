@@ -130,3 +130,43 @@ def test_ground_truth_row_replaces_a_failed_groups_last_rollout(tiny_yaml, tmp_p
     rows = torch.tensor(last)
     torch.testing.assert_close(b.sampler_logp[rows], sb.policy_logp[rows], atol=1e-5, rtol=0)
     t.log.close()
+
+
+VIDEO = """
+name: tiny_video
+data: {{train: {data}/train.jsonl, generate: video_qa, generate_kwargs: {{n_train: 4, n_eval: 2}},
+        video_nframes: 4, video_fps: null}}
+model: {{family: qwen2_5_vl, path: tiny, tiny: {{min_pixels: 3136, max_pixels: 3136}}}}
+rollout: {{prompts_per_step: 2, num_generations: 3, max_new_tokens: 5}}
+rewards: [{{name: 'mmrl_method_rewards:variety'}}]
+train: {{steps: 1, lr: 1.0e-3, micro_batch_size: 8}}
+eval: {{before_rl: false}}
+log: {{progress: off, tensorboard: false, rollouts_every: 0}}
+"""
+
+
+def test_tgrpo_samples_shuffled_videos_and_adds_the_bonus(tiny_yaml, tmp_path):
+    root = tiny_yaml.parent
+    (root / "mmrl_method_rewards.py").write_text(
+        (root / "mmrl_method_rewards.py").read_text()
+        + "def variety(completions, solution, **fields):\n"
+          "    return [len(set(c)) / 10 for c in completions]\n")
+    sys.modules.pop("mmrl_method_rewards", None)
+    path = root / "video.yaml"
+    path.write_text(VIDEO.format(data=root / "video_data"))
+    # mu = 0: the ordered group always "wins", so every row with accuracy > 0.1 gets alpha.
+    t = _trainer(path, tmp_path, "algo.tgrpo_alpha=0.3", "algo.tgrpo_mu=0.0")
+    calls, rollout = [], t.rollout
+    t.rollout = lambda prompts, **kw: (calls.append(prompts), rollout(prompts, **kw))[1]
+    seen = _capture_update(t)
+    metrics = t.train_step()
+    sb = seen[0]
+    assert len(calls) == 2 and len(calls[1]) == 2, "one shuffled rollout of both video prompts"
+    for ordered, shuffled in zip(calls[0], calls[1]):
+        a, b = ordered.media["videos"][0].frames, shuffled.media["videos"][0].frames
+        assert sorted(map(bytes, a)) == sorted(map(bytes, b)) and a.tolist() != b.tolist()
+    acc = torch.tensor(sb.per_reward["variety"])
+    torch.testing.assert_close(sb.scores, acc + 0.3 * (acc > 0.1).float())
+    assert metrics["tgrpo/extra_rollout_frac"] == 1.0  # video rollouts doubled
+    assert metrics["tgrpo/bonus_rows"] == float((acc > 0.1).sum())
+    t.log.close()

@@ -104,3 +104,32 @@ def test_soft_guided_scores_touch_only_guided_groups():
     guided = torch.tensor([True, False, False, False])
     out = algos.soft_guided_scores(s, g, guided, 1.0, 1.0, 1.0)
     assert out.tolist() == pytest.approx([1 + math.log(1.5), 2 - math.e, 0.0, 1.0], abs=1e-6)
+
+
+# ---------------------------------------------------------------- T-GRPO ----------------------
+def test_temporal_bonus_follows_video_r1_rule():
+    acc = torch.tensor([1., 0.05, 1., 0., 0.5, 0.5])
+    g = torch.tensor([3, 3, 4, 4, 9, 9])  # p: g3 .525, g4 .5, g9 .5 (g9 has no shuffled rows)
+    sacc = torch.tensor([0.5, 0.5, 1., 1.])
+    sg = torch.tensor([3, 3, 4, 4])  # p~: g3 .5, g4 1
+    # g3: .525 >= .8 * .5 -> correct rows (acc > .1) get .3; the 0.05 row does not.
+    # g4: .5 < .8 * 1 -> nothing; g9: never contrasted -> nothing.
+    out = algos.temporal_bonus(acc, g, sacc, sg, alpha=0.3, mu=0.8)
+    assert out.tolist() == pytest.approx([0.3, 0.0, 0.0, 0.0, 0.0, 0.0])
+    assert algos.contrast_win_frac(acc, g, sacc, sg, mu=0.8) == 0.5
+    assert algos.temporal_bonus(acc, g, sacc, sg, alpha=0.3, mu=0.5)[2] == pytest.approx(0.3)
+
+
+def test_shuffle_frames_is_seeded_non_identity_and_keeps_timing():
+    import numpy as np
+    from mmrl.data.media import Video
+    from mmrl.data.pretext import frame_permutation, shuffle_frames
+    frames = np.arange(4).reshape(4, 1, 1, 1).repeat(3, -1).astype(np.uint8)
+    v = Video(frames=frames, fps=2.0, timestamps=[0.0, 0.5, 1.0, 1.5], duration=2.0)
+    s = shuffle_frames(v, seed=1)
+    perm = frame_permutation(4, 1)
+    assert perm != [0, 1, 2, 3] and sorted(perm) == [0, 1, 2, 3]
+    assert s.frames[:, 0, 0, 0].tolist() == perm
+    assert s.timestamps == v.timestamps and s.fps == v.fps
+    assert shuffle_frames(v, seed=1).frames.tolist() == s.frames.tolist()
+    assert v.frames[:, 0, 0, 0].tolist() == [0, 1, 2, 3], "input untouched"
