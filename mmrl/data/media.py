@@ -6,7 +6,7 @@ segment outside the video) raises `MediaError` whose message names the record (`
 nothing substitutes a fallback sample silently.
 
 Why the decoders are chosen by hand: on CPU there is no torchaudio/torchcodec (their wheels are
-CUDA-linked, ../shared/ENVIRONMENT.md), and transformers' own video loading from a path needs
+CUDA-linked, docs/install-notes.md), and transformers' own video loading from a path needs
 torchcodec. Video: decord (fast random access) with PyAV as the fallback. Audio: soundfile for
 wav/flac/ogg, PyAV for everything else (mp3, m4a, the audio track of a video), resampled with soxr.
 """

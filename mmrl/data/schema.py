@@ -12,7 +12,7 @@ Every malformed record raises `RecordError` naming the file and line, never a si
 """
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -29,36 +29,11 @@ class RecordError(ValueError):
 
 
 def iter_records(path: str | Path) -> Iterator[tuple[dict, str]]:
-    """Yield (record, "file:line") from JSONL, JSON (list), Parquet, or a `datasets` save dir."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"data file {path} does not exist (generate it with `mmrl data` "
-                                f"or set data.generate in the config)")
-    if path.is_dir():
-        import datasets
+    """Yield (record, "file:line") from JSONL, JSON (list), Parquet (a file or a directory of
+    shards), a `datasets` save dir, or a `datasets` name in the local cache (mmrl/data/sources.py)."""
+    from mmrl.data.sources import open_table
 
-        for i, row in enumerate(datasets.load_from_disk(str(path))):
-            yield dict(row), f"{path}[{i}]"
-    elif path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        for i, row in enumerate(pq.read_table(path).to_pylist()):
-            yield row, f"{path}[{i}]"
-    elif path.suffix == ".json":
-        rows = json.loads(path.read_text())
-        if not isinstance(rows, list):
-            raise RecordError(f"{path}: expected a JSON list of records")
-        for i, row in enumerate(rows):
-            yield row, f"{path}[{i}]"
-    else:
-        with path.open() as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield json.loads(line), f"{path}:{lineno}"
-                except json.JSONDecodeError as e:
-                    raise RecordError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+    yield from open_table(path)
 
 
 def _media_list(record: dict, key: str, source: str, base: Path) -> list[str]:
@@ -107,17 +82,44 @@ def to_sample(record: Any, source: str, base_dir: Path) -> Sample:
     )
 
 
-def load_samples(path: str | Path, fmt: str = "mmrl", max_samples: int | None = None) -> list[Sample]:
+class LazySamples(Sequence):
+    """Samples adapted from a lazily read table (Parquet, Arrow) when indexed: a draw reads its
+    row (row group) and decodes its embedded media, nothing is held for the rest."""
+
+    def __init__(self, table, convert, base: Path, n: int):
+        self.table, self.convert, self.base, self.n = table, convert, base, n
+        self.blocks = table.blocks if n == len(table) else None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        return self.convert(*self.table[i % self.n], self.base)
+
+
+def load_samples(path: str | Path, fmt: str | None = "mmrl",
+                 max_samples: int | None = None) -> Sequence[Sample]:
+    """All samples of `path`: a list for JSONL/JSON (every record checked up front), a
+    LazySamples for Parquet/Arrow tables. `fmt=None`: mmrl for JSONL/JSON, detected from the
+    columns for tables (mmrl/data/detect.py)."""
+    from mmrl.data.detect import detect_format
+    from mmrl.data.sources import open_table
+
+    table = open_table(path)
+    if fmt is None:
+        fmt = detect_format(table.columns, str(path)) if table.columns is not None else "mmrl"
     convert = FORMATS.get(fmt)
     base = Path(path).parent if not Path(path).is_dir() else Path(path)
-    samples = []
-    for record, source in iter_records(path):
-        samples.append(convert(record, source, base))
-        if max_samples is not None and len(samples) >= max_samples:
-            break
-    if not samples:
+    n = len(table) if max_samples is None else min(len(table), max_samples)
+    if n == 0:
         raise RecordError(f"{path}: no records")
-    return samples
+    if table.columns is not None:
+        return LazySamples(table, convert, base, n)
+    return [convert(record, source, base) for record, source in table[:n]]
 
 
 from mmrl.data import formats as _formats  # noqa: E402,F401  (registers the anchor formats)

@@ -28,7 +28,7 @@ def counting(out_dir: str | Path, n_train: int = 2000, n_eval: int = 200, seed: 
 
     Why this task: a ~1M-parameter random Qwen-VL learns it from pixels in minutes on CPU
     (56 px = 4 visual tokens after 2x2 merge), while smaller objects were not learned
-    (../shared/ENVIRONMENT.md). Chance accuracy is 1/max_count. `choices=True` makes it a
+    (docs/install-notes.md). Chance accuracy is 1/max_count. `choices=True` makes it a
     multiple-choice VQA task (options "A. 1" ..., solution a letter, task "vqa").
     """
     if not 1 <= max_count <= 4 or square > size // 2:

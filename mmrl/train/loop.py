@@ -63,7 +63,8 @@ class Trainer:
         self.rewards = RewardSet(cfg.rewards)
         self.media_stats: dict[str, int] = {}  # e.g. audio_truncated, counted into metrics
         self.load_media = setup.media_loader(cfg, self.media_stats)
-        self.sampler = setup.PromptSampler(len(self.train_set), cfg.train.seed, cfg.data.shuffle)
+        self.sampler = setup.PromptSampler(len(self.train_set), cfg.train.seed, cfg.data.shuffle,
+                                           blocks=getattr(self.train_set, "blocks", None))
         self.ref_model = None
         self.step, self.skipped, self.state_extra = 0, 0, {}
         # Methods from the papers (mmrl/train/methods.py): prompt history, GT-guided rows.

@@ -151,7 +151,7 @@ def build_optimizer(tc: TrainConfig, model, total_steps: int):
 def lr_schedule(opt, tc: TrainConfig, total_steps: int):
     def factor(step: int) -> float:
         # Warm-up matters for RL on a fresh optimizer: without it early steps overshoot
-        # (observed collapses in ../shared/ENVIRONMENT.md).
+        # (observed collapses: docs/install-notes.md).
         if step < tc.warmup_steps:
             return (step + 1) / tc.warmup_steps
         progress = (step - tc.warmup_steps) / max(1, total_steps - tc.warmup_steps)
@@ -168,10 +168,15 @@ def lr_schedule(opt, tc: TrainConfig, total_steps: int):
 
 class PromptSampler:
     """Epoch-wise shuffled order over sample indices; its state (epoch, position) is saved in
-    checkpoints so a resumed run sees exactly the prompts the uninterrupted run would."""
+    checkpoints so a resumed run sees exactly the prompts the uninterrupted run would.
 
-    def __init__(self, n: int, seed: int, shuffle: bool = True):
+    `blocks` (sizes of consecutive index runs, e.g. Parquet row groups): the blocks are visited in
+    a shuffled order and each block's indices shuffled within it, so consecutive draws share one
+    row-group read while every epoch still visits every index once."""
+
+    def __init__(self, n: int, seed: int, shuffle: bool = True, blocks: list[int] | None = None):
         self.n, self.seed, self.shuffle = n, seed, shuffle
+        self.blocks = blocks if blocks and sum(blocks) == n and len(blocks) > 1 else None
         self.epoch, self.pos = 0, 0
         self._order = self._make_order()
 
@@ -179,7 +184,15 @@ class PromptSampler:
         if not self.shuffle:
             return list(range(self.n))
         g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        return torch.randperm(self.n, generator=g).tolist()
+        if self.blocks is None:
+            return torch.randperm(self.n, generator=g).tolist()
+        starts = [0]
+        for size in self.blocks:
+            starts.append(starts[-1] + size)
+        order: list[int] = []
+        for b in torch.randperm(len(self.blocks), generator=g).tolist():
+            order += (torch.randperm(self.blocks[b], generator=g) + starts[b]).tolist()
+        return order
 
     def next(self) -> int:
         if self.pos >= self.n:

@@ -1,6 +1,6 @@
 """The HTML report as a real browser renders it: headless Chromium screenshot + DOM dump.
 
-Needs /usr/bin/chromium (scripts/install_chromium.sh); skips with that hint otherwise.
+Needs /usr/bin/chromium (scripts/install_apt.sh chromium); skips with that hint otherwise.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(not CHROMIUM.exists(),
-                       reason="/usr/bin/chromium not found: run scripts/install_chromium.sh"),
+                       reason="/usr/bin/chromium not found: run scripts/install_apt.sh chromium"),
 ]
 # Flags: no sandbox (containers run as root), no GPU, and nothing that phones home, so the run
 # is offline-safe and deterministic.

@@ -1,0 +1,154 @@
+"""Where records come from, read lazily: Parquet files or directories of shards by row group,
+Arrow datasets (`datasets.save_to_disk` dirs, `datasets` names in the local cache) by row through
+their memory map. JSONL and JSON lists are small by nature and read whole.
+
+A table is a Sequence of (record, "file[row]") with `columns` (None where records may differ)
+and `blocks`: row counts of consecutive runs that are cheap to read together (Parquet row groups),
+which the prompt sampler shuffles as blocks so a draw rarely reads a second row group.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mmrl.data.schema import RecordError
+
+
+class ParquetTable(Sequence):
+    """Rows of one Parquet file or a sorted directory of `*.parquet` shards. Only the footers are
+    read up front; a row reads (and keeps, as Arrow buffers) its one row group."""
+
+    def __init__(self, files: list[Path]):
+        import pyarrow.parquet as pq
+
+        self.files, self._pq = files, pq
+        self.groups: list[tuple[int, int, int]] = []  # (file index, row group, its first row)
+        self.blocks: list[int] = []
+        cols = None
+        for fi, f in enumerate(files):
+            meta = pq.ParquetFile(f).metadata
+            names = meta.schema.to_arrow_schema().names
+            if cols is not None and names != cols:
+                raise RecordError(f"{f}: columns {names} differ from {files[0].name}'s {cols}")
+            cols = names
+            first = 0
+            for rg in range(meta.num_row_groups):
+                if meta.row_group(rg).num_rows:
+                    self.groups.append((fi, rg, first))
+                    self.blocks.append(meta.row_group(rg).num_rows)
+                    first += meta.row_group(rg).num_rows
+        self.columns = cols or []
+        self._starts = [0]
+        for n in self.blocks:
+            self._starts.append(self._starts[-1] + n)
+        self._cached: tuple[int, Any] = (-1, None)
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def __getitem__(self, i: int) -> tuple[dict, str]:
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i %= len(self)
+        g = bisect.bisect_right(self._starts, i) - 1
+        fi, rg, first = self.groups[g]
+        if self._cached[0] != g:
+            self._cached = (g, self._pq.ParquetFile(self.files[fi]).read_row_group(rg))
+        off = i - self._starts[g]
+        return self._cached[1].slice(off, 1).to_pylist()[0], f"{self.files[fi]}[{first + off}]"
+
+
+class ArrowTable(Sequence):
+    """A `datasets.Dataset` (memory-mapped Arrow): rows are read, and images decoded, on access."""
+
+    def __init__(self, ds, name: str):
+        self.ds, self.name, self.columns, self.blocks = ds, name, list(ds.column_names), None
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> tuple[dict, str]:
+        return dict(self.ds[int(i)]), f"{self.name}[{i % len(self)}]"
+
+
+class ListTable(list):
+    columns = None
+    blocks = None
+
+
+def _cached_dataset(name: str) -> Sequence:
+    """`org/name[:split]` (split default "train") from the local caches, offline: the Parquet
+    shards of a hub snapshot (huggingface_hub's cache, streamed like any shard directory), else a
+    dataset `datasets.load_dataset` prepared before (its Arrow cache). Nothing downloads."""
+    repo, _, split = name.partition(":")
+    split = split or "train"
+    try:
+        from huggingface_hub import snapshot_download
+
+        snap = Path(snapshot_download(repo, repo_type="dataset", local_files_only=True))
+    except Exception:  # noqa: BLE001 - not in the hub cache (or no huggingface_hub)
+        snap = None
+    if snap is not None:
+        shards = sorted({*snap.glob(f"**/{split}-*.parquet"), *snap.glob(f"**/{split}/*.parquet")})
+        if shards:
+            return ParquetTable(shards)
+    import datasets
+
+    with _offline():
+        try:
+            ds = datasets.load_dataset(repo, split=split)
+        except Exception as e:  # noqa: BLE001 - datasets raises many types for "not cached"
+            raise FileNotFoundError(
+                f"data file {name}: not a path, and not a dataset in the local datasets cache "
+                f"({type(e).__name__}: {str(e)[:200]}). Download it once (datasets.load_dataset"
+                f"('{repo}')) or point at a file/directory") from None
+    return ArrowTable(ds, name)
+
+
+class _offline:
+    def __enter__(self):
+        import datasets.config as dc
+
+        self._saved = dc.HF_HUB_OFFLINE
+        dc.HF_HUB_OFFLINE = True
+
+    def __exit__(self, *exc):
+        import datasets.config as dc
+
+        dc.HF_HUB_OFFLINE = self._saved
+
+
+def open_table(path: str | Path) -> Sequence:
+    """The records at `path` (see the module docstring), lazily where the format allows."""
+    p = Path(path)
+    if not p.exists():
+        if "/" in str(path) and not str(path).startswith((".", "/")) and p.suffix == "":
+            return _cached_dataset(str(path))
+        raise FileNotFoundError(f"data file {p} does not exist (generate it with `mmrl data` "
+                                f"or set data.generate in the config)")
+    if p.is_dir():
+        shards = sorted(p.glob("*.parquet"))
+        if shards:
+            return ParquetTable(shards)
+        import datasets
+
+        return ArrowTable(datasets.load_from_disk(str(p)), str(p))
+    if p.suffix == ".parquet":
+        return ParquetTable([p])
+    if p.suffix == ".json":
+        rows = json.loads(p.read_text())
+        if not isinstance(rows, list):
+            raise RecordError(f"{p}: expected a JSON list of records")
+        return ListTable((row, f"{p}[{i}]") for i, row in enumerate(rows))
+    out = ListTable()
+    with p.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    out.append((json.loads(line), f"{p}:{lineno}"))
+                except json.JSONDecodeError as e:
+                    raise RecordError(f"{p}:{lineno}: not valid JSON ({e.msg})") from None
+    return out
