@@ -68,3 +68,4 @@ def counting(out_dir: str | Path, n_train: int = 2000, n_eval: int = 200, seed: 
 
 
 from mmrl.data import synthetic_av as _synthetic_av  # noqa: E402,F401  (video/audio/grounding generators)
+from mmrl.data import pretext as _pretext  # noqa: E402,F401  (pretext tasks from the user's media)
