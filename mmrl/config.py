@@ -39,6 +39,13 @@ class DataConfig:
     audio_truncate: str = "error"  # longer audio: error (name the file) | head (keep the start)
     media_cache: Optional[str] = None  # dir for decoded video/audio; later epochs decode nothing
     feature_cache: int = 512  # processed prompts kept in memory (LRU), 0 = none
+    # Hybrid think / no-think (TON, TempSamp-R1 hybrid CoT): this share of training samples (chosen
+    # by id, stable across epochs) gets nothink_instruction, the rest think_instruction (0 = off).
+    think_hybrid: float = 0.0
+    think_instruction: str = ("Think step by step inside <think> </think> tags, then give the "
+                              "final answer inside <answer> </answer> tags.")
+    nothink_instruction: str = ("Do not think: give only the final answer inside <answer> "
+                                "</answer> tags.")
 
 
 @dataclass
@@ -227,6 +234,7 @@ class LogConfig:
     rollouts_every: int = 10  # write a sample of rollouts every N steps
     rollouts_per_step: int = 8
     progress: str = "auto"  # auto (rich bar on a TTY, lines otherwise) | bar | lines | off
+    think_share: bool = False  # log think/{think,empty,none}: share of completions by reasoning kind (TON)
     log_every: int = 10  # lines mode: print a line every N steps
 
 

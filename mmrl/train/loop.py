@@ -87,6 +87,7 @@ class Trainer:
         if key is not None and key in self._features:
             self._features.move_to_end(key)
             return self._features[key]
+        sample = methods.hybrid_sample(self, sample)  # think / no-think instruction (off: as is)
         media = self.load_media(sample)
         feats = self.adapter.prompt_features(self.processor, sample, **media)
         feats.media = media
@@ -311,6 +312,7 @@ class Trainer:
         metrics.update(extra)
         metrics.update(methods.history_end_step(self))
         metrics.update(methods.label_free_metrics(self, batch))
+        metrics.update(methods.think_metrics(self, batch))
         metrics.update(rollout_metrics(sb, self.rewards.keys))
         metrics.update(timer.metrics())
         tokens = int(batch.completion_mask.sum()) + sum(p.input_ids.numel() for p in batch.prompts)

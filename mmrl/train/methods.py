@@ -5,14 +5,17 @@ are pure functions in mmrl/algos and rewards/. Every method is off unless its co
 """
 from __future__ import annotations
 
+import dataclasses
 import time
+import zlib
 
 import torch
 
 from mmrl import algos
 from mmrl.data.pretext import shuffle_frames
-from mmrl.types import RolloutBatch
+from mmrl.types import RolloutBatch, Sample
 from rewards.label_free import majority_error
+from rewards.thinking import think_shares
 
 
 # ------------------------------------------------------------- label-free rewards (TTRL) -------
@@ -25,6 +28,49 @@ def label_free_metrics(trainer, batch: RolloutBatch) -> dict[str, float]:
                                   batch.group_ids.tolist())
     return {"label_free/labelled_groups": known,
             "label_free/majority_wrong": wrong / known if known else float("nan")}
+
+
+# ------------------------------------------------------------- think / no-think (TON) ----------
+def asks_nothink(sample_id: str, share: float, seed: int) -> bool:
+    """Stable per-sample choice: True for about `share` of ids (crc32 of seed and id)."""
+    return zlib.crc32(f"{seed}:{sample_id}".encode()) / 2**32 < share
+
+
+def hybrid_sample(trainer, sample: Sample) -> Sample:
+    """data.think_hybrid > 0: append the think or no-think instruction to the sample's last user
+    text and record what was asked in its `think_mode` field (for the think_format reward and the
+    think shares). Training prompts only; evaluation keeps the dataset's prompts."""
+    d = trainer.cfg.data
+    if d.think_hybrid <= 0:
+        return sample
+    mode = "no_think" if asks_nothink(sample.id, d.think_hybrid, trainer.cfg.train.seed) else "think"
+    text = d.nothink_instruction if mode == "no_think" else d.think_instruction
+    messages = [dict(m) for m in sample.messages]
+    user = next((m for m in reversed(messages) if m.get("role") == "user"), None)
+    if user is None:
+        raise ValueError(f"{sample.source}: data.think_hybrid needs a user message")
+    content = user["content"]
+    if isinstance(content, str):
+        user["content"] = f"{content}\n{text}"
+    else:
+        user["content"] = [*content, {"type": "text", "text": f"\n{text}"}]
+    return dataclasses.replace(sample, messages=messages,
+                               fields={**sample.fields, "think_mode": mode})
+
+
+def think_metrics(trainer, batch: RolloutBatch) -> dict[str, float]:
+    """Shares of completions with a non-empty think block, an empty one, none (log.think_share
+    or data.think_hybrid); with the hybrid, also the think share among each asked mode."""
+    if not (trainer.cfg.log.think_share or trainer.cfg.data.think_hybrid > 0):
+        return {}
+    out = {f"think/{k}": v for k, v in think_shares(batch.texts).items()}
+    asked = [p.sample.fields.get("think_mode") for p in batch.prompts]
+    for mode in ("think", "no_think"):
+        texts = [t for t, a in zip(batch.texts, asked) if a == mode]
+        if texts:
+            out[f"think/asked_{mode}_frac"] = len(texts) / batch.n
+            out[f"think/think_when_asked_{mode}"] = think_shares(texts)["think"]
+    return out
 
 
 # ------------------------------------------------------------- history-aware filtering ---------

@@ -170,3 +170,25 @@ def test_tgrpo_samples_shuffled_videos_and_adds_the_bonus(tiny_yaml, tmp_path):
     assert metrics["tgrpo/extra_rollout_frac"] == 1.0  # video rollouts doubled
     assert metrics["tgrpo/bonus_rows"] == float((acc > 0.1).sum())
     t.log.close()
+
+
+def test_think_hybrid_asks_both_modes_and_logs_their_shares(tiny_yaml, tmp_path):
+    from mmrl.train.methods import asks_nothink
+    from rewards.thinking import think_format, think_shares
+    t = _trainer(tiny_yaml, tmp_path, "data.think_hybrid=0.5", "rewards=[{name: think_format}]",
+                 "rollout.prompts_per_step=6")
+    seen = _capture_update(t)
+    metrics = t.train_step()
+    b = seen[0].rollout
+    asked = [p.sample.fields["think_mode"] for p in b.prompts]
+    for p, mode in zip(b.prompts, asked):
+        assert (mode == "no_think") == asks_nothink(p.sample.id, 0.5, t.cfg.train.seed)
+        text = p.sample.messages[-1]["content"][-1]["text"]
+        want = t.cfg.data.nothink_instruction if mode == "no_think" else t.cfg.data.think_instruction
+        assert text.endswith(want)
+        assert want in t.processor.tokenizer.decode(p.input_ids)
+    assert seen[0].per_reward["think_format"] == think_format(b.texts, [None] * b.n, think_mode=asked)
+    assert metrics["think/none"] == think_shares(b.texts)["none"]
+    for mode in set(asked):
+        assert metrics[f"think/asked_{mode}_frac"] == asked.count(mode) / b.n
+    t.log.close()

@@ -133,3 +133,25 @@ def test_shuffle_frames_is_seeded_non_identity_and_keeps_timing():
     assert s.timestamps == v.timestamps and s.fps == v.fps
     assert shuffle_frames(v, seed=1).frames.tolist() == s.frames.tolist()
     assert v.frames[:, 0, 0, 0].tolist() == [0, 1, 2, 3], "input untouched"
+
+
+# ---------------------------------------------------------------- think / no-think ------------
+def test_think_kinds_shares_and_hybrid_format():
+    from rewards.thinking import think_format, think_kind, think_shares
+    assert [think_kind(t) for t in ["<think>x</think><answer>1</answer>", "<think>\n</think>1",
+                                    "1", "</think><think>"]] == ["think", "empty", "none", "none"]
+    assert think_shares([]) == {"think": 0.0, "empty": 0.0, "none": 0.0}
+    comps = ["<think>a</think> <answer>1</answer>", "<answer>1</answer>",
+             "<answer>1</answer>", "<think>a</think><answer>1</answer>",
+             "<think>a</think><answer>1</answer> extra", "<think>a</think><think>b</think><answer>1</answer>"]
+    modes = ["think", "no_think", None, None, "think", "think"]
+    assert think_format(comps, [None] * 6, think_mode=modes) == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+
+
+def test_asks_nothink_is_stable_and_close_to_the_share():
+    from mmrl.train.methods import asks_nothink
+    ids = [f"s{i}" for i in range(2000)]
+    picks = [asks_nothink(i, 0.3, seed=0) for i in ids]
+    assert picks == [asks_nothink(i, 0.3, seed=0) for i in ids]
+    assert abs(sum(picks) / len(ids) - 0.3) < 0.04
+    assert not any(asks_nothink(i, 0.0, 0) for i in ids) and all(asks_nothink(i, 1.0, 0) for i in ids)
