@@ -12,12 +12,15 @@ reward the total is 0 for every row, so the group carries no advantage) or 0.0 w
 """
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from typing import Any
 
 from rewards.core import (completion_text, extract_answer, field_column, normalize_text, plain,
                           solution_text, to_float)
 from rewards.registry import register
+
+_WARNED: set[str] = set()
 
 
 def answer_key(text: Any) -> str | None:
@@ -34,15 +37,20 @@ def answer_key(text: Any) -> str | None:
     return repr(value) if value is not None else normalize_text(answer) or None
 
 
+def _key(group: Any) -> str:
+    """Any group id (int, str, numpy scalar, even a list) as a hashable key."""
+    return repr(plain(group))
+
+
 def group_majorities(completions: list, group_id: list) -> dict[Any, tuple[str | None, float]]:
-    """{group: (majority answer key or None, share of the group's rows giving it)}.
+    """{repr(group id): (majority answer key or None, share of the group's rows giving it)}.
 
     Ties go to the answer seen first in the group (deterministic). The share counts every row of
     the group in the denominator, empty answers included.
     """
     keys: dict[Any, list] = {}
     for text, g in zip(completions, group_id):
-        keys.setdefault(plain(g), []).append(answer_key(text))
+        keys.setdefault(_key(g), []).append(answer_key(text))
     out = {}
     for g, ks in keys.items():
         votes = Counter(k for k in ks if k is not None)
@@ -60,7 +68,7 @@ def majority_vote(completions: list, solution: list, *, min_agreement: float = 0
                   below: str = "none", tasks: Any = None, **fields: Any) -> list[float | None]:
     """1.0 when the answer equals its group's majority answer, else 0.0; the solution is ignored.
 
-    Needs the `group_id` field (the trainer passes it). Groups whose majority share is below
+    Needs the `group_id` field (the trainer passes it); rows without one score None (warned once). Groups whose majority share is below
     `min_agreement` score None (`below="none"`) or 0.0 (`below="zero"`).
 
     >>> majority_vote(["<answer>3</answer>", "<answer>3.0</answer>", "<answer>4</answer>",
@@ -72,16 +80,17 @@ def majority_vote(completions: list, solution: list, *, min_agreement: float = 0
         raise ValueError(f"majority_vote: below must be 'none' or 'zero'; got {below!r}")
     n = len(completions)
     groups = field_column(fields, "group_id", n)
-    if any(g is None for g in groups):
-        raise ValueError("majority_vote needs the `group_id` field (one group per prompt); the "
-                         "mmrl trainer passes it, other callers must too")
+    if any(g is None for g in groups) and "majority_vote" not in _WARNED:
+        _WARNED.add("majority_vote")  # the contract: never raise; rows without a group score None
+        warnings.warn("majority_vote needs the `group_id` field (one group per prompt; the mmrl "
+                      "trainer passes it): rows without one score None", RuntimeWarning, stacklevel=2)
     task_col = field_column(fields, "task", n)
     allowed = None if tasks is None else ({tasks} if isinstance(tasks, str) else set(tasks))
     majority = group_majorities(completions, groups)
     out: list[float | None] = []
     for text, g, task in zip(completions, groups, task_col):
-        winner, share = majority[plain(g)]
-        if allowed is not None and task not in allowed:
+        winner, share = majority[_key(g)]
+        if g is None or (allowed is not None and task not in allowed):
             out.append(None)
         elif winner is None or share < min_agreement:
             out.append(None if below == "none" else 0.0)
@@ -103,7 +112,7 @@ def majority_error(completions: list, solution: list, group_id: list) -> tuple[i
     labels: dict[Any, str | None] = {}
     for sol, g in zip(solution, group_id):
         text = solution_text(plain(sol)) if sol is not None else ""
-        labels.setdefault(plain(g), answer_key(f"<answer>{text}</answer>") if text else None)
+        labels.setdefault(_key(g), answer_key(f"<answer>{text}</answer>") if text else None)
     known = [g for g, label in labels.items() if label is not None]
     wrong = sum(1 for g in known if majority[g][0] != labels[g])
     return len(known), wrong

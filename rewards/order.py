@@ -13,12 +13,25 @@ _INT = re.compile(r"-?\d+")
 def parse_order(text: Any) -> list[int]:
     """The integers of an answer in order ("2, 1, 4, 3" / "[2,1,4,3]" / "2 1 4 3" -> [2, 1, 4, 3]).
 
-    >>> parse_order("[2, 1,4 3]"), parse_order("none")
-    ([2, 1, 4, 3], [])
+    >>> parse_order("[2, 1,4 3]"), parse_order("none"), parse_order([2, "1", 3.0]), parse_order(["cat"])
+    ([2, 1, 4, 3], [], [2, 1, 3], [])
     """
-    if isinstance(text, (list, tuple)):
-        return [int(x) for x in text]
-    return [int(x) for x in _INT.findall(str(text))]
+    if isinstance(text, (list, tuple)):  # a solution column: integers (or their strings) only
+        out = []
+        for x in text:
+            if isinstance(x, bool) or not isinstance(x, (int, float, str)):
+                return []
+            s = str(int(x)) if isinstance(x, float) and x.is_integer() else str(x).strip()
+            if not _INT.fullmatch(s):
+                return []
+            out.append(_int(s))
+        return out
+    return [_int(x) for x in _INT.findall(str(text))]
+
+
+def _int(digits: str) -> int:
+    # A position never has 13 digits; -1 (never a valid position) keeps huge garbage linear-time.
+    return int(digits) if len(digits) <= 12 else -1
 
 
 def _order_one(text: str, solution: Any, *, partial: bool) -> float | None:

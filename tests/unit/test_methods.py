@@ -20,7 +20,7 @@ def test_majority_vote_scores_agreement_with_the_groups_majority():
     # group 7: keys 3.0, 3.0, 4.0, 3.0 ("no tags 3" -> whole text, not a number -> text key)
     out = majority_vote(comps, [None] * 8, group_id=groups)
     assert out == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]
-    assert group_majorities(comps, groups) == {7: ("3.0", 0.5), 2: ("red", 0.5)}
+    assert group_majorities(comps, groups) == {"7": ("3.0", 0.5), "2": ("red", 0.5)}
 
 
 def test_min_agreement_threshold_none_or_zero():
@@ -38,8 +38,8 @@ def test_ties_go_to_the_first_answer_and_empty_groups_have_no_majority():
 
 
 def test_majority_vote_needs_group_ids_and_is_registered():
-    with pytest.raises(ValueError, match="group_id"):
-        majority_vote(["<answer>1</answer>"], [None])
+    with pytest.warns(RuntimeWarning, match="group_id"):
+        assert majority_vote(["<answer>1</answer>"], [None]) == [None]
     assert get_reward("majority_vote") is majority_vote
 
 
