@@ -32,11 +32,22 @@ def cmd_train(args) -> int:
 
     torch.set_flush_denormal(True)  # tiny-model CPU steps otherwise spike 10-20x on denormals
     cfg = _load(args)
-    from mmrl.config import to_yaml
-
-    print(to_yaml(cfg), file=sys.stderr)
+    print(config_summary(cfg), file=sys.stderr)
     train(cfg)
     return 0
+
+
+def config_summary(cfg) -> str:
+    """A few lines on the terminal; the whole config goes to RUN_DIR/config.yaml."""
+    r, a, t = cfg.rollout, cfg.algo, cfg.train
+    rewards = ", ".join(f"{s.name}" + (f" x{s.weight:g}" if s.weight != 1 else "")
+                        for s in cfg.rewards)
+    return "\n".join([
+        f"run {cfg.name}: {cfg.model.family} ({cfg.model.path}), data {cfg.data.train}",
+        f"  {a.preset or a.advantage}: {t.steps} steps x {r.prompts_per_step} prompts x "
+        f"{r.num_generations} completions (max {r.max_new_tokens} tokens), lr {t.lr:g}, "
+        f"rollout {r.backend}, rewards: {rewards or 'none'}",
+        f"  run dir {cfg.run_dir}  (full config: {cfg.run_dir / 'config.yaml'})"])
 
 
 def validate(cfg) -> list[str]:
@@ -159,7 +170,7 @@ def cmd_data_inspect(args) -> int:
     from mmrl.data.inspect import format_report, inspect_file
 
     report = inspect_file(args.file, fmt=args.format, n_show=args.show, deep=args.deep,
-                          media_root=args.media_root)
+                          media_root=args.media_root, family=args.family)
     print(json.dumps(report, indent=2, default=str) if args.json else format_report(report))
     return 1 if report["bad_records"] or report["bad_media"] else 0
 
@@ -255,7 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     ip.add_argument("file")
     ip.add_argument("--format", default="mmrl")
     ip.add_argument("--show", type=int, default=3, help="prompts to render")
-    ip.add_argument("--deep", action="store_true", help="fully decode every media file")
+    ip.add_argument("--deep", action="store_true",
+                    help="fully decode every media file and run the model family's processor on it")
+    ip.add_argument("--family", default="qwen2_5_vl", help="processor for --deep (`mmrl ls models`)")
     ip.add_argument("--media-root", default=None)
     ip.add_argument("--json", action="store_true", help="print the report as JSON")
     ip.set_defaults(fn=cmd_data_inspect)
@@ -274,8 +287,44 @@ def quiet_known_warnings() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("MMRL_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("mmrl: aborted (no checkpoint saved by this interrupt)", file=sys.stderr)
+        return 130
+    except Exception as e:  # one clear line; the traceback is for --debug
+        if debug:
+            raise
+        run = sys.modules.get("mmrl.train.run")  # not imported: no training ran
+        if run is not None and isinstance(e, run.RunInterrupted):
+            print(f"mmrl: {e}", file=sys.stderr)
+            return 130
+        print(f"mmrl: error: {_message(e)}\n(run with --debug or MMRL_DEBUG=1 for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+def _message(e: BaseException) -> str:
+    text = str(e.args[0] if isinstance(e, KeyError) and e.args else e).strip() or type(e).__name__
+    # Our own errors say what to do; a foreign one is named by its type so it can be searched.
+    if type(e).__module__.startswith(("mmrl", "rewards")) or isinstance(
+            e, (FileNotFoundError, FloatingPointError, KeyError, ValueError, RuntimeError)):
+        return text
+    return f"{type(e).__name__}: {text}"
+
+
+def _run(argv: list[str]) -> int:
     quiet_known_warnings()
     parser = build_parser()
+    parser.add_argument("--debug", action="store_true",
+                        help="show tracebacks (also MMRL_DEBUG=1)")
     args, rest = parser.parse_known_args(argv)
     # key=value overrides may also follow options (`mmrl eval C --checkpoint D k=v`).
     if rest and hasattr(args, "overrides") and all(not r.startswith("-") for r in rest):

@@ -64,7 +64,7 @@ class ModelConfig:
     path: str = "tiny"  # HF-format checkpoint dir, or "tiny" for the adapter's offline tiny twin
     tiny: dict[str, Any] = field(default_factory=dict)  # overrides for adapter.tiny()
     dtype: str = "float32"  # float32 | bfloat16 | float16
-    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2
+    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 | mmrl_prefix_varlen
     gradient_checkpointing: bool = False
     freeze: list[str] = field(default_factory=list)  # parameter-name prefixes or: vision, audio
     lora: LoraSpec = field(default_factory=LoraSpec)
@@ -206,6 +206,9 @@ class TrainConfig:
     save_every: int = 0  # 0 = only at the end
     keep_checkpoints: int = 2
     resume: str = "none"  # none | auto | path to a checkpoint dir
+    overwrite: bool = False  # a fresh run may replace what a non-empty log.run_dir holds
+    run_id: Optional[str] = None  # set at a run's start; resume=auto accepts only its checkpoints
+    max_nonfinite_steps: int = 3  # consecutive steps skipped for NaN/inf loss or grad norm -> stop
     eval_every: int = 0  # in-loop held-out evaluation (0 = off)
     # How weights, gradients and optimizer state are spread over processes: auto (from the
     # launcher: accelerate's DeepSpeed / FSDP config, else ddp) | ddp | deepspeed | fsdp2.

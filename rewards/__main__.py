@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from rewards import REWARDS, get_reward
 
@@ -35,12 +35,21 @@ def parse_params(pairs: list[str], reward: str) -> dict[str, Any]:
             raise SystemExit(f"reward {reward!r} has no parameter {key!r}; "
                              f"parameters: {', '.join(known) or '(none)'}")
         params[key] = _param_value(value)
+        default = known.get(key) if known else None
+        if isinstance(default, (int, float)) and not isinstance(default, bool) and (
+                isinstance(params[key], bool) or not isinstance(params[key], (int, float))):
+            raise SystemExit(f"--param {pair}: {key} must be a number (default {default})")
     return params
 
 
-def read_records(stream: TextIO) -> list[dict]:
+def read_records(stream: TextIO | BinaryIO) -> list[dict]:
     records = []
-    for lineno, line in enumerate(stream, 1):
+    for lineno, raw in enumerate(stream, 1):
+        try:
+            line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        except UnicodeDecodeError as e:
+            raise SystemExit(f"line {lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at "
+                             f"column {e.start + 1})") from None
         if not line.strip():
             continue
         try:
@@ -83,11 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyError as e:
         raise SystemExit(str(e.args[0])) from None
     params = parse_params(args.param, args.reward)
-    if args.input == "-":
-        records = read_records(sys.stdin)
-    else:
-        with open(args.input, encoding="utf-8") as f:
-            records = read_records(f)
+    try:
+        if args.input == "-":
+            records = read_records(sys.stdin.buffer)
+        else:
+            with open(args.input, "rb") as f:  # bytes: a bad byte is named with its line
+                records = read_records(f)
+    except OSError as e:
+        raise SystemExit(f"--input {args.input}: {e.strerror or e}") from None
+    except SystemExit as e:
+        raise SystemExit(f"{args.input}: {e.code}") from None
     try:
         scores = score_records(args.reward, params, records)
     except ValueError as e:  # a bad parameter value (e.g. an unknown mode)

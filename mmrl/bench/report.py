@@ -30,6 +30,8 @@ def _mem(r: dict, layout: str) -> str:
 def update_table(r: dict) -> list[str]:
     rows = [("naive G x [prompt, completion]", "naive", r["tokens_naive"]),
             ("shared prefix (packed group)", "shared", r["tokens_shared"])]
+    if "varlen" in r:
+        rows.append(("shared prefix, varlen kernel (pad-free)", "varlen", r["tokens_shared"]))
     lines = [
         "### 1. Update phase (old + ref logprobs, loss, backward), naive vs shared prefix",
         "",
@@ -48,6 +50,12 @@ def update_table(r: dict) -> list[str]:
     lines += ["", f"**Speed-up (median wall): {r['speedup']:.2f}x**; min wall {r['speedup_min']:.2f}x; "
                   f"median CPU {r['speedup_cpu']:.2f}x. Loss naive {r['loss_naive']:.6f}, "
                   f"shared {r['loss_shared']:.6f}."]
+    if "varlen" in r:
+        a, pad = r["attention_scores"], r["pad_fraction"]
+        lines += ["", f"**Varlen kernel: {r['speedup_varlen']:.2f}x over naive** (loss "
+                      f"{r['loss_varlen']:.6f}). Attention scores per group, layer and head: naive "
+                      f"{a['naive']:,}, dense masked row {a['shared']:,}, varlen {a['varlen']:,} "
+                      f"(P^2 + G*C*(P+C)). Pad fraction naive {pad['naive']:.1%}, varlen {pad['varlen']:.1%}."]
     return lines
 
 
@@ -59,18 +67,27 @@ def scaling_table(r: dict) -> list[str]:
         f"interleaved trials per cell; seconds are medians (min in brackets).",
         "",
         "| sweep | P (tokens) | G | naive s | shared s | speed-up (median) | speed-up (min) "
-        "| speed-up (CPU) | token ratio G(P+C)/(P+GC) | peak RSS growth naive / shared (MB) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| speed-up (CPU) | token ratio G(P+C)/(P+GC) | peak RSS growth naive / shared (/ varlen) (MB) "
+        "| varlen s | varlen speed-up | attention scores naive / dense / varlen |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in r["rows"]:
         mem = row.get("memory_mb")
         mem_s = f"{mem['naive']:.0f} / {mem['shared']:.0f}" if mem else "-"
+        if mem and "varlen" in mem:
+            mem_s += f" / {mem['varlen']:.0f}"
+        if "varlen" in row:
+            a = row["attention_scores"]
+            var_s = (f"{_s(row['varlen']['median_s'])} ({_s(row['varlen']['min_s'])}) | "
+                     f"{row['speedup_varlen']:.2f}x | {a['naive']:,} / {a['shared']:,} / {a['varlen']:,}")
+        else:
+            var_s = "- | - | -"
         lines.append(
             f"| {row['sweep']} | {row['prompt_tokens']} | {row['group']} | "
             f"{_s(row['naive']['median_s'])} ({_s(row['naive']['min_s'])}) | "
             f"{_s(row['shared']['median_s'])} ({_s(row['shared']['min_s'])}) | "
             f"{row['speedup']:.2f}x | {row['speedup_min']:.2f}x | {row.get('speedup_cpu', 0):.2f}x | "
-            f"{row['tokens_naive'] / row['tokens_shared']:.2f} | {mem_s} |")
+            f"{row['tokens_naive'] / row['tokens_shared']:.2f} | {mem_s} | {var_s} |")
     return lines
 
 

@@ -18,7 +18,7 @@ MODES = ("hf_generate", "shared", "shared_rounds")
 def _generate(mode: str, model, processor, prompts, *, group: int, completion_tokens: int,
               rounds_of: int, suppress, stats: dict | None = None):
     from mmrl.models.forward import generate
-    from mmrl.models.shared_prefix import generate_shared
+    from mmrl.models.shared_generate import generate_shared
 
     # EOS = a suppressed placeholder, never sampled: every row decodes the full budget.
     common = dict(num_generations=group, max_new_tokens=completion_tokens, suppress_ids=suppress,

@@ -9,6 +9,7 @@ global token normaliser, `loss.backward()`. The naive side uses row micro-batche
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -16,9 +17,35 @@ import torch
 from mmrl import algos
 from mmrl.bench.common import interleaved, prompt_of_length, random_completions, tiny_vl
 from mmrl.models.forward import collate, completion_logprobs
+from mmrl.models import prefix_attention
 from mmrl.models.shared_prefix import group_micro_batches, shared_prefix_logprobs
 
-LAYOUTS = ("naive", "shared")
+# naive: G rows of [prompt, completion]; shared: one row per group with a dense 4-D mask (sdpa);
+# varlen: the varlen kernel (flash_attn_varlen_func on GPU, its torch emulation on CPU), every
+# group of a micro-batch packed into one pad-free row.
+LAYOUTS = ("naive", "shared", "varlen")
+
+
+@contextlib.contextmanager
+def kernel_for(layout: str, *models):
+    """Run `models` on the varlen kernel for the varlen layout, on their own kernel otherwise."""
+    saved = [m.config._attn_implementation for m in models]
+    if layout == "varlen":
+        for m in models:
+            m.set_attn_implementation(prefix_attention.NAME)
+    try:
+        yield
+    finally:
+        for m, name in zip(models, saved):
+            m.set_attn_implementation(name)
+
+
+def attention_scores(prompt_len: int, group: int, completion: int) -> dict:
+    """Score-matrix entries per layer and head of one group: naive G(P+C)^2, the dense masked
+    row (P+GC)^2, varlen P^2 + G*C*(P+C) (completion tokens but the last: C-1)."""
+    c = completion - 1
+    return {"naive": group * (prompt_len + completion) ** 2, "shared": (prompt_len + group * c) ** 2,
+            "varlen": prompt_len ** 2 + group * c * (prompt_len + c)}
 
 
 def micro_batches(layout: str, prompts, mask: torch.Tensor, micro_batch: int) -> list[list[int]]:
@@ -50,6 +77,12 @@ def update_phase(layout: str, model, ref_model, prompts, ids, mask, adv, *, pad_
                  micro_batch: int = 8, beta: float = 0.04, agg: str = "token_mean") -> float:
     """Old and reference logprobs (no grad), then loss + backward per micro-batch; returns the
     summed loss (equal across layouts to float error)."""
+    with kernel_for(layout, model, ref_model):
+        return _update_phase(layout, model, ref_model, prompts, ids, mask, adv, pad_id=pad_id,
+                             micro_batch=micro_batch, beta=beta, agg=agg)
+
+
+def _update_phase(layout, model, ref_model, prompts, ids, mask, adv, *, pad_id, micro_batch, beta, agg):
     batches = micro_batches(layout, prompts, mask, micro_batch)
     old = torch.zeros(ids.shape)
     ref = torch.zeros(ids.shape)
@@ -81,7 +114,8 @@ class UpdateCase:
     """One benchmark configuration: B prompts of ~P tokens, G completions of C tokens each."""
 
     def __init__(self, adapter, model, processor, *, prompt_tokens: int, group: int,
-                 completion_tokens: int, prompts_per_step: int = 1, seed: int = 0):
+                 completion_tokens: int, prompts_per_step: int = 1, seed: int = 0,
+                 uneven: bool = False):
         self.model = model
         self.ref = copy.deepcopy(model).eval()
         for p in self.ref.parameters():
@@ -93,7 +127,8 @@ class UpdateCase:
         self.image_tokens = int((features[0].tensors["mm_token_type_ids"] == 1).sum())
         self.prompts = [f for f in features for _ in range(group)]
         n = len(self.prompts)
-        self.ids, self.mask = random_completions(n, completion_tokens, self.pad_id, seed=seed)
+        self.ids, self.mask = random_completions(n, completion_tokens, self.pad_id, seed=seed,
+                                                uneven=uneven)
         gen = torch.Generator().manual_seed(seed + 1)
         self.adv = torch.randn(n, generator=gen)
         self.group, self.completion_tokens = group, completion_tokens
@@ -101,6 +136,16 @@ class UpdateCase:
     def run(self, layout: str, micro_batch: int = 8) -> float:
         return update_phase(layout, self.model, self.ref, self.prompts, self.ids, self.mask,
                             self.adv, pad_id=self.pad_id, micro_batch=micro_batch)
+
+    def pad_fractions(self, micro_batch: int) -> dict:
+        """Pad tokens / all tokens the forwards run: naive rows pad to the longest row of their
+        micro-batch; varlen rows hold no pad at all."""
+        lengths = self.mask.sum(1)
+        real = padded = 0
+        for rows in micro_batches("naive", self.prompts, self.mask, micro_batch):
+            real += int(lengths[rows].sum()) + self.prompt_len * len(rows)
+            padded += (int(lengths[rows].max()) + self.prompt_len) * len(rows)
+        return {"naive": 1 - real / padded, "varlen": 0.0}
 
     def measure(self, trials: int, micro_batch: int = 8, warmup: int = 1) -> dict:
         losses = {}
@@ -111,8 +156,11 @@ class UpdateCase:
             return fn
 
         timings = interleaved({layout: runner(layout) for layout in LAYOUTS}, trials, warmup)
-        naive, shared = timings["naive"], timings["shared"]
-        return {
+        naive, shared, varlen = timings["naive"], timings["shared"], timings["varlen"]
+        return {"varlen": varlen.as_dict(), "speedup_varlen": naive.median / varlen.median,
+                "loss_varlen": losses["varlen"],
+                "attention_scores": attention_scores(self.prompt_len, self.group, self.completion_tokens),
+                "pad_fraction": self.pad_fractions(micro_batch),
             "prompt_tokens": self.prompt_len, "image_tokens": self.image_tokens,
             "group": self.group, "completion_tokens": self.completion_tokens,
             "naive": naive.as_dict(), "shared": shared.as_dict(),
@@ -161,7 +209,8 @@ def bench_scaling(*, family: str = "qwen2_5_vl", prompt_sizes=(256, 512, 1024, 2
                 completion_tokens=completion_tokens, micro_batch=micro_batch) for layout in LAYOUTS}
         rows.append(row)
         log(f"  P={row['prompt_tokens']:5d} G={g:3d}: naive {row['naive']['median_s']:.3f} s, "
-            f"shared {row['shared']['median_s']:.3f} s, x{row['speedup']:.2f}")
+            f"shared {row['shared']['median_s']:.3f} s, x{row['speedup']:.2f}, "
+            f"varlen {row['varlen']['median_s']:.3f} s, x{row['speedup_varlen']:.2f}")
     return {"family": family, "micro_batch": micro_batch, "trials": trials,
             "completion_tokens": completion_tokens, "rows": rows}
 

@@ -13,7 +13,8 @@ from collections import Counter
 from pathlib import Path
 
 from mmrl.data import formats as _formats  # noqa: F401  (registers the anchor formats)
-from mmrl.data.media import MediaError, load_audio, load_image, load_video
+from mmrl.data.media import MediaError, load_audio, load_image, load_media, load_video, \
+    processor_errors
 from mmrl.data.schema import FORMATS, RecordError, iter_records
 from mmrl.types import Sample
 
@@ -78,9 +79,34 @@ def _open_header(kind: str, path: str, source: str) -> None:
         raise MediaError(f"{where}cannot open {kind[:-1]} {path}: {e}") from None
 
 
+def processor_check(family: str = "qwen2_5_vl"):
+    """`sample -> error message or None`: the training path's decode plus the model family's
+    processor call (a tiny offline processor with the same checks: aspect ratio, minimum size,
+    frame and token limits), so `--deep` finds what would stop training. Samples with media the
+    family cannot take are not checked (None)."""
+    from mmrl.models import get_adapter
+
+    adapter = get_adapter(family)
+    _, processor = adapter.tiny()
+
+    def check(sample: Sample) -> str | None:
+        kinds = [k for k in ("images", "videos", "audios") if getattr(sample, k)]
+        if not kinds or any(k not in adapter.media_kinds for k in kinds):
+            return None
+        try:
+            media = load_media(sample)
+            with processor_errors(sample):
+                adapter.prompt_features(processor, sample, **media)
+        except MediaError as e:
+            return str(e)
+        return None
+
+    return check
+
+
 def inspect_file(path: str | Path, fmt: str = "mmrl", n_show: int = 3, *, check: bool = True,
                  deep: bool = False, max_records: int | None = None,
-                 media_root: str | Path | None = None) -> dict:
+                 media_root: str | Path | None = None, family: str = "qwen2_5_vl") -> dict:
     """Report on a data file: {"path", "format", "records", "by_task", "by_modality",
     "bad_records": [msg], "bad_media": [{"source", "kind", "path", "error"}], "examples":
     [{"id", "task", "prompt", "solution", "media"}]}. Never raises for bad records or media.
@@ -93,6 +119,7 @@ def inspect_file(path: str | Path, fmt: str = "mmrl", n_show: int = 3, *, check:
     bad_records, bad_media, examples = [], [], []
     n = 0
     records = iter_records(path)
+    deep_check = processor_check(family) if deep and check else None
     while True:
         try:
             record, source = next(records)
@@ -113,12 +140,18 @@ def inspect_file(path: str | Path, fmt: str = "mmrl", n_show: int = 3, *, check:
         kinds = [k for k in ("images", "videos", "audios") if getattr(sample, k)]
         by_modality["+".join(k[:-1] for k in kinds) or "text"] += 1
         if check:
+            before = len(bad_media)
             for kind in kinds:
                 for media_path in getattr(sample, kind):
                     error = check_media(kind, media_path, source, deep)
                     if error:
                         bad_media.append({"source": source, "kind": kind[:-1], "path": media_path,
                                           "error": error})
+            # Files that open can still be refused by the processor (e.g. a 600x2 image).
+            error = deep_check(sample) if deep_check and len(bad_media) == before else None
+            if error:
+                bad_media.append({"source": source, "kind": "processor", "path": "",
+                                  "error": error})
         if len(examples) < n_show:
             examples.append({"id": sample.id, "task": sample.task, "prompt": render_prompt(sample),
                              "solution": sample.solution,

@@ -13,6 +13,7 @@ wav/flac/ogg, PyAV for everything else (mp3, m4a, the audio track of a video), r
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -40,6 +41,19 @@ VIDEO_FIELD_OVERRIDES = {"video_start": "start", "video_end": "end", "fps": "fps
 
 class MediaError(RuntimeError):
     """A media file that cannot be decoded; the message names record source and file path."""
+
+
+@contextmanager
+def processor_errors(sample: Sample):
+    """Inside: the processor's rejections of a sample's media (an aspect ratio over 200, an image
+    under the patch size, too many frames or tokens: ValueErrors in transformers) become a
+    MediaError naming the record, so `data.on_bad_sample=skip` covers them too."""
+    try:
+        yield
+    except ValueError as e:
+        media = ", ".join([*sample.images, *sample.videos, *sample.audios]) or "no media"
+        raise MediaError(f"{sample.source}: the processor rejected the sample ({media}): "
+                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 
 
 def _fail(source: str, what: str, path: str, reason: str) -> MediaError:

@@ -121,6 +121,18 @@ class _offline:
         dc.HF_HUB_OFFLINE = self._saved
 
 
+def _utf8(data: bytes, path: Path, lineno: int | None = None) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1)
+        if lineno is None:  # a whole file: find the line of the bad byte
+            lineno = data.count(b"\n", 0, e.start) + 1
+        raise RecordError(f"{path}:{lineno}: not UTF-8 text (byte 0x{data[e.start]:02x} at "
+                          f"column {column + 1}); re-encode the file as UTF-8, e.g. "
+                          f"`iconv -f latin1 -t utf-8`") from None
+
+
 def open_table(path: str | Path) -> Sequence:
     """The records at `path` (see the module docstring), lazily where the format allows."""
     p = Path(path)
@@ -139,13 +151,14 @@ def open_table(path: str | Path) -> Sequence:
     if p.suffix == ".parquet":
         return ParquetTable([p])
     if p.suffix == ".json":
-        rows = json.loads(p.read_text())
+        rows = json.loads(_utf8(p.read_bytes(), p))
         if not isinstance(rows, list):
             raise RecordError(f"{p}: expected a JSON list of records")
         return ListTable((row, f"{p}[{i}]") for i, row in enumerate(rows))
     out = ListTable()
-    with p.open() as f:
-        for lineno, line in enumerate(f, 1):
+    with p.open("rb") as f:  # bytes: a bad byte is reported with its line number
+        for lineno, raw in enumerate(f, 1):
+            line = _utf8(raw, p, lineno)
             if line.strip():
                 try:
                     out.append((json.loads(line), f"{p}:{lineno}"))

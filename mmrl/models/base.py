@@ -125,6 +125,8 @@ class ModelAdapter:
         `AutoProcessor.from_pretrained` (e.g. min_pixels / max_pixels budgets).
         """
         local = os.path.isdir(path) or _offline()
+        from mmrl.models import prefix_attention  # noqa: F401 (registers mmrl_prefix_varlen)
+
         model = _transformers_attr(self.model_class).from_pretrained(
             path, dtype=dtype, attn_implementation=attn_implementation, local_files_only=local)
         processor = _transformers_attr("AutoProcessor").from_pretrained(

@@ -16,8 +16,10 @@ token k comes from the hidden state at token k-1, token 0's from the prompt's la
 
 Why this layout rather than a prompt pass whose KV cache the completions attend to: the packed
 row is one ordinary forward, so it works under gradient checkpointing, DDP/FSDP wrappers and
-any attention that takes a 4-D mask (sdpa, eager). flash_attention_2 cannot take the mask:
-`supports_shared_prefix` says no and the caller keeps the naive layout.
+any attention that takes a 4-D mask (sdpa, eager). flash-attention takes no mask: there the
+same layout runs on the varlen kernel of prefix_attention.py (`enable_shared_prefix` switches
+flash_attention_2 to it), with every group of a micro-batch in one pad-free row.
+Rollouts that prefill each prompt once live in shared_generate.py.
 
 Rows are grouped by PromptFeatures identity (rows of one group share one object), so any row
 subset works: a micro-batch that cuts a group computes that group's prompt once for its rows.
@@ -31,6 +33,7 @@ from typing import Sequence
 import torch
 
 from mmrl.models.base import TOKEN_KEYS
+from mmrl.models import prefix_attention
 from mmrl.models.forward import check_no_placeholders
 from mmrl.types import PromptFeatures
 
@@ -57,8 +60,33 @@ def attn_implementation(model) -> str:
 
 
 def supports_shared_prefix(model) -> bool:
-    """True when the model's attention takes a custom 4-D mask (sdpa, eager)."""
-    return attn_implementation(model) in MASKED_ATTENTION
+    """True when the model's attention takes a custom 4-D mask (sdpa, eager) or is the
+    shared-prefix varlen kernel (prefix_attention.NAME)."""
+    return attn_implementation(model) in MASKED_ATTENTION or uses_varlen(model)
+
+
+def uses_varlen(model) -> bool:
+    return attn_implementation(model) == prefix_attention.NAME
+
+
+def enable_shared_prefix(model, wanted: bool = True) -> tuple[bool, str]:
+    """Decide (once, at start) whether training forwards use the shared-prefix layout, switching
+    flash_attention_2 to the varlen path (flash_attn_varlen_func for the layout, flash_attention_2
+    for every other call: nothing else changes). -> (on, one line saying why, for the log)."""
+    impl = attn_implementation(model)
+    if not wanted:
+        return False, "shared-prefix layout off (train.shared_prefix=false): prompts run G times"
+    if impl == "flash_attention_2":
+        unwrap(model).set_attn_implementation(prefix_attention.NAME)
+        impl = prefix_attention.NAME
+    if impl == prefix_attention.NAME:
+        kernel = "flash_attn_varlen_func" if prefix_attention.flash_available() else "its torch emulation"
+        return True, f"shared-prefix layout on: varlen attention ({kernel}), groups packed pad-free"
+    if impl in MASKED_ATTENTION:
+        return True, f"shared-prefix layout on: {impl} with a 4-D group mask"
+    return False, (f"shared-prefix layout OFF: attn_implementation={impl!r} cannot take it, so every "
+                   f"prompt runs G times; set model.attn_implementation to flash_attention_2 (GPU), "
+                   f"{prefix_attention.NAME}, sdpa or eager")
 
 
 def group_rows(prompts: Sequence[PromptFeatures]) -> list[list[int]]:
@@ -106,12 +134,18 @@ def prompt_and_completion_positions(model, prompt: PromptFeatures, length: int) 
         # so the shift by the left pad changes nothing, and arange over the prompt is exact.
         return torch.arange(ids.shape[1] + length, device=ids.device)[None]
     full_ids = torch.cat([ids, ids.new_zeros(1, length)], 1)
-    types = prompt.tensors["mm_token_type_ids"]
-    full_types = torch.cat([types, types.new_zeros(1, length)], 1)
     full_attn = torch.cat([attn, attn.new_ones(1, length)], 1)
     accepted = inspect.signature(fn).parameters
     media = {k: v for k, v in prompt.tensors.items() if k not in TOKEN_KEYS and k in accepted}
-    positions, _ = fn(full_ids, mm_token_type_ids=full_types, attention_mask=full_attn, **media)
+    if "mm_token_type_ids" in accepted:  # Qwen2-VL / 2.5-VL / 3-VL
+        types = prompt.tensors["mm_token_type_ids"]
+        media["mm_token_type_ids"] = torch.cat([types, types.new_zeros(1, length)], 1)
+    if "audio_seqlens" in accepted and "feature_attention_mask" in prompt.tensors:
+        # Qwen2.5-Omni names its inputs differently: as its own forward passes them.
+        media["audio_seqlens"] = prompt.tensors["feature_attention_mask"].sum(-1)
+    if "second_per_grids" in accepted and "video_second_per_grid" in prompt.tensors:
+        media["second_per_grids"] = prompt.tensors["video_second_per_grid"]
+    positions, _ = fn(full_ids, attention_mask=full_attn, **media)
     return positions[:, 0]  # [3, P + length]
 
 
@@ -126,11 +160,14 @@ class Packed:
     row_of: list[int]  # output row -> packed row b
     sources: list[torch.Tensor]  # output row -> [len_i] indices into `keep`
     lengths: list[int]  # output row -> completion length
+    pad_fraction: float = 0.0  # pad tokens / all tokens of the packed rows
 
 
 def pack_groups(model, prompts: Sequence[PromptFeatures], completion_ids: torch.Tensor,
-                completion_mask: torch.Tensor, pad_id: int = 0) -> Packed:
-    """One packed row per group of rows sharing a PromptFeatures (see the module docstring)."""
+                completion_mask: torch.Tensor, pad_id: int = 0, varlen: bool = False) -> Packed:
+    """One packed row per group of rows sharing a PromptFeatures (see the module docstring).
+    `varlen`: every group in ONE row with no padding, and as attention mask the [1, 1, 1, T]
+    segment ids that prefix_attention's varlen kernel reads (group * SEGMENT_BASE + j)."""
     n = len(prompts)
     if completion_ids.shape[0] != n:
         raise ValueError(f"pack_groups: {n} prompts but {completion_ids.shape[0]} completion rows")
@@ -146,19 +183,26 @@ def pack_groups(model, prompts: Sequence[PromptFeatures], completion_ids: torch.
         longest = max(lengths[i] for i in rows)
         positions = prompt_and_completion_positions(model, prompt, longest)  # [R, P + longest]
         ids, pos = [p_ids], [positions[:, :plen]]
-        seg = [torch.zeros(plen, dtype=torch.long)]
+        gid = b * prefix_attention.SEGMENT_BASE if varlen else 0
+        seg = [torch.full((plen,), gid, dtype=torch.long)]
         valid = [p_valid]
+        base = sum(r.shape[0] for r in ids_rows) if varlen else 0  # where this group starts
+        if varlen:
+            b = 0  # one row holds every group
+        if varlen and not bool(p_valid.all()):
+            raise ValueError("pack_groups(varlen=True): prompts must not be padded")
         offset = plen
         for j, i in enumerate(rows):
             # Tokens 0..len-2 of completion i: token len-1's hidden state predicts nothing.
             k = max(lengths[i] - 1, 0)
             ids.append(completion_ids[i, :k].to(p_ids.dtype))
             pos.append(positions[:, plen:plen + k])
-            seg.append(torch.full((k,), j + 1, dtype=torch.long))
+            seg.append(torch.full((k,), gid + j + 1, dtype=torch.long))
             valid.append(torch.ones(k, dtype=torch.bool))
             row_of[i] = b
             # Logits for token 0 come from the prompt's last position, token t from token t-1.
-            src_pos[i] = torch.cat([torch.tensor([plen - 1]), torch.arange(offset, offset + k)])[:lengths[i]]
+            src_pos[i] = base + torch.cat([torch.tensor([plen - 1]),
+                                           torch.arange(offset, offset + k)])[:lengths[i]]
             offset += k
         ids_rows.append(torch.cat(ids))
         pos_rows.append(torch.cat(pos, 1))
@@ -167,7 +211,12 @@ def pack_groups(model, prompts: Sequence[PromptFeatures], completion_ids: torch.
         if "mm_token_type_ids" in prompt.tensors:
             type_rows.append(torch.cat([prompt.tensors["mm_token_type_ids"][0],
                                         torch.zeros(offset - plen, dtype=torch.long)]))
+    if varlen:  # all groups in one row: no padding anywhere
+        ids_rows, pos_rows, seg_rows, valid_rows = ([torch.cat(r, -1)] for r in
+                                                    (ids_rows, pos_rows, seg_rows, valid_rows))
+        type_rows = [torch.cat(type_rows)] if type_rows else []
     width = max(r.shape[0] for r in ids_rows)
+    pad_fraction = 1.0 - sum(r.shape[0] for r in ids_rows) / (width * len(ids_rows))
 
     def pad(rows, value):
         return torch.stack([torch.cat([r, r.new_full((*r.shape[:-1], width - r.shape[-1]), value)], -1)
@@ -178,8 +227,8 @@ def pack_groups(model, prompts: Sequence[PromptFeatures], completion_ids: torch.
     valid = pad(valid_rows, False)
     position_ids = pad(pos_rows, 0)  # [B, R, T]
     position_ids = position_ids.permute(1, 0, 2) if position_ids.shape[1] == 3 else position_ids[:, 0]
-    inputs = {"input_ids": input_ids, "attention_mask": group_attention_mask(seg, valid),
-              "position_ids": position_ids}
+    mask = seg[:, None, None, :] if varlen else group_attention_mask(seg, valid)
+    inputs = {"input_ids": input_ids, "attention_mask": mask, "position_ids": position_ids}
     if type_rows:  # unused when positions are explicit, but kept for families that read it
         if len(type_rows) != len(ids_rows):
             raise ValueError("pack_groups: some prompts carry mm_token_type_ids and some do not")
@@ -190,7 +239,7 @@ def pack_groups(model, prompts: Sequence[PromptFeatures], completion_ids: torch.
         inputs[key] = torch.cat([p.tensors[key] for p in group_prompts if key in p.tensors], 0)
     keep = torch.unique(torch.cat([s for s in src_pos if s.numel()] or [torch.zeros(1, dtype=torch.long)]))
     sources = [torch.searchsorted(keep, s) for s in src_pos]
-    return Packed(inputs, keep, row_of, sources, lengths)
+    return Packed(inputs, keep, row_of, sources, lengths, pad_fraction)
 
 
 def group_attention_mask(seg: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -220,7 +269,7 @@ def _takes_logits_index(model) -> bool:
 def shared_prefix_logprobs(model, prompts: Sequence[PromptFeatures], completion_ids: torch.Tensor,
                            completion_mask: torch.Tensor, *, temperature: float = 1.0,
                            return_entropy: bool = False, placeholder_ids: Sequence[int] = (),
-                           pad_id: int = 0):
+                           pad_id: int = 0, stats: dict | None = None):
     """Same contract as `forward.completion_logprobs(model, collate(prompts, ids, mask), ids,
     mask, ...)`: [N, L] float32 log p(token | prefix) (and entropies), differentiable, but each
     group's prompt and media are computed once. Values where the mask is 0 are 0.
@@ -230,9 +279,13 @@ def shared_prefix_logprobs(model, prompts: Sequence[PromptFeatures], completion_
     check_no_placeholders(completion_ids, completion_mask, placeholder_ids)
     if not supports_shared_prefix(model):
         raise ValueError(f"shared-prefix layout needs an attention taking a 4-D mask "
-                         f"({', '.join(MASKED_ATTENTION)}), not {attn_implementation(model)!r}")
+                         f"({', '.join(MASKED_ATTENTION)}) or {prefix_attention.NAME!r}, "
+                         f"not {attn_implementation(model)!r}")
     device = next(model.parameters()).device
-    packed = pack_groups(model, prompts, completion_ids.cpu(), completion_mask.cpu(), pad_id)
+    packed = pack_groups(model, prompts, completion_ids.cpu(), completion_mask.cpu(), pad_id,
+                         varlen=uses_varlen(model))
+    if stats is not None:
+        stats["pad_fraction"] = packed.pad_fraction
     inputs = {k: v.to(device) for k, v in packed.inputs.items()}
     if attn_implementation(model) == "eager":  # eager adds the mask to the scores
         inputs["attention_mask"] = _additive(inputs["attention_mask"], next(model.parameters()).dtype)
@@ -295,186 +348,6 @@ def group_micro_batches(prompts: Sequence[PromptFeatures], completion_mask: torc
     if current:
         batches.append(current)
     return batches
-
-
-# ----------------------------------------------------------------------------- sampling ---------
-
-def _pad_left(rows: list[torch.Tensor], width: int, value) -> torch.Tensor:
-    """Stack [..., n_i] tensors left-padded to `width` along the last dim."""
-    return torch.stack([torch.cat([r.new_full((*r.shape[:-1], width - r.shape[-1]), value), r], -1)
-                        for r in rows])
-
-
-def _sample_rows(scores: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF sampling, one uniform in [0, 1) per row: the draw depends on that row's own
-    uniform only, so a row's sample does not depend on which other rows share the batch (the
-    property that makes rounds and prefill sharing give the same samples). Zero-probability
-    tokens are never chosen: the threshold is > 0 and searchsorted finds the first cdf >= it."""
-    probs = torch.softmax(scores.double(), dim=-1)
-    cdf = probs.cumsum(-1)
-    threshold = (1.0 - uniforms.double().to(scores.device))[:, None] * cdf[:, -1:]
-    return torch.searchsorted(cdf, threshold).squeeze(1).clamp(max=scores.shape[-1] - 1)
-
-
-class _Prefill:
-    """Prompts prefilled once (left-padded batch): KV cache, last-position logits, the 2-D mask,
-    and each row's positions for the tokens it will generate."""
-
-    def __init__(self, model, prompts: Sequence[PromptFeatures], max_new_tokens: int, pad_id: int):
-        from mmrl.models.forward import collate
-
-        device = next(model.parameters()).device
-        inputs = collate(prompts, pad_id=pad_id)
-        width = inputs["input_ids"].shape[1]
-        positions, self.next_positions = [], []
-        for p in prompts:
-            pos = prompt_and_completion_positions(model, p, max_new_tokens)  # [R, P + L]
-            plen = p.input_ids.shape[0]
-            positions.append(pos[:, :plen])
-            self.next_positions.append(pos[:, plen:])  # [R, L]
-        position_ids = _pad_left(positions, width, 0)  # [B, R, P]
-        inputs["position_ids"] = (position_ids.permute(1, 0, 2) if position_ids.shape[1] == 3
-                                  else position_ids[:, 0])
-        inputs = {k: v.to(device) for k, v in inputs.items()}
-        kwargs = {"logits_to_keep": 1} if _takes_logits_index(model) else {}
-        out = model(**inputs, use_cache=True, **kwargs)
-        self.cache = out.past_key_values
-        self.logits = out.logits[:, -1].float()  # [B, V]
-        self.attention_mask = inputs["attention_mask"]
-        self.next_positions = torch.stack(self.next_positions).to(device)  # [B, R, L]
-
-
-def _decode(model, cache, logits, attention_mask, next_positions, uniforms, *, max_new_tokens,
-            temperature, warpers, suppress, do_sample, eos, pad_id):
-    """Sample up to max_new_tokens for every row of an (already expanded) prefill. Returns
-    (tokens [n, steps], sampler logp [n, steps]); rows stop at their first EOS (pad after)."""
-    n = logits.shape[0]
-    device = logits.device
-    unfinished = torch.ones(n, dtype=torch.bool, device=device)
-    tokens, logps = [], []
-    for step in range(max_new_tokens):
-        policy = torch.log_softmax(logits / temperature, dim=-1)
-        scores = logits if suppress is None else logits.index_fill(-1, suppress, float("-inf"))
-        if do_sample:
-            for warper in warpers:
-                scores = warper(None, scores)
-            chosen = _sample_rows(scores, uniforms[:, step])
-        else:
-            chosen = scores.argmax(-1)
-        chosen = torch.where(unfinished, chosen, torch.full_like(chosen, pad_id))
-        tokens.append(chosen)
-        logps.append(policy.gather(-1, chosen[:, None]).squeeze(-1))
-        unfinished &= ~torch.isin(chosen, eos)
-        if not unfinished.any() or step == max_new_tokens - 1:
-            break
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(n, 1)], 1)
-        pos = next_positions[:, :, step:step + 1]  # [n, R, 1]
-        pos = pos.permute(1, 0, 2) if pos.shape[1] == 3 else pos[:, 0]
-        out = model(input_ids=chosen[:, None], attention_mask=attention_mask, position_ids=pos,
-                    past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
-        logits = out.logits[:, -1].float()
-    return torch.stack(tokens, 1), torch.stack(logps, 1), cache_bytes(cache)
-
-
-def cache_bytes(cache) -> int:
-    """Bytes held by a KV cache's key/value tensors."""
-    total = 0
-    for layer in getattr(cache, "layers", ()):
-        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-            if torch.is_tensor(t):
-                total += t.numel() * t.element_size()
-    return total
-
-
-@torch.no_grad()
-def generate_shared(model, processor, prompts: Sequence[PromptFeatures], *, num_generations: int = 1,
-                    max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0,
-                    top_k: int = 0, do_sample: bool = True, suppress_ids: Sequence[int] = (),
-                    seed: int | None = None, eos_ids: Sequence[int] | None = None,
-                    rounds_of: int | None = None, prefill: str = "shared",
-                    stats: dict | None = None):
-    """`forward.generate`'s contract (group-major rows, sampler logp before truncation and
-    suppression, mask up to and including the first EOS) with each prompt prefilled ONCE, media
-    encoder included, and its G samples decoded from copies of that cache.
-
-    `rounds_of=g`: sample the G completions of every prompt in rounds of g rows per prompt
-    (Infinite-Sampling style), bounding the KV cache to B*g rows instead of B*G.
-    `prefill="per_row"`: the unshared reference (prompt and media repeated G times, G prefills).
-    `stats`: if a dict, receives `prefill_rows` (rows run through the prompt + media forward)
-    and `peak_cache_bytes` (largest KV-cache footprint held at once, prefill copy included).
-
-    Sampling is inverse-CDF with one uniform per (row, step) drawn up front from `seed`, so a
-    row's sample depends only on the seed, its row index and its own logits: the same samples
-    for any `rounds_of` and either prefill, to float error in the logits. (HF's generate draws
-    one multinomial over all rows per step instead, so its samples differ for the same seed.)
-    """
-    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
-    from mmrl.models.forward import Generation, _eos_ids, completion_mask_from_eos
-
-    if prefill not in ("shared", "per_row"):
-        raise ValueError(f"prefill must be 'shared' or 'per_row', not {prefill!r}")
-    tokenizer = getattr(processor, "tokenizer", processor)
-    pad_id = tokenizer.pad_token_id
-    eos_ids = list(eos_ids) if eos_ids is not None else _eos_ids(model, processor)
-    device = next(model.parameters()).device
-    n_groups, g_total = len(prompts), num_generations
-    n = n_groups * g_total
-    generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    # Drawn for all rows at once (row-major) whatever the rounds: row i's stream is U[i].
-    uniforms = torch.rand((n, max_new_tokens), generator=generator, dtype=torch.float64)
-    warpers = [TemperatureLogitsWarper(temperature)] if do_sample and temperature != 1.0 else []
-    if do_sample and top_k:
-        warpers.append(TopKLogitsWarper(top_k))
-    if do_sample and top_p < 1.0:
-        warpers.append(TopPLogitsWarper(top_p))
-    common = dict(max_new_tokens=max_new_tokens, temperature=temperature, warpers=warpers,
-                  suppress=torch.as_tensor(list(suppress_ids), device=device) if suppress_ids else None,
-                  do_sample=do_sample, eos=torch.as_tensor(eos_ids, device=device), pad_id=pad_id)
-    step = g_total if not rounds_of or rounds_of >= g_total else rounds_of
-    base = None
-    if prefill == "shared":
-        base = _Prefill(model, prompts, max_new_tokens, pad_id)
-    pieces = []  # (output rows, tokens, logps)
-    peak = 0
-    for start in range(0, g_total, step):
-        g = min(step, g_total - start)
-        rows = torch.tensor([b * g_total + start + j for b in range(n_groups) for j in range(g)])
-        if base is not None:
-            cache = _copy_cache(base.cache, g)
-            state = (base.logits.repeat_interleave(g, 0), base.attention_mask.repeat_interleave(g, 0),
-                     base.next_positions.repeat_interleave(g, 0))
-        else:
-            pre = _Prefill(model, [prompts[b] for b in range(n_groups) for _ in range(g)],
-                           max_new_tokens, pad_id)
-            cache, state = pre.cache, (pre.logits, pre.attention_mask, pre.next_positions)
-        tokens, logps, held = _decode(model, cache, *state, uniforms[rows], **common)
-        del cache
-        peak = max(peak, held + (cache_bytes(base.cache) if base is not None else 0))
-        pieces.append((rows, tokens, logps))
-    width = max(t.shape[1] for _, t, _ in pieces)
-    completion = torch.full((n, width), pad_id, dtype=torch.long, device=device)
-    sampler_logp = torch.zeros((n, width), dtype=torch.float32, device=device)
-    for rows, tokens, logps in pieces:
-        completion[rows.to(device), :tokens.shape[1]] = tokens
-        sampler_logp[rows.to(device), :logps.shape[1]] = logps
-    if stats is not None:
-        stats["prefill_rows"] = n_groups if base is not None else n
-        stats["peak_cache_bytes"] = peak
-    mask, truncated = completion_mask_from_eos(completion, eos_ids)
-    completion = torch.where(mask.bool(), completion, torch.full_like(completion, pad_id))
-    return Generation(completion, mask, sampler_logp * mask, truncated)
-
-
-def _copy_cache(cache, repeats: int):
-    """A copy of a prefilled KV cache with every row repeated `repeats` times (group-major);
-    the prefilled cache itself is left intact for the next round."""
-    import copy
-
-    out = copy.deepcopy(cache)
-    out.batch_repeat_interleave(repeats)
-    return out
 
 
 def length_bucketed_micro_batches(prompts: Sequence[PromptFeatures], completion_mask: torch.Tensor,

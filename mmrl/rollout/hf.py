@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from mmrl.models.forward import Generation, generate
-from mmrl.models.shared_prefix import generate_shared
+from mmrl.models.shared_generate import generate_shared
 from mmrl.types import PromptFeatures
 
 

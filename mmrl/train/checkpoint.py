@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import pickle
 import random
 import re
 import shutil
@@ -23,15 +24,35 @@ STATE_FILE = "trainer_state.pt"
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or safely read; the message says what to do."""
+
+
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(),
+    """Tensors and plain numbers only, so `torch.load(weights_only=True)` can read it back."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"python": random.getstate(),
+            "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
             "torch": torch.get_rng_state()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
+
+
+def _safe_load(path: Path) -> Any:
+    # weights_only: a checkpoint is data; a pickle that builds arbitrary objects (and could run
+    # code) is refused instead of executed.
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"{path}: refusing to load: it holds objects other than tensors and plain data "
+            f"({str(e).splitlines()[0][:200]}). Only resume from checkpoints you wrote "
+            f"yourself.") from None
 
 
 def save(run_dir: Path, step: int, model, processor, trainer_state: dict[str, Any],
@@ -50,6 +71,28 @@ def save(run_dir: Path, step: int, model, processor, trainer_state: dict[str, An
         shutil.rmtree(tmp, ignore_errors=True)  # a leftover of a killed write
         tmp.mkdir()
     _barrier(strategy)
+    try:
+        _write(tmp, step, model, processor, trainer_state, strategy, optimizer, main)
+    except (OSError, RuntimeError) as e:  # disk full: torch says "basic_ios::clear", HF OSError
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(_write_failure(root, final, e)) from e
+    _barrier(strategy)
+    if main:
+        _fsync_dir(tmp)
+        if final.exists():  # re-saving the same step (e.g. after resume): replace it whole
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+        if keep > 0:
+            for old in all_checkpoints(run_dir)[:-keep]:
+                if old != final:
+                    shutil.rmtree(old, ignore_errors=True)
+    _barrier(strategy)
+    return final
+
+
+def _write(tmp: Path, step: int, model, processor, trainer_state, strategy, optimizer,
+           main: bool) -> None:
     if strategy is not None and strategy.sharded_checkpoint:
         strategy.save_shards(tmp, model, optimizer)
     if strategy is not None and strategy.info.enabled:  # ranks draw different random streams
@@ -64,19 +107,25 @@ def save(run_dir: Path, step: int, model, processor, trainer_state: dict[str, An
         processor.save_pretrained(tmp)
         torch.save({**trainer_state, "step": step, "rng": rng_state()}, tmp / STATE_FILE)
         _fault_injection_pause()
-    _barrier(strategy)
-    if main:
-        _fsync_dir(tmp)
-        if final.exists():  # re-saving the same step (e.g. after resume): replace it whole
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(root)
-        if keep > 0:
-            for old in all_checkpoints(run_dir)[:-keep]:
-                if old != final:
-                    shutil.rmtree(old, ignore_errors=True)
-    _barrier(strategy)
-    return final
+
+
+def _write_failure(root: Path, final: Path, error: Exception) -> str:
+    free = shutil.disk_usage(root).free if root.exists() else 0
+    prev = latest(root.parent)
+    kept = f"the previous checkpoint {prev} is intact" if prev else "no earlier checkpoint exists"
+    first = (str(error).splitlines() or [type(error).__name__])[0][:200]
+    return (f"could not write checkpoint {final} ({first}); {free / 2**30:.2f} GiB free in "
+            f"{root}. Free space (or set log.run_dir on a larger disk); {kept}: resume with "
+            f"train.resume=auto")
+
+
+def clean_stale(run_dir: Path) -> list[Path]:
+    """Remove the `.tmp-*` leftovers of writes killed mid-way; -> the removed dirs."""
+    root = Path(run_dir) / "checkpoints"
+    stale = sorted(root.glob(".tmp-*")) if root.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
 
 
 def hf_config(model):
@@ -114,11 +163,10 @@ def latest(run_dir: Path) -> Path | None:
 
 def load_state(ckpt: Path, rank: int = 0, world: int = 1) -> dict[str, Any]:
     """The trainer state, with this rank's own RNG state when saved by as many processes."""
-    # weights_only=False: the state holds numpy RNG tuples and python lists; it is our own file.
-    state = torch.load(Path(ckpt) / STATE_FILE, map_location="cpu", weights_only=False)
+    state = _safe_load(Path(ckpt) / STATE_FILE)
     own = Path(ckpt) / f"rng_rank{rank}.pt"
     if state.get("parallel", {}).get("world", 1) == world and own.is_file():
-        state["rng"] = torch.load(own, weights_only=False)
+        state["rng"] = _safe_load(own)
     return state
 
 

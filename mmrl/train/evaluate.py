@@ -14,8 +14,9 @@ from rich.console import Console
 from rich.progress import track
 
 from mmrl.config import RewardSpec, RunConfig
-from mmrl.data.media import MediaError
+from mmrl.data.media import MediaError, processor_errors
 from mmrl.models.forward import generate
+from mmrl.train.logging import json_safe
 from mmrl.train.metrics import summarize
 from mmrl.train.scoring import RewardSet
 from mmrl.train.setup import media_loader
@@ -43,12 +44,14 @@ def _decode_chunk(samples, adapter, processor, load, cfg) -> tuple[list[Sample],
     chunk, feats, failed = [], [], 0
     for s in samples:
         try:
-            feats.append(adapter.prompt_features(processor, s, **load(s)))
+            media = load(s)
+            with processor_errors(s):
+                feats.append(adapter.prompt_features(processor, s, **media))
             chunk.append(s)
         except MediaError:
             if cfg.data.on_bad_sample != "skip":
                 raise
-            failed += 1
+            failed += 1  # counted in the result's "failed"
     return chunk, feats, failed
 
 
@@ -144,5 +147,5 @@ def evaluate_checkpoint(cfg: RunConfig, checkpoint: str, out_dir: str | None = N
     if cfg.eval.shuffled_images:
         result["accuracy_shuffled_images"] = evaluate(
             model, processor, adapter, samples, cfg, shuffled=True)["accuracy"]
-    (out / "metrics.json").write_text(json.dumps(result, indent=2))
+    (out / "metrics.json").write_text(json.dumps(json_safe(result), indent=2, allow_nan=False))
     return result

@@ -28,19 +28,45 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
+def json_safe(value: Any) -> Any:
+    """`value` with every NaN/inf (nested in dicts and lists) replaced by None."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return _jsonable(value)
+
+
+def _last_step(path: Path) -> int | None:
+    """The last step a metrics file holds (0 when empty), None when there is no file."""
+    if not path.is_file():
+        return None
+    last = 0
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            last = max(last, int(json.loads(line).get("step", 0)))
+        except (ValueError, TypeError, AttributeError):
+            continue
+    return last
+
+
 class RunLogger:
     def __init__(self, run_dir: Path, *, tensorboard: bool = True, wandb: bool = False,
                  progress: str = "auto", log_every: int = 10, config: dict | None = None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.console = Console(stderr=True)
+        resumed_at = _last_step(self.run_dir / "metrics.jsonl")
         self._metrics = (self.run_dir / "metrics.jsonl").open("a")
         self._rollouts = (self.run_dir / "rollouts.jsonl").open("a")
         self._tb = self._wandb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+            # A resumed run (its metrics.jsonl already cut back to the checkpoint) hides the
+            # events the interrupted run wrote past that step, so each step shows once.
+            purge = None if resumed_at is None else resumed_at + 1
+            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=purge)
         if wandb:
             self._wandb = _start_wandb(self.run_dir, config)
         self.mode = progress

@@ -7,6 +7,7 @@ This is the only module that knows about devices, micro-batches and the optimize
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from contextlib import contextmanager, nullcontext
@@ -16,10 +17,10 @@ import torch
 
 from mmrl import algos
 from mmrl.config import RunConfig, save as save_config
-from mmrl.data.media import MediaError
+from mmrl.data.media import MediaError, processor_errors
 from mmrl.models import get_adapter
 from mmrl.models.forward import collate, completion_logprobs
-from mmrl.models.shared_prefix import shared_prefix_logprobs, supports_shared_prefix
+from mmrl.models.shared_prefix import enable_shared_prefix, shared_prefix_logprobs
 from mmrl.models.towers import TowerToucher
 from mmrl.rollout import make_engine
 from mmrl.rollout.hf import HFEngine
@@ -57,8 +58,11 @@ class Trainer:
         with self.parallel.full_params(self.model):
             self.engine = make_engine(cfg.rollout, self.model, self.processor, self.adapter)
         # One packed row per group: the prompt and its media run once, not G times (same
-        # logprobs and gradients to 1e-5); flash-attention cannot take the group mask.
-        self.shared_prefix = cfg.train.shared_prefix and supports_shared_prefix(self.model)
+        # logprobs and gradients to 1e-5); flash_attention_2 switches to the varlen kernel.
+        self.shared_prefix, why = enable_shared_prefix(self.model, cfg.train.shared_prefix)
+        if self.dist.main:
+            print(why, flush=True)
+        self.pack_stats: dict = {}  # pad_fraction of the last packed forward
         self.pad_id = self.processor.tokenizer.pad_token_id
         self.rewards = RewardSet(cfg.rewards)
         self.media_stats: dict[str, int] = {}  # e.g. audio_truncated, counted into metrics
@@ -67,6 +71,7 @@ class Trainer:
                                            blocks=getattr(self.train_set, "blocks", None))
         self.ref_model = None
         self.step, self.skipped, self.state_extra = 0, 0, {}
+        self.nonfinite_skipped = self.nonfinite_streak = 0  # steps skipped for NaN/inf
         # Methods from the papers (mmrl/train/methods.py): prompt history, GT-guided rows.
         self.history, self.history_stats, self.guided = methods.make_history(cfg), {}, None
         self._features: OrderedDict[int, PromptFeatures] = OrderedDict()
@@ -89,7 +94,8 @@ class Trainer:
             return self._features[key]
         sample = methods.hybrid_sample(self, sample)  # think / no-think instruction (off: as is)
         media = self.load_media(sample)
-        feats = self.adapter.prompt_features(self.processor, sample, **media)
+        with processor_errors(sample):  # e.g. aspect ratio: a media error naming the record
+            feats = self.adapter.prompt_features(self.processor, sample, **media)
         feats.media = media
         if key is not None and self.cfg.data.feature_cache > 0:  # bounded: media tensors are big
             self._features[key] = feats
@@ -206,7 +212,7 @@ class Trainer:
             return shared_prefix_logprobs(
                 model, sub.prompts, ids.to(self.device), mask.to(self.device),
                 temperature=self.cfg.rollout.temperature, return_entropy=entropy,
-                placeholder_ids=self.suppress_ids, pad_id=self.pad_id), width
+                placeholder_ids=self.suppress_ids, pad_id=self.pad_id, stats=self.pack_stats), width
         inputs = collate(sub.prompts, ids, mask, self.pad_id)
         inputs = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
         out = completion_logprobs(model, inputs, ids.to(self.device), mask.to(self.device),
@@ -239,8 +245,10 @@ class Trainer:
                "kl_cov_coef": ac.kl_cov_coef,
                "generator": torch.Generator().manual_seed(self.cfg.train.seed * 100_003 + self.step)}
         gap = 0.0  # the rollout engine's logprobs against the trainer's, same weights
+        stepped = True
         for it in range(ac.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
+            it_loss = 0.0
             for i, rows in enumerate(chunks):
                 (logp, ent), width = self._forward(self.train_model, batch, rows, entropy=True)
                 m = mask[rows, :width].to(logp.device)
@@ -261,14 +269,26 @@ class Trainer:
                     dual_clip=ac.dual_clip, entropy=ent, entropy_coef=ac.entropy_coef,
                     kl_clamp=ac.kl_clamp, cov=cov)
                 self.parallel.backward(loss, last=i == len(chunks) - 1)
+                it_loss += float(loss.detach())
                 frac = len(rows) / batch.n  # metrics are micro-batch means: weight by rows
                 metrics = {**metrics, "loss": loss.detach() / frac,
                            "entropy": (ent * m).sum() / m.sum().clamp(min=1)}
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v) * frac / ac.num_iterations
-            sums["grad_norm"] = self.parallel.step(self.model, self.optimizer)
-        self.scheduler.step()
+            # A NaN/inf loss never reaches the optimizer (nor does a NaN/inf grad norm: the
+            # strategy's step skips it): the step is skipped and counted.
+            if dist.all_sum(float(not math.isfinite(it_loss)), self.dist) > 0:
+                self.optimizer.zero_grad(set_to_none=True)
+                sums["grad_norm"], stepped = float("nan"), False
+            else:
+                sums["grad_norm"] = self.parallel.step(self.model, self.optimizer)
+                stepped = stepped and math.isfinite(sums["grad_norm"])
+        if stepped:
+            self.scheduler.step()
+        self.nonfinite_streak = 0 if stepped else self.nonfinite_streak + 1
+        self.nonfinite_skipped += not stepped
         out = {f"loss/{k}" if k not in ("grad_norm", "entropy") else k: v for k, v in sums.items()}
+        out["train/nonfinite_skipped"] = self.nonfinite_skipped
         if batch.sampler_logp is not None:  # ~1e-6 in float32; bf16 engines drift more (tis_cap)
             out["rollout/logp_gap_max"] = gap
         return out
@@ -319,6 +339,9 @@ class Trainer:
         metrics["time/tokens_per_s"] = tokens / max(timer.total, 1e-9)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         metrics["data/skipped"] = self.skipped
+        metrics["train/shared_prefix"] = float(self.shared_prefix)
+        if self.shared_prefix:
+            metrics["train/pad_fraction"] = self.pack_stats.get("pad_fraction", 0.0)
         metrics.update({f"data/{k}": v for k, v in self.media_stats.items()})
         metrics = dist.mean_metrics(metrics, self.dist)
         if self.dist.enabled:  # each rank's loss is its part of the global sum
@@ -365,6 +388,7 @@ class Trainer:
         (replicated weights are identical on every rank after the all-reduced step)."""
         state = {"scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
                  "skipped": self.skipped, "extra": self.state_extra,
+                 "run_id": self.cfg.train.run_id,
                  "parallel": {"name": self.parallel.name, "world": self.dist.world}}
         if not self.parallel.sharded_checkpoint:
             state["optimizer"] = self.optimizer.state_dict()

@@ -95,7 +95,8 @@ class DDP:
         params = [p for p in model.parameters() if p.requires_grad]
         dist.all_reduce_grads(params, self.info)  # each rank holds a part of the global sum
         norm = torch.nn.utils.clip_grad_norm_(params, self._max_norm())
-        optimizer.step()
+        if torch.isfinite(norm):  # NaN/inf gradients: skip the update (the loop counts it)
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
@@ -322,9 +323,11 @@ class FSDP2(DDP):
     def step(self, model, optimizer) -> float:
         params = [p for p in model.parameters() if p.requires_grad]
         norm = torch.nn.utils.clip_grad_norm_(params, self._max_norm())
-        optimizer.step()
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        if torch.isfinite(norm):  # NaN/inf gradients: skip the update (the loop counts it)
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        return float(norm)
 
     @contextmanager
     def full_params(self, model):

@@ -6,16 +6,56 @@ repeats the warm-up nor re-measures the "before" accuracy on an already-trained 
 from __future__ import annotations
 
 import json
-import math
+import os
+import signal
+import sys
+import threading
 import time
 
 import torch
 
 from mmrl.config import RunConfig
 from mmrl.train.evaluate import evaluate, majority_baseline
-from mmrl.train import dist, lora
+from mmrl.train import dist, lora, rundir
+from mmrl.train.logging import json_safe
 from mmrl.train.loop import Trainer
 from mmrl.train.sft import sft_warmup
+
+
+class RunInterrupted(Exception):
+    """Ctrl-C: the step finished and a checkpoint was saved; the message says how to resume."""
+
+
+class _CtrlC:
+    """The first SIGINT asks the loop to stop after the current step; the second aborts."""
+
+    def __init__(self):
+        self.requested, self._old = False, None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self.handle)
+        return self
+
+    def handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\ninterrupt: finishing this step, then saving a checkpoint (Ctrl-C again to abort "
+              "without saving)", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+
+def resume_command(cfg: RunConfig) -> str:
+    """The command line that continues this run (the CLI's own arguments when run through it)."""
+    args = sys.argv[1:] if sys.argv[1:2] == ["train"] else ["train", "CONFIG"]
+    args = [a for a in args if not a.startswith(("train.resume=", "train.overwrite="))]
+    if not any(a.startswith("log.run_dir=") for a in args):
+        args.append(f"log.run_dir={cfg.run_dir}")
+    return " ".join(["mmrl", *args, "train.resume=auto"])
 
 
 def _eval(trainer: Trainer, name: str, **kw) -> dict:
@@ -32,6 +72,8 @@ def _eval(trainer: Trainer, name: str, **kw) -> dict:
 
 def train(cfg: RunConfig) -> dict:
     started = time.perf_counter()
+    if int(os.environ.get("RANK", "0")) == 0:  # the run dir is rank 0's to check and write
+        rundir.prepare(cfg)
     trainer = Trainer(cfg)
     log, tc = trainer.log, cfg.train
     summary = trainer.state_extra.setdefault("summary", {})
@@ -45,17 +87,15 @@ def train(cfg: RunConfig) -> dict:
             log.print(f"accuracy before RL: {summary['accuracy_before_rl']:.3f}")
         trainer.enable_reference()
         log.start(total=tc.steps, done=trainer.step)
-        while trainer.step < tc.steps:
-            metrics = trainer.train_step()
-            if tc.eval_every and trainer.eval_set and trainer.step % tc.eval_every == 0:
-                res = _eval(trainer, f"step_{trainer.step:06d}")
-                metrics.update({f"eval/{k}": v for k, v in res.items() if k != "n"})
-            log.log(trainer.step, metrics, total=tc.steps)
-            if not math.isfinite(metrics.get("loss/loss", 0.0)):
-                raise FloatingPointError(f"step {trainer.step}: loss is {metrics['loss/loss']}; "
-                                         f"lower train.lr or raise train.max_grad_norm clipping")
-            if tc.save_every and trainer.step % tc.save_every == 0 and trainer.step < tc.steps:
-                trainer.save()
+        with _CtrlC() as ctrl_c:
+            while trainer.step < tc.steps:
+                _rl_step(trainer)
+                if _all_ranks(trainer, ctrl_c.requested):
+                    log.stop()
+                    trainer.save()
+                    raise RunInterrupted(
+                        f"interrupted after step {trainer.step}; checkpoint saved in "
+                        f"{trainer.run_dir / 'checkpoints'}. Resume with: {resume_command(cfg)}")
         log.stop()
         if trainer.eval_set:
             summary["eval_after_rl"] = _eval(trainer, "after_rl")
@@ -81,9 +121,33 @@ def train(cfg: RunConfig) -> dict:
         trainer.engine.close()
         log.close()
     if trainer.dist.main:
-        (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        (trainer.run_dir / "summary.json").write_text(
+            json.dumps(json_safe(summary), indent=2, allow_nan=False))
         _print_table(trainer, summary)
     return summary
+
+
+def _rl_step(trainer: Trainer) -> None:
+    tc = trainer.cfg.train
+    metrics = trainer.train_step()
+    if tc.eval_every and trainer.eval_set and trainer.step % tc.eval_every == 0:
+        res = _eval(trainer, f"step_{trainer.step:06d}")
+        metrics.update({f"eval/{k}": v for k, v in res.items() if k != "n"})
+    trainer.log.log(trainer.step, metrics, total=tc.steps)
+    if trainer.nonfinite_streak >= max(1, tc.max_nonfinite_steps):
+        raise FloatingPointError(
+            f"step {trainer.step}: loss or gradient norm was NaN/inf in {trainer.nonfinite_streak} "
+            f"steps in a row (each skipped, the weights untouched); lower train.lr, set "
+            f"train.max_grad_norm (e.g. 1.0), use model.dtype=float32 or bfloat16 instead of "
+            f"float16, or check the rewards' scale. Resume from the last checkpoint with "
+            f"train.resume=auto")
+    if tc.save_every and trainer.step % tc.save_every == 0 and trainer.step < tc.steps:
+        trainer.save()
+
+
+def _all_ranks(trainer: Trainer, flag: bool) -> bool:
+    """True on every rank when any rank was asked to stop (they must save together)."""
+    return bool(dist.all_sum(float(flag), trainer.dist) > 0) if trainer.dist.enabled else flag
 
 
 def _print_table(trainer: Trainer, summary: dict) -> None:

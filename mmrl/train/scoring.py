@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
+import numbers
 from typing import Any, Callable
 
 from rewards import get_reward
@@ -61,12 +63,31 @@ class RewardSet:
                 if len(sub) != len(rows):
                     raise RuntimeError(f"reward {key!r} returned {len(sub)} scores for {len(rows)}")
                 for i, v in zip(rows, sub):
-                    scores[i] = None if v is None else float(v)
+                    scores[i] = None if v is None else _number(v, key, samples[i])
             per_reward[key] = scores
             for i, v in enumerate(scores):
                 if v is not None:
                     totals[i] += spec.weight * v
         return totals, per_reward
+
+
+class RewardError(ValueError):
+    """A reward returned something that is not a finite number (or None)."""
+
+
+def _number(value: Any, key: str, sample: Sample) -> float:
+    """A reward's score as a float; a string, NaN or inf stops the run before the advantages
+    (a NaN there would reach the optimizer), naming the reward and the sample."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, numbers.Real) and not (
+            hasattr(value, "item") and getattr(value, "ndim", 0) == 0):
+        raise RewardError(f"reward {key!r} returned {value!r} ({type(value).__name__}) for sample "
+                          f"{sample.id} ({sample.source}); a reward must return numbers or None")
+    number = float(value)
+    if not math.isfinite(number):
+        raise RewardError(f"reward {key!r} returned {number} for sample {sample.id} "
+                          f"({sample.source}); return a finite number, or None for 'not "
+                          f"applicable'")
+    return number
 
 
 def _field_lists(samples: list[Sample], extra: dict[str, list]) -> dict[str, list]:

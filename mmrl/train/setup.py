@@ -10,6 +10,7 @@ import functools
 import math
 import os
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from mmrl.data.schema import load_samples
 from mmrl.train import lora
 from mmrl.types import Sample
 
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*|[A-Za-z0-9][\w.-]*")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -46,13 +48,18 @@ def check_environment(cfg: RunConfig) -> None:
     m, cuda = cfg.model, torch.cuda.is_available()
     if m.attn_implementation == "flash_attention_2" and not cuda:
         raise RuntimeError("model.attn_implementation=flash_attention_2 needs a CUDA GPU and the "
-                           "flash-attn package; on this machine use model.attn_implementation=sdpa")
+                           "flash-attn package; on this machine use model.attn_implementation=sdpa, or "
+                           "mmrl_prefix_varlen (the same varlen shared-prefix path, emulated in torch)")
     if m.dtype == "float16" and not cuda:
         raise RuntimeError("model.dtype=float16 is GPU-only here; use float32 (or bfloat16) on CPU")
     if m.path != "tiny" and not Path(m.path).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise FileNotFoundError(f"model.path={m.path}: not a local directory and HF_HUB_OFFLINE=1; "
                                 f"download the checkpoint first (huggingface-cli download "
                                 f"{m.path} --local-dir DIR) and point model.path at DIR")
+    if m.path != "tiny" and not Path(m.path).exists() and not _REPO_ID.fullmatch(m.path):
+        # Without this the Hub client answers "Repo id must be in the form 'repo_name' ...".
+        raise FileNotFoundError(f"model.path={m.path}: no such local directory (and not a Hub "
+                                f"repo id like Qwen/Qwen2.5-VL-3B-Instruct); check the path")
     if cfg.rollout.backend == "vllm":
         try:
             import vllm  # noqa: F401
@@ -88,6 +95,8 @@ def build_model(cfg: RunConfig, adapter, checkpoint: Path | None = None):
     if source == "tiny":
         model, processor = adapter.tiny(seed=cfg.train.seed, **m.tiny)
         model = model.to(dtype)
+        if m.attn_implementation != "sdpa":  # tiny models are built with sdpa
+            model.set_attn_implementation(m.attn_implementation)
     else:
         model, processor = adapter.load(source, dtype=dtype,
                                         attn_implementation=m.attn_implementation)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from mmrl.data.media import MediaError
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.train import dist
 from mmrl.train.evaluate import evaluate
@@ -27,6 +28,24 @@ def _targets(trainer, samples) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
+def _load(trainer, idx: list[int]) -> tuple[list, list]:
+    """The batch's samples and features; bad media is skipped and counted like in RL when
+    data.on_bad_sample=skip, else stops naming the record."""
+    samples, feats = [], []
+    for i in idx:
+        try:
+            feats.append(trainer.features(trainer.train_set[i], i))
+            samples.append(trainer.train_set[i])
+        except MediaError as e:
+            if trainer.cfg.data.on_bad_sample != "skip":
+                raise MediaError(f"{e}\n(set data.on_bad_sample=skip to skip such samples and "
+                                 f"count them in metrics)") from None
+            trainer.skipped += 1
+    if not samples:
+        raise MediaError(f"SFT warm-up: none of the {len(idx)} samples drawn could be loaded")
+    return samples, feats
+
+
 def sft_warmup(trainer) -> dict:
     sc, model = trainer.cfg.sft, trainer.model
     n_val = min(sc.val_samples, len(trainer.train_set) // 4)
@@ -38,8 +57,7 @@ def sft_warmup(trainer) -> dict:
                       f"{sc.stop_accuracy}")
     for step in range(1, sc.steps + 1):
         idx = (torch.randint(n_val, len(trainer.train_set), (sc.batch_size,), generator=gen)).tolist()
-        samples = [trainer.train_set[i] for i in idx]
-        feats = [trainer.features(s, i) for s, i in zip(samples, idx)]
+        samples, feats = _load(trainer, idx)
         ids, mask = _targets(trainer, samples)
         model.train()
         inputs = collate(feats, ids, mask, trainer.pad_id)

@@ -108,6 +108,35 @@ def test_micro_batch_size_does_not_change_the_update(tiny_yaml, tmp_path):
         assert float((grads[0][k] - grads[1][k]).abs().max()) / scale < 1e-5, k
 
 
+def test_varlen_shared_prefix_update_equals_the_naive_one(tiny_yaml, tmp_path):
+    """The trainer on the varlen kernel (its CPU emulation: what flash_attention_2 becomes on a
+    GPU) gives the naive layout's gradients, and says so in its metrics."""
+    grads, flags = [], []
+    for name, overrides in (("naive", ["train.shared_prefix=false"]),
+                            ("varlen", ["model.attn_implementation=mmrl_prefix_varlen"])):
+        t = Trainer(_cfg(tiny_yaml, tmp_path / name, VARIETY, "algo.agg=token_mean",
+                         "train.micro_batch_size=3", *overrides))
+        seen = {}
+        step = t.optimizer.step
+
+        def capture(*a, **kw):
+            seen.update({k: p.grad.clone() for k, p in t.model.named_parameters()
+                         if p.grad is not None})
+            return step(*a, **kw)
+
+        t.optimizer.step = capture
+        torch.manual_seed(0)
+        metrics = t.train_step()
+        flags.append((metrics["train/shared_prefix"], metrics.get("train/pad_fraction")))
+        grads.append(seen)
+        t.log.close()
+    assert flags == [(0.0, None), (1.0, 0.0)]
+    assert grads[0].keys() == grads[1].keys() and any(k.startswith("model.visual") for k in grads[0])
+    for k in grads[0]:
+        scale = float(grads[0][k].abs().max()) + 1e-12
+        assert float((grads[0][k] - grads[1][k]).abs().max()) / scale < 1e-5, k
+
+
 def _metrics(run_dir: Path) -> dict[int, dict]:
     rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r for r in rows}

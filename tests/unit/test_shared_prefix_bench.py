@@ -15,6 +15,9 @@ def test_quick_update_benchmark_writes_results(tmp_path):
     saved = json.loads((tmp_path / "bench.json").read_text())
     update = saved["update"]
     assert update["loss_naive"] == pytest.approx(update["loss_shared"], abs=1e-5)
+    assert update["loss_naive"] == pytest.approx(update["loss_varlen"], abs=1e-5)
+    a = update["attention_scores"]
+    assert a["varlen"] < a["shared"] and "varlen kernel" in (tmp_path / "bench.md").read_text()
     assert update["tokens_shared"] < update["tokens_naive"]
     assert len(update["naive"]["times_s"]) == len(update["shared"]["times_s"]) == 1
     assert "Speed-up" in (tmp_path / "bench.md").read_text()

@@ -10,7 +10,7 @@ from PIL import Image
 
 from mmrl.models import get_adapter
 from mmrl.models.forward import collate, completion_logprobs, generate
-from mmrl.models.shared_prefix import generate_shared
+from mmrl.models.shared_generate import generate_shared
 from mmrl.types import Sample
 
 EOS = list(range(0, 780, 7))  # a seventh of the vocabulary ends a row: uneven lengths

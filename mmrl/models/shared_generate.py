@@ -1,0 +1,194 @@
+"""Shared-prefix rollouts: each prompt (media encoder included) prefilled ONCE, its G samples
+decoded from copies of that KV cache (optionally in rounds of g rows per prompt).
+
+Split from shared_prefix.py (the training forward): the two share only the exact positions
+(`prompt_and_completion_positions`) and nothing else.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from mmrl.models.shared_prefix import _takes_logits_index, prompt_and_completion_positions
+from mmrl.types import PromptFeatures
+
+
+# ----------------------------------------------------------------------------- sampling ---------
+
+def _pad_left(rows: list[torch.Tensor], width: int, value) -> torch.Tensor:
+    """Stack [..., n_i] tensors left-padded to `width` along the last dim."""
+    return torch.stack([torch.cat([r.new_full((*r.shape[:-1], width - r.shape[-1]), value), r], -1)
+                        for r in rows])
+
+
+def _sample_rows(scores: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling, one uniform in [0, 1) per row: the draw depends on that row's own
+    uniform only, so a row's sample does not depend on which other rows share the batch (the
+    property that makes rounds and prefill sharing give the same samples). Zero-probability
+    tokens are never chosen: the threshold is > 0 and searchsorted finds the first cdf >= it."""
+    probs = torch.softmax(scores.double(), dim=-1)
+    cdf = probs.cumsum(-1)
+    threshold = (1.0 - uniforms.double().to(scores.device))[:, None] * cdf[:, -1:]
+    return torch.searchsorted(cdf, threshold).squeeze(1).clamp(max=scores.shape[-1] - 1)
+
+
+class _Prefill:
+    """Prompts prefilled once (left-padded batch): KV cache, last-position logits, the 2-D mask,
+    and each row's positions for the tokens it will generate."""
+
+    def __init__(self, model, prompts: Sequence[PromptFeatures], max_new_tokens: int, pad_id: int):
+        from mmrl.models.forward import collate
+
+        device = next(model.parameters()).device
+        inputs = collate(prompts, pad_id=pad_id)
+        width = inputs["input_ids"].shape[1]
+        positions, self.next_positions = [], []
+        for p in prompts:
+            pos = prompt_and_completion_positions(model, p, max_new_tokens)  # [R, P + L]
+            plen = p.input_ids.shape[0]
+            positions.append(pos[:, :plen])
+            self.next_positions.append(pos[:, plen:])  # [R, L]
+        position_ids = _pad_left(positions, width, 0)  # [B, R, P]
+        inputs["position_ids"] = (position_ids.permute(1, 0, 2) if position_ids.shape[1] == 3
+                                  else position_ids[:, 0])
+        inputs = {k: v.to(device) for k, v in inputs.items()}
+        kwargs = {"logits_to_keep": 1} if _takes_logits_index(model) else {}
+        out = model(**inputs, use_cache=True, **kwargs)
+        self.cache = out.past_key_values
+        self.logits = out.logits[:, -1].float()  # [B, V]
+        self.attention_mask = inputs["attention_mask"]
+        self.next_positions = torch.stack(self.next_positions).to(device)  # [B, R, L]
+
+
+def _decode(model, cache, logits, attention_mask, next_positions, uniforms, *, max_new_tokens,
+            temperature, warpers, suppress, do_sample, eos, pad_id):
+    """Sample up to max_new_tokens for every row of an (already expanded) prefill. Returns
+    (tokens [n, steps], sampler logp [n, steps]); rows stop at their first EOS (pad after)."""
+    n = logits.shape[0]
+    device = logits.device
+    unfinished = torch.ones(n, dtype=torch.bool, device=device)
+    tokens, logps = [], []
+    for step in range(max_new_tokens):
+        policy = torch.log_softmax(logits / temperature, dim=-1)
+        scores = logits if suppress is None else logits.index_fill(-1, suppress, float("-inf"))
+        if do_sample:
+            for warper in warpers:
+                scores = warper(None, scores)
+            chosen = _sample_rows(scores, uniforms[:, step])
+        else:
+            chosen = scores.argmax(-1)
+        chosen = torch.where(unfinished, chosen, torch.full_like(chosen, pad_id))
+        tokens.append(chosen)
+        logps.append(policy.gather(-1, chosen[:, None]).squeeze(-1))
+        unfinished &= ~torch.isin(chosen, eos)
+        if not unfinished.any() or step == max_new_tokens - 1:
+            break
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(n, 1)], 1)
+        pos = next_positions[:, :, step:step + 1]  # [n, R, 1]
+        pos = pos.permute(1, 0, 2) if pos.shape[1] == 3 else pos[:, 0]
+        out = model(input_ids=chosen[:, None], attention_mask=attention_mask, position_ids=pos,
+                    past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        logits = out.logits[:, -1].float()
+    return torch.stack(tokens, 1), torch.stack(logps, 1), cache_bytes(cache)
+
+
+def cache_bytes(cache) -> int:
+    """Bytes held by a KV cache's key/value tensors."""
+    total = 0
+    for layer in getattr(cache, "layers", ()):
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if torch.is_tensor(t):
+                total += t.numel() * t.element_size()
+    return total
+
+
+@torch.no_grad()
+def generate_shared(model, processor, prompts: Sequence[PromptFeatures], *, num_generations: int = 1,
+                    max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0,
+                    top_k: int = 0, do_sample: bool = True, suppress_ids: Sequence[int] = (),
+                    seed: int | None = None, eos_ids: Sequence[int] | None = None,
+                    rounds_of: int | None = None, prefill: str = "shared",
+                    stats: dict | None = None):
+    """`forward.generate`'s contract (group-major rows, sampler logp before truncation and
+    suppression, mask up to and including the first EOS) with each prompt prefilled ONCE, media
+    encoder included, and its G samples decoded from copies of that cache.
+
+    `rounds_of=g`: sample the G completions of every prompt in rounds of g rows per prompt
+    (Infinite-Sampling style), bounding the KV cache to B*g rows instead of B*G.
+    `prefill="per_row"`: the unshared reference (prompt and media repeated G times, G prefills).
+    `stats`: if a dict, receives `prefill_rows` (rows run through the prompt + media forward)
+    and `peak_cache_bytes` (largest KV-cache footprint held at once, prefill copy included).
+
+    Sampling is inverse-CDF with one uniform per (row, step) drawn up front from `seed`, so a
+    row's sample depends only on the seed, its row index and its own logits: the same samples
+    for any `rounds_of` and either prefill, to float error in the logits. (HF's generate draws
+    one multinomial over all rows per step instead, so its samples differ for the same seed.)
+    """
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    from mmrl.models.forward import Generation, _eos_ids, completion_mask_from_eos
+
+    if prefill not in ("shared", "per_row"):
+        raise ValueError(f"prefill must be 'shared' or 'per_row', not {prefill!r}")
+    tokenizer = getattr(processor, "tokenizer", processor)
+    pad_id = tokenizer.pad_token_id
+    eos_ids = list(eos_ids) if eos_ids is not None else _eos_ids(model, processor)
+    device = next(model.parameters()).device
+    n_groups, g_total = len(prompts), num_generations
+    n = n_groups * g_total
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    # Drawn for all rows at once (row-major) whatever the rounds: row i's stream is U[i].
+    uniforms = torch.rand((n, max_new_tokens), generator=generator, dtype=torch.float64)
+    warpers = [TemperatureLogitsWarper(temperature)] if do_sample and temperature != 1.0 else []
+    if do_sample and top_k:
+        warpers.append(TopKLogitsWarper(top_k))
+    if do_sample and top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p))
+    common = dict(max_new_tokens=max_new_tokens, temperature=temperature, warpers=warpers,
+                  suppress=torch.as_tensor(list(suppress_ids), device=device) if suppress_ids else None,
+                  do_sample=do_sample, eos=torch.as_tensor(eos_ids, device=device), pad_id=pad_id)
+    step = g_total if not rounds_of or rounds_of >= g_total else rounds_of
+    base = None
+    if prefill == "shared":
+        base = _Prefill(model, prompts, max_new_tokens, pad_id)
+    pieces = []  # (output rows, tokens, logps)
+    peak = 0
+    for start in range(0, g_total, step):
+        g = min(step, g_total - start)
+        rows = torch.tensor([b * g_total + start + j for b in range(n_groups) for j in range(g)])
+        if base is not None:
+            cache = _copy_cache(base.cache, g)
+            state = (base.logits.repeat_interleave(g, 0), base.attention_mask.repeat_interleave(g, 0),
+                     base.next_positions.repeat_interleave(g, 0))
+        else:
+            pre = _Prefill(model, [prompts[b] for b in range(n_groups) for _ in range(g)],
+                           max_new_tokens, pad_id)
+            cache, state = pre.cache, (pre.logits, pre.attention_mask, pre.next_positions)
+        tokens, logps, held = _decode(model, cache, *state, uniforms[rows], **common)
+        del cache
+        peak = max(peak, held + (cache_bytes(base.cache) if base is not None else 0))
+        pieces.append((rows, tokens, logps))
+    width = max(t.shape[1] for _, t, _ in pieces)
+    completion = torch.full((n, width), pad_id, dtype=torch.long, device=device)
+    sampler_logp = torch.zeros((n, width), dtype=torch.float32, device=device)
+    for rows, tokens, logps in pieces:
+        completion[rows.to(device), :tokens.shape[1]] = tokens
+        sampler_logp[rows.to(device), :logps.shape[1]] = logps
+    if stats is not None:
+        stats["prefill_rows"] = n_groups if base is not None else n
+        stats["peak_cache_bytes"] = peak
+    mask, truncated = completion_mask_from_eos(completion, eos_ids)
+    completion = torch.where(mask.bool(), completion, torch.full_like(completion, pad_id))
+    return Generation(completion, mask, sampler_logp * mask, truncated)
+
+
+def _copy_cache(cache, repeats: int):
+    """A copy of a prefilled KV cache with every row repeated `repeats` times (group-major);
+    the prefilled cache itself is left intact for the next round."""
+    import copy
+
+    out = copy.deepcopy(cache)
+    out.batch_repeat_interleave(repeats)
+    return out
