@@ -32,6 +32,11 @@ def cmd_train(args) -> int:
 
     torch.set_flush_denormal(True)  # tiny-model CPU steps otherwise spike 10-20x on denormals
     cfg = _load(args)
+    from mmrl.validate import validate
+
+    problems = validate(cfg, world=int(os.environ.get("WORLD_SIZE", "1")))
+    if problems:  # before building anything: a bad name fails in a second, not after model load
+        sys.exit("config error: " + "\n  ".join(problems))
     print(config_summary(cfg), file=sys.stderr)
     train(cfg)
     return 0
@@ -50,68 +55,9 @@ def config_summary(cfg) -> str:
         f"  run dir {cfg.run_dir}  (full config: {cfg.run_dir / 'config.yaml'})"])
 
 
-def validate(cfg) -> list[str]:
-    """Resolve every registry name and bind reward params; instantiate no model or data."""
-    from mmrl import algos
-    from mmrl.data.schema import FORMATS
-    from mmrl.data.synthetic import GENERATORS
-    from mmrl.models import MODELS
-    from mmrl.train.scoring import bind_reward
-
-    problems = []
-
-    def check(what, fn):
-        try:
-            fn()
-        except Exception as e:  # collect every problem, not just the first
-            problems.append(f"{what}: {e}")
-
-    check("model.family", lambda: MODELS.get(cfg.model.family))
-    check("algo.advantage", lambda: algos.get_advantage(cfg.algo.advantage))
-    check("algo.loss_type", lambda: _member(cfg.algo.loss_type, algos.LOSS_TYPES))
-    check("algo.tis_level", lambda: _member(cfg.algo.tis_level, algos.IS_LEVELS))
-    check("algo.tis_mode", lambda: _member(cfg.algo.tis_mode, algos.IS_MODES))
-    check("algo.history_mode", lambda: _member(cfg.algo.history_mode, algos.HISTORY_MODES))
-    check("algo.kl_reward_kind", lambda: _member(cfg.algo.kl_reward_kind, algos.KL_KINDS))
-    if cfg.algo.scale_rewards is not None:
-        check("algo.scale_rewards", lambda: _member(cfg.algo.scale_rewards, algos.SCALE_MODES))
-    check("algo.agg", lambda: _member(cfg.algo.agg, algos.AGG_MODES))
-    check("algo.ratio", lambda: _member(cfg.algo.ratio, algos.RATIO_LEVELS))
-    check("algo.kl", lambda: _member(cfg.algo.kl, algos.KL_KINDS))
-    check("data.format", lambda: cfg.data.format is None or FORMATS.get(cfg.data.format))
-    check("data.on_bad_sample", lambda: _member(cfg.data.on_bad_sample, ("error", "skip")))
-    check("rollout.backend", lambda: _member(cfg.rollout.backend, ("hf", "vllm")))
-    check("model.dtype", lambda: _member(cfg.model.dtype, ("float32", "bfloat16", "float16")))
-    check("train.lr_schedule", lambda: _member(cfg.train.lr_schedule,
-                                               ("constant", "linear", "cosine")))
-    if cfg.data.generate:
-        check("data.generate", lambda: GENERATORS.get(cfg.data.generate))
-    if not cfg.rewards:
-        problems.append("rewards: none configured")
-    for i, spec in enumerate(cfg.rewards):
-        check(f"rewards[{i}] ({spec.name})", lambda spec=spec: bind_reward(spec))
-    if cfg.algo.agg == "seq_mean_token_sum_norm" and cfg.rollout.max_new_tokens <= 0:
-        problems.append("algo.agg=seq_mean_token_sum_norm needs rollout.max_new_tokens > 0")
-    if cfg.algo.dynamic_sampling and cfg.rollout.num_generations < 2:
-        problems.append("algo.dynamic_sampling needs rollout.num_generations >= 2")
-    return problems
-
-
-def _member(value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"{value!r} is not one of {sorted(allowed)}")
-
-
-def data_warnings(cfg) -> list[str]:
-    """Missing data files are warnings, not errors: recipes name data you prepare first."""
-    if cfg.data.generate:
-        return []
-    return [f"data.{k}: {getattr(cfg.data, k)} does not exist yet (see the recipe README to "
-            f"prepare it)" for k in ("train", "eval")
-            if getattr(cfg.data, k) and not Path(getattr(cfg.data, k)).exists()]
-
-
 def cmd_validate(args) -> int:
+    from mmrl.validate import data_warnings, validate
+
     cfg = _load(args)
     problems = validate(cfg)
     for w in data_warnings(cfg):
@@ -129,11 +75,11 @@ def cmd_ls(args) -> int:
         names = MODELS.names()
     elif args.what == "algos":
         from mmrl import algos
-        from mmrl.config import PRESETS
+        from mmrl.config import PRESETS, Agg, choices
 
         print("advantages: " + ", ".join(sorted(algos.ADVANTAGES)))
         print("presets:    " + ", ".join(sorted(PRESETS)))
-        print("agg:        " + ", ".join(algos.AGG_MODES))
+        print("agg:        " + ", ".join(choices(Agg)))
         return 0
     elif args.what == "rewards":
         from rewards import REWARDS

@@ -10,11 +10,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 import re
 from pathlib import Path
-from typing import Any, Optional
+import os
+from typing import Any, Literal, Optional, get_args
 
 import yaml
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from mmrl import config_rules
+
+# The legal values of every option, in one place. OmegaConf (>= 2.4) rejects anything else at load
+# time with the key's path; code downstream may rely on the value being one of these.
+OnBadSample = Literal["error", "skip"]  # error: stop naming record and file | skip: skip and count
+AudioTruncate = Literal["error", "head"]  # longer audio: error (name the file) | head (keep start)
+DType = Literal["float32", "bfloat16", "float16"]
+AttnImplementation = Literal["sdpa", "eager", "flash_attention_2", "mmrl_prefix_varlen"]
+WeightTransfer = Literal["auto", "bytes", "direct", "http", "nccl", "store"]
+Backend = Literal["hf", "vllm"]
+Preset = Literal["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "gpg", "cispo"]
+Agg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+Ratio = Literal["token", "sequence"]  # sequence = GSPO
+KL = Literal["k1", "k2", "k3"]
+ISLevel = Literal["token", "sequence", "geometric"]  # geometric: per-token mean of the sequence's
+ISMode = Literal["truncate", "mask"]  # truncate: min(w, cap) | mask: 0 outside [1/cap, cap]
+HistoryMode = Literal["skip", "downweight"]  # filtered prompts: never drawn again | advantages scaled
+ScaleRewards = Literal["group", "batch", "none"]  # as TRL's scale_rewards
+LossType = Literal["ppo", "cispo", "gpg", "clip_cov", "kl_cov"]
+LRSchedule = Literal["constant", "linear", "cosine"]
+Parallel = Literal["auto", "ddp", "deepspeed", "fsdp2"]
+Progress = Literal["auto", "bar", "lines", "off"]
 
 
 @dataclass
@@ -28,7 +52,7 @@ class DataConfig:
     generate_kwargs: dict[str, Any] = field(default_factory=dict)
     max_samples: Optional[int] = None
     shuffle: bool = True
-    on_bad_sample: str = "error"  # error: stop naming record and file | skip: skip and count
+    on_bad_sample: OnBadSample = "error"  # error: stop naming record and file | skip: count
     image_min_pixels: Optional[int] = None  # per-image pixel budget (rounded to multiples of 28^2)
     image_max_pixels: Optional[int] = None
     video_fps: Optional[float] = 2.0  # frames sampled per second (or set video_nframes)
@@ -36,7 +60,7 @@ class DataConfig:
     video_max_frames: int = 64
     video_max_pixels: Optional[int] = None  # total pixel budget across a clip's frames
     audio_max_seconds: Optional[float] = None
-    audio_truncate: str = "error"  # longer audio: error (name the file) | head (keep the start)
+    audio_truncate: AudioTruncate = "error"  # longer audio: error (name the file) | head
     media_cache: Optional[str] = None  # dir for decoded video/audio; later epochs decode nothing
     feature_cache: int = 512  # processed prompts kept in memory (LRU), 0 = none
     # Hybrid think / no-think (TON, TempSamp-R1 hybrid CoT): this share of training samples (chosen
@@ -63,8 +87,8 @@ class ModelConfig:
     family: str = "qwen2_5_vl"  # registered adapter: `mmrl ls models`
     path: str = "tiny"  # HF-format checkpoint dir, or "tiny" for the adapter's offline tiny twin
     tiny: dict[str, Any] = field(default_factory=dict)  # overrides for adapter.tiny()
-    dtype: str = "float32"  # float32 | bfloat16 | float16
-    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 | mmrl_prefix_varlen
+    dtype: DType = "float32"
+    attn_implementation: AttnImplementation = "sdpa"
     gradient_checkpointing: bool = False
     freeze: list[str] = field(default_factory=list)  # parameter-name prefixes or: vision, audio
     lora: LoraSpec = field(default_factory=LoraSpec)
@@ -82,14 +106,14 @@ class VLLMConfig:
     # How new weights reach vLLM after each step. Colocated: auto | bytes | direct. Server mode:
     # auto (= http: base64 safetensors through /collective_rpc) | nccl (GPU: broadcast from the
     # trainer to every server worker) | store (the same protocol over a TCP store, for CPU tests).
-    weight_transfer: str = "auto"
+    weight_transfer: WeightTransfer = "auto"
     weight_transfer_port: int = 51216  # server mode nccl/store: rendezvous port on the server host
     llm_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class RolloutConfig:
-    backend: str = "hf"  # hf | vllm
+    backend: Backend = "hf"
     prompts_per_step: int = 8  # B: prompts sampled per optimizer step
     num_generations: int = 8  # G: completions per prompt (one group)
     max_new_tokens: int = 64
@@ -111,29 +135,29 @@ class RewardSpec:
 
 @dataclass
 class AlgoConfig:
-    preset: Optional[str] = None  # grpo | dr_grpo | dapo | gspo | rloo | reinforce_pp | gpg | cispo
+    preset: Optional[Preset] = None
     advantage: str = "grpo"
     clip_low: float = 0.2
     clip_high: float = 0.2
-    agg: str = "seq_mean_token_mean"  # token_mean | seq_mean_token_mean | seq_mean_token_sum_norm
-    ratio: str = "token"  # token | sequence (GSPO)
+    agg: Agg = "seq_mean_token_mean"
+    ratio: Ratio = "token"
     beta: float = 0.0  # KL weight; 0 loads no reference model
-    kl: str = "k3"
+    kl: KL = "k3"
     num_iterations: int = 1  # updates per rollout (>1 reuses it with stored old logprobs)
     dynamic_sampling: bool = False  # DAPO: drop zero-std groups, sample until the batch is full
     max_sampling_rounds: int = 8
     overlong_filter: bool = False  # DAPO: mask truncated completions out of the loss
     tis_cap: Optional[float] = None  # importance sampling vs the rollout engine: upper threshold (e.g. 2)
-    tis_level: str = "token"  # token | sequence (product of token ratios) | geometric (its per-token mean)
-    tis_mode: str = "truncate"  # truncate: min(w, cap) | mask: weight 0 outside [1/cap, cap] (rejection)
+    tis_level: ISLevel = "token"  # sequence: product of token ratios | geometric: its token mean
+    tis_mode: ISMode = "truncate"  # mask = rejection sampling
     # All knobs below are off by default (today's behaviour); README "Algorithms" names the peers.
-    scale_rewards: Optional[str] = None  # grpo / grpo_passk: group | batch | none (TRL scale_rewards)
-    loss_type: str = "ppo"  # ppo | cispo | gpg | clip_cov | kl_cov
+    scale_rewards: Optional[ScaleRewards] = None  # grpo / grpo_passk only
+    loss_type: LossType = "ppo"
     dual_clip: Optional[float] = None  # dual-clip c > 1 for A < 0 tokens (verl/EasyR1 use 3)
     entropy_coef: float = 0.0  # entropy bonus: loss -= coef * token entropy
     kl_clamp: Optional[float] = None  # clamp the k3 value to [-c, c] (verl: 10)
     kl_reward_coef: float = 0.0  # KL in the reward instead of the loss: r -= coef * sum_t KL_t
-    kl_reward_kind: str = "k1"  # estimator for the reward KL (verl's default kl_penalty: kl = k1)
+    kl_reward_kind: KL = "k1"  # estimator for the reward KL (verl's default kl_penalty: kl = k1)
     kl_reward_target: Optional[float] = None  # adaptive controller target KL (None: fixed coef)
     kl_reward_horizon: float = 10000.0  # adaptive controller horizon, in samples
     cov_ratio: float = 2e-4  # clip_cov / kl_cov: share of tokens selected by covariance
@@ -145,7 +169,7 @@ class AlgoConfig:
     ref_reset_every: int = 0  # ProRL: reference := current policy every N steps (0 = never)
     # Methods from the papers (README "Methods from the papers"); every one is off by default.
     history_epochs: int = 0  # ReST-GRPO/Temporal-R1: filter prompts all-solved/none-solved on their last k visits (0 = off)
-    history_mode: str = "skip"  # skip (never drawn again) | downweight (advantages * history_weight)
+    history_mode: HistoryMode = "skip"  # downweight: advantages * history_weight
     history_weight: float = 0.1
     gt_threshold: Optional[float] = None  # TempSamp-R1: group max reward < this -> one row becomes the ground truth (None = off)
     gt_template: str = "<answer>{solution}</answer>"  # the recipe's answer format for that row
@@ -197,7 +221,7 @@ class TrainConfig:
     lr: float = 1e-6
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
-    lr_schedule: str = "constant"  # constant | linear | cosine (all after warmup)
+    lr_schedule: LRSchedule = "constant"  # all after warmup
     warmup_steps: int = 0
     max_grad_norm: float = 1.0
     micro_batch_size: int = 8  # rows per forward/backward; result independent of it
@@ -212,7 +236,7 @@ class TrainConfig:
     eval_every: int = 0  # in-loop held-out evaluation (0 = off)
     # How weights, gradients and optimizer state are spread over processes: auto (from the
     # launcher: accelerate's DeepSpeed / FSDP config, else ddp) | ddp | deepspeed | fsdp2.
-    parallel: str = "auto"
+    parallel: Parallel = "auto"
     deepspeed_config: Optional[str] = None  # DeepSpeed JSON (default: the accelerate config's)
 
 
@@ -236,7 +260,7 @@ class LogConfig:
     wandb: bool = False
     rollouts_every: int = 10  # write a sample of rollouts every N steps
     rollouts_per_step: int = 8
-    progress: str = "auto"  # auto (rich bar on a TTY, lines otherwise) | bar | lines | off
+    progress: Progress = "auto"  # auto: rich bar on a TTY, lines otherwise
     think_share: bool = False  # log think/{think,empty,none}: share of completions by reasoning kind (TON)
     log_every: int = 10  # lines mode: print a line every N steps
 
@@ -268,13 +292,23 @@ class ConfigError(ValueError):
 
 def _apply_preset(merged: DictConfig, explicit_keys: set[str]) -> None:
     preset = merged.algo.preset
-    if preset is None:
+    if preset is None:  # else one of PRESETS: the Preset type admits nothing else
         return
-    if preset not in PRESETS:
-        raise ConfigError(f"algo.preset: unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     for key, value in PRESETS[preset].items():
         if key not in explicit_keys:
             merged.algo[key] = value
+
+
+# YAML 1.1 reads a bare `off` as false; these options have "off" among their legal values.
+_OFF_KEYS = ("log.progress",)
+
+
+def _load_layer(path) -> DictConfig:
+    layer = OmegaConf.load(path)
+    for key in _OFF_KEYS:
+        if OmegaConf.select(layer, key) is False:
+            OmegaConf.update(layer, key, "off")
+    return layer
 
 
 def _override(merged: DictConfig, item: str) -> str:
@@ -283,6 +317,8 @@ def _override(merged: DictConfig, item: str) -> str:
     if not sep or not key:
         raise ConfigError(f"override {item!r}: expected key=value")
     value = yaml.safe_load(raw) if raw else ""
+    if key in _OFF_KEYS and value is False:
+        value = "off"
     if isinstance(value, str) and _NUMBER.fullmatch(value):  # YAML 1.1 reads "1e-4" as a string
         value = float(value)
     parent_key, _, leaf = key.rpartition(".")
@@ -314,12 +350,12 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> RunConf
         merged = OmegaConf.structured(RunConfig)
         explicit: set[str] = set()
         if path:
-            layer = OmegaConf.load(path)
+            layer = _load_layer(path)
             explicit |= set((layer.get("algo") or {}).keys())
             merged = OmegaConf.merge(merged, layer)
         for item in overrides or []:
             if item.endswith((".yaml", ".yml")) and "=" not in item:  # another delta layer
-                layer = OmegaConf.load(item)
+                layer = _load_layer(item)
                 explicit |= set((layer.get("algo") or {}).keys())
                 merged = OmegaConf.merge(merged, layer)
                 continue
@@ -335,7 +371,23 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> RunConf
         raise ConfigError(f"{where}{_short(e)}") from None
     if path and cfg.log.run_dir is None and cfg.name == "run":
         cfg.name = Path(path).stem if Path(path).stem != "config" else Path(path).parent.name
+    # Under torchrun / accelerate the process count is known already at load.
+    check(cfg, world=int(os.environ.get("WORLD_SIZE", "1")), where=where)
     return cfg
+
+
+def check(cfg: RunConfig, world: int = 1, where: str = "") -> None:
+    """Raise ConfigError with one line naming the first key out of its legal range (ranges and
+    cross-field rules: mmrl/config_rules.py; legal values are the Literal types above)."""
+    found = config_rules.problems(cfg, world)
+    if found:
+        more = f" (and {len(found) - 1} more: mmrl validate lists them)" if len(found) > 1 else ""
+        raise ConfigError(f"{where}{found[0]}{more}")
+
+
+def choices(literal) -> tuple[str, ...]:
+    """The legal values of an option type, e.g. `choices(Agg)`."""
+    return get_args(literal)
 
 
 def _short(e: Exception) -> str:

@@ -5,9 +5,36 @@ Shapes are given in trailing comments: N = rows (B prompts x G samples), L = com
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import torch
+
+# Every audio waveform in mmrl is mono float32 at this rate: Whisper-style feature extractors
+# (Qwen2-Audio, Qwen2.5-Omni) assume 16 kHz, and another rate is misread silently.
+AUDIO_SAMPLING_RATE = 16000
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample completions: the one record every `generate` takes (HF, shared-prefix, vLLM
+    colocated and server), so a new knob is added here once, not to each signature."""
+
+    num_generations: int = 1  # G completions per prompt; rows come back group-major
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    do_sample: bool = True  # False = greedy
+    suppress_ids: Sequence[int] = ()  # never sampled (media placeholders)
+    seed: int | None = None  # reproducible draws without touching the global RNG stream
+    eos_ids: Sequence[int] | None = None  # stop tokens; None = the model's / engine's own
+
+    @classmethod
+    def from_rollout(cls, rollout, **overrides) -> "SamplingParams":
+        """From a RolloutConfig (rollout.num_generations, max_new_tokens, temperature, top_p,
+        top_k); `overrides` set the rest (suppress_ids, do_sample, ...)."""
+        keys = ("num_generations", "max_new_tokens", "temperature", "top_p", "top_k")
+        return cls(**{k: getattr(rollout, k) for k in keys}, **overrides)
 
 
 @dataclass

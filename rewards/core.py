@@ -15,10 +15,6 @@ import warnings
 from functools import lru_cache
 from typing import Any, Callable, Iterable, Sequence
 
-# Tests flip this on so that a bug surfaces as an exception instead of a silent 0.0. In training a
-# crash after hours of rollouts costs more than one mis-scored sample, so the default is lenient.
-STRICT = False
-
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 
 # Decimal numbers only: no "nan"/"inf" on purpose (a model must not answer "inf" and match a
@@ -197,18 +193,15 @@ def plain(value: Any) -> Any:
     return value
 
 
-def _finite_or_none(score: Any, name: str) -> float | None:
+def _finite_or_none(score: Any, name: str, strict: bool) -> float | None:
     if score is None:
         return None
     score = float(score)
     if not math.isfinite(score):
-        if STRICT:
+        if strict:
             raise ValueError(f"reward {name} produced a non-finite score {score}")
         return 0.0
     return score + 0.0  # turn -0.0 into 0.0
-
-
-_WARNED: set[str] = set()
 
 
 def score_batch(score_one: Callable[..., float | None], completions: Sequence, solution: Sequence,
@@ -219,7 +212,14 @@ def score_batch(score_one: Callable[..., float | None], completions: Sequence, s
     `score_one` receives the completion text (not the extracted answer: format-style rewards need
     the whole text) and per-sample values of the fields in `needs`. A sample scores None when its
     `task` is not in `tasks` (if given) or its solution is None (if the reward needs one).
+
+    Two call options reach every reward through its `**fields` (they are not sample columns):
+    `strict=True` raises where a sample would otherwise score 0.0 (a crash or a non-finite score;
+    tests use it so a bug surfaces), and `warned`, a set the caller keeps, limits the warning about
+    a failing reward to once per name in that set (without one, every failure warns). In training a
+    crash after hours of rollouts costs more than one mis-scored sample, so the default is lenient.
     """
+    strict, warned = bool(fields.get("strict", False)), fields.get("warned")
     completions = list(completions) if completions is not None else []
     n = len(completions)
     if isinstance(solution, (list, tuple)) or (
@@ -244,12 +244,13 @@ def score_batch(score_one: Callable[..., float | None], completions: Sequence, s
         try:
             score = score_one(completion_text(completions[i]), plain(solutions[i]), **kwargs,
                               **params)
-            out.append(_finite_or_none(score, name))
+            out.append(_finite_or_none(score, name, strict))
         except Exception as exc:  # noqa: BLE001 - garbage must never stop a training run
-            if STRICT:
+            if strict:
                 raise
-            if name not in _WARNED:
-                _WARNED.add(name)
+            if warned is None or name not in warned:
+                if warned is not None:
+                    warned.add(name)
                 warnings.warn(f"reward {name} failed on a sample and scored it 0.0: {exc!r}",
                               RuntimeWarning, stacklevel=2)
             out.append(0.0)

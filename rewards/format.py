@@ -69,7 +69,8 @@ def _overlong_one(_text: str, _solution: Any, *, completion_length: Any,
         return 0.0
     if length > limit or buffer == 0:
         return -1.0
-    return ((limit - buffer) - length) / buffer
+    # Clamped: (limit - buffer) - limit rounds to -buffer * (1 + 2^-52) for some buffers.
+    return max(-1.0, ((limit - buffer) - length) / buffer)
 
 
 @register("overlong", low=-1.0, high=0.0)

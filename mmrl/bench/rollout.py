@@ -19,14 +19,15 @@ def _generate(mode: str, model, processor, prompts, *, group: int, completion_to
               rounds_of: int, suppress, stats: dict | None = None):
     from mmrl.models.forward import generate
     from mmrl.models.shared_generate import generate_shared
+    from mmrl.types import SamplingParams
 
     # EOS = a suppressed placeholder, never sampled: every row decodes the full budget.
-    common = dict(num_generations=group, max_new_tokens=completion_tokens, suppress_ids=suppress,
-                  seed=0, eos_ids=[suppress[0]])
+    sampling = SamplingParams(num_generations=group, max_new_tokens=completion_tokens,
+                              suppress_ids=suppress, seed=0, eos_ids=[suppress[0]])
     if mode == "hf_generate":
-        return generate(model, processor, prompts, **common)
-    return generate_shared(model, processor, prompts, stats=stats,
-                           rounds_of=rounds_of if mode == "shared_rounds" else None, **common)
+        return generate(model, processor, prompts, sampling)
+    return generate_shared(model, processor, prompts, sampling, stats=stats,
+                           rounds_of=rounds_of if mode == "shared_rounds" else None)
 
 
 def bench_rollout(*, family: str = "qwen2_5_vl", prompt_tokens: int = 1024, group: int = 16,

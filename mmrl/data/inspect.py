@@ -12,7 +12,6 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from mmrl.data import formats as _formats  # noqa: F401  (registers the anchor formats)
 from mmrl.data.media import MediaError, load_audio, load_image, load_media, load_video, \
     processor_errors
 from mmrl.data.schema import FORMATS, RecordError, iter_records

@@ -16,21 +16,17 @@ import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from mmrl.types import Sample
+from mmrl.types import AUDIO_SAMPLING_RATE, Sample
 from rewards.boxes import smart_resize
-
-if TYPE_CHECKING:
-    from mmrl.data.cache import MediaCache
 
 PIXEL_FACTOR = 28  # Qwen-VL: 14 px patches merged 2x2 -> sides are multiples of 28
 TEMPORAL_PATCH = 2  # Qwen-VL: 2 frames per temporal patch -> even frame counts
 DEFAULT_FPS = 2.0
-AUDIO_SR = 16000  # Whisper-style feature extractors assume 16 kHz; another rate is misread silently
 RESAMPLE_MARGIN = 0.1  # s read past a head cut, so the resampler's filter sees what follows it
 SOUNDFILE_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".aiff", ".aif"}
 VIDEO_BACKENDS = ("auto", "decord", "pyav")
@@ -136,6 +132,17 @@ class Video:
         t, h, w = self.frames.shape[:3]
         return {"total_num_frames": int(t), "fps": float(self.fps), "frames_indices": list(range(t)),
                 "duration": t / self.fps, "width": int(w), "height": int(h)}
+
+
+class DecodeCache(Protocol):
+    """What the decoders need of a cache (mmrl.data.cache.MediaCache is one): return the stored
+    value for (file, params), else call `decode`, store and return its result. A protocol, so
+    media.py does not depend on the cache module (which depends on `Video` here)."""
+
+    def video(self, path: str, params: dict, decode: Callable[[], Video]) -> Video: ...
+
+    def audio(self, path: str, params: dict,
+              decode: Callable[[], tuple[np.ndarray, bool]]) -> tuple[np.ndarray, bool]: ...
 
 
 class _PlanError(MediaError):
@@ -252,7 +259,7 @@ def _resize_frames(frames: np.ndarray, max_total_pixels: int) -> np.ndarray:
 def load_video(path: str, *, fps: float | None = None, nframes: int | None = None,
                start: float | None = None, end: float | None = None, max_frames: int = 64,
                max_total_pixels: int | None = None, backend: str = "auto", source: str = "",
-               cache: "MediaCache | None" = None) -> Video:
+               cache: "DecodeCache | None" = None) -> Video:
     """Sample frames from a video file (see `plan_frames` for which ones).
 
     fps XOR nframes (neither: fps=2). `start`/`end` (seconds) restrict sampling to a segment.
@@ -314,8 +321,8 @@ def _decode_video(path: str, params: dict, backend: str, source: str) -> Video:
 
 # ------------------------------------------------------------------------------------- audio ----
 
-def load_audio(path: str, *, sr: int = AUDIO_SR, max_seconds: float | None = None,
-               truncate: str = "error", source: str = "", cache: "MediaCache | None" = None,
+def load_audio(path: str, *, sr: int = AUDIO_SAMPLING_RATE, max_seconds: float | None = None,
+               truncate: str = "error", source: str = "", cache: "DecodeCache | None" = None,
                stats: dict | None = None) -> np.ndarray:
     """Mono float32 waveform at `sr` Hz (channels averaged, resampled with soxr).
 
@@ -450,7 +457,7 @@ def _video_overrides(sample: Sample) -> dict:
 
 
 def load_media(sample: Sample, *, video_kwargs: dict | None = None,
-               audio_kwargs: dict | None = None, cache: "MediaCache | None" = None,
+               audio_kwargs: dict | None = None, cache: "DecodeCache | None" = None,
                stats: dict | None = None) -> dict[str, list]:
     """All media of a sample, decoded: {"images": [PIL RGB], "videos": [Video], "audios":
     [float32 mono at 16 kHz]}.

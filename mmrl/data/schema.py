@@ -12,10 +12,12 @@ Every malformed record raises `RecordError` naming the file and line, never a si
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Iterator
 
+from mmrl.data.sources import RecordError, open_table  # noqa: F401  (RecordError re-exported)
 from mmrl.registry import Registry
 from mmrl.types import Sample
 
@@ -24,15 +26,9 @@ MEDIA_KINDS = ("images", "videos", "audios")
 RESERVED = {"id", "task", "prompt", "messages", "solution", "system", *MEDIA_KINDS}
 
 
-class RecordError(ValueError):
-    """A record that cannot become a Sample; the message names file:line."""
-
-
 def iter_records(path: str | Path) -> Iterator[tuple[dict, str]]:
     """Yield (record, "file:line") from JSONL, JSON (list), Parquet (a file or a directory of
     shards), a `datasets` save dir, or a `datasets` name in the local cache (mmrl/data/sources.py)."""
-    from mmrl.data.sources import open_table
-
     yield from open_table(path)
 
 
@@ -107,7 +103,6 @@ def load_samples(path: str | Path, fmt: str | None = "mmrl",
     LazySamples for Parquet/Arrow tables. `fmt=None`: mmrl for JSONL/JSON, detected from the
     columns for tables (mmrl/data/detect.py)."""
     from mmrl.data.detect import detect_format
-    from mmrl.data.sources import open_table
 
     table = open_table(path)
     if fmt is None:
@@ -122,4 +117,6 @@ def load_samples(path: str | Path, fmt: str | None = "mmrl",
     return [convert(record, source, base) for record, source in table[:n]]
 
 
-from mmrl.data import formats as _formats  # noqa: E402,F401  (registers the anchor formats)
+def write_jsonl(path: str | Path, records: list[dict]) -> None:
+    """One JSON object per line: the mmrl record format `iter_records` reads back."""
+    Path(path).write_text("".join(json.dumps(r) + "\n" for r in records))

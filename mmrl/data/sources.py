@@ -14,7 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mmrl.data.schema import RecordError
+
+class RecordError(ValueError):
+    """A record that cannot become a Sample; the message names file:line. (Here, at the bottom
+    of mmrl/data, so the table readers need not import schema.py, which imports them.)"""
 
 
 class ParquetTable(Sequence):

@@ -5,19 +5,15 @@ is idempotent: same arguments, same bytes. `mmrl data generate NAME OUT_DIR [k=v
 """
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from mmrl.data.schema import write_jsonl
 from mmrl.registry import Registry
 
 GENERATORS: Registry = Registry("data generator")
-
-
-def _write_jsonl(path: Path, records: list[dict]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 @GENERATORS.register("counting")
@@ -62,10 +58,7 @@ def counting(out_dir: str | Path, n_train: int = 2000, n_eval: int = 200, seed: 
                           prompt="How many red squares are there?\n" + "\n".join(options) +
                           "\nAnswer with the option letter in <answer></answer>.")
         records.append(record)
-    _write_jsonl(out / "train.jsonl", records[:n_train])
-    _write_jsonl(out / "eval.jsonl", records[n_train:])
+    write_jsonl(out / "train.jsonl", records[:n_train])
+    write_jsonl(out / "eval.jsonl", records[n_train:])
     return {"train": str(out / "train.jsonl"), "eval": str(out / "eval.jsonl")}
 
-
-from mmrl.data import synthetic_av as _synthetic_av  # noqa: E402,F401  (video/audio/grounding generators)
-from mmrl.data import pretext as _pretext  # noqa: E402,F401  (pretext tasks from the user's media)

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from mmrl.data.synthetic import GENERATORS, _write_jsonl
+from mmrl.data.schema import write_jsonl
+from mmrl.data.synthetic import GENERATORS
 
 MC_LETTERS = "ABCD"
 DIRECTIONS = ("left", "right", "up", "down")
@@ -114,8 +115,8 @@ def _silence(seconds: float, sr: int) -> np.ndarray:
 
 
 def _split(out: Path, records: list[dict], n_train: int) -> dict[str, str]:
-    _write_jsonl(out / "train.jsonl", records[:n_train])
-    _write_jsonl(out / "eval.jsonl", records[n_train:])
+    write_jsonl(out / "train.jsonl", records[:n_train])
+    write_jsonl(out / "eval.jsonl", records[n_train:])
     return {"train": str(out / "train.jsonl"), "eval": str(out / "eval.jsonl")}
 
 

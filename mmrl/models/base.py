@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmrl.types import PromptFeatures, Sample
+from mmrl.types import AUDIO_SAMPLING_RATE, PromptFeatures, Sample
 
 # Token-aligned keys of a processor output ([1, P]); every other tensor is a media tensor that
 # concatenates along dim 0 (pixel_values [patches, D], image_grid_thw [n_images, 3], ...).
@@ -21,9 +21,6 @@ TOKEN_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")
 # mm_token_type_ids values that transformers' get_rope_index expects: text 0, image 1, video 2
 # (3 = audio in families that have it). See Qwen2VLModel.get_rope_index.
 TOKEN_TYPE = {"image": 1, "video": 2, "audio": 3}
-
-# Every audio family here (Qwen2-Audio, Qwen2.5-Omni) was trained on 16 kHz log-mel features.
-AUDIO_SAMPLING_RATE = 16000
 
 
 def video_frames(video, fps: float | None = None) -> tuple[np.ndarray, float]:

@@ -12,7 +12,7 @@ from typing import NamedTuple, Sequence
 import torch
 
 from mmrl.models.base import TOKEN_KEYS
-from mmrl.types import PromptFeatures
+from mmrl.types import PromptFeatures, SamplingParams
 
 
 def collate(prompts: Sequence[PromptFeatures], completion_ids: torch.Tensor | None = None,
@@ -174,11 +174,9 @@ def _eos_ids(model, processor) -> list[int]:
 
 
 @torch.no_grad()
-def generate(model, processor, prompts: Sequence[PromptFeatures], *, num_generations: int = 1,
-             max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0,
-             top_k: int = 0, do_sample: bool = True, suppress_ids: Sequence[int] = (),
-             seed: int | None = None, eos_ids: Sequence[int] | None = None) -> Generation:
-    """Sample `num_generations` completions per prompt with HF generate.
+def generate(model, processor, prompts: Sequence[PromptFeatures],
+             sampling: SamplingParams = SamplingParams()) -> Generation:
+    """Sample `sampling.num_generations` completions per prompt with HF generate.
 
     Rows are group-major: rows g*G .. g*G+G-1 belong to prompts[g]. `sampler_logp` is the
     log-prob of each sampled token under softmax(logits / temperature) of the unmodified model:
@@ -188,17 +186,20 @@ def generate(model, processor, prompts: Sequence[PromptFeatures], *, num_generat
     """
     from transformers import GenerationConfig, LogitsProcessorList
 
+    s = sampling
+    num_generations, temperature, do_sample, seed = (s.num_generations, s.temperature,
+                                                     s.do_sample, s.seed)
     tokenizer = getattr(processor, "tokenizer", processor)
     pad_id = tokenizer.pad_token_id
-    eos_ids = list(eos_ids) if eos_ids is not None else _eos_ids(model, processor)
+    eos_ids = list(s.eos_ids) if s.eos_ids is not None else _eos_ids(model, processor)
     per_row = num_generations > 1 and not _hf_expands_media(model, prompts)
     rows = [p for p in prompts for _ in range(num_generations)] if per_row else list(prompts)
     inputs = _to_device(collate(rows, pad_id=pad_id), next(model.parameters()).device)
-    recorder = _PolicyLogprobs(temperature, suppress_ids)
+    recorder = _PolicyLogprobs(temperature, s.suppress_ids)
     config = GenerationConfig(
         do_sample=do_sample, temperature=temperature if do_sample else None,
-        top_p=top_p if do_sample else None, top_k=top_k if do_sample else None,
-        max_new_tokens=max_new_tokens, num_return_sequences=1 if per_row else num_generations,
+        top_p=s.top_p if do_sample else None, top_k=s.top_k if do_sample else None,
+        max_new_tokens=s.max_new_tokens, num_return_sequences=1 if per_row else num_generations,
         eos_token_id=eos_ids, pad_token_id=pad_id, bos_token_id=None, use_cache=True)
     # The model's own generation_config (e.g. a checkpoint's repetition_penalty or top_k) would
     # fill every field left unset here and warp the logits: swap in a neutral one for the call.

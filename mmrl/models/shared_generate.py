@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 
 from mmrl.models.shared_prefix import _takes_logits_index, prompt_and_completion_positions
-from mmrl.types import PromptFeatures
+from mmrl.types import PromptFeatures, SamplingParams
 
 
 # ----------------------------------------------------------------------------- sampling ---------
@@ -105,12 +105,9 @@ def cache_bytes(cache) -> int:
 
 
 @torch.no_grad()
-def generate_shared(model, processor, prompts: Sequence[PromptFeatures], *, num_generations: int = 1,
-                    max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0,
-                    top_k: int = 0, do_sample: bool = True, suppress_ids: Sequence[int] = (),
-                    seed: int | None = None, eos_ids: Sequence[int] | None = None,
-                    rounds_of: int | None = None, prefill: str = "shared",
-                    stats: dict | None = None):
+def generate_shared(model, processor, prompts: Sequence[PromptFeatures],
+                    sampling: SamplingParams = SamplingParams(), *, rounds_of: int | None = None,
+                    prefill: str = "shared", stats: dict | None = None):
     """`forward.generate`'s contract (group-major rows, sampler logp before truncation and
     suppression, mask up to and including the first EOS) with each prompt prefilled ONCE, media
     encoder included, and its G samples decoded from copies of that cache.
@@ -132,6 +129,10 @@ def generate_shared(model, processor, prompts: Sequence[PromptFeatures], *, num_
 
     if prefill not in ("shared", "per_row"):
         raise ValueError(f"prefill must be 'shared' or 'per_row', not {prefill!r}")
+    num_generations, max_new_tokens, temperature, top_p, top_k, do_sample = (
+        sampling.num_generations, sampling.max_new_tokens, sampling.temperature, sampling.top_p,
+        sampling.top_k, sampling.do_sample)
+    suppress_ids, seed, eos_ids = sampling.suppress_ids, sampling.seed, sampling.eos_ids
     tokenizer = getattr(processor, "tokenizer", processor)
     pad_id = tokenizer.pad_token_id
     eos_ids = list(eos_ids) if eos_ids is not None else _eos_ids(model, processor)

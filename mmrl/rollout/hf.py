@@ -1,11 +1,12 @@
 """The HF rollout engine: the training model's own `generate` (mmrl.models.forward.generate)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 from mmrl.models.forward import Generation, generate
 from mmrl.models.shared_generate import generate_shared
-from mmrl.types import PromptFeatures
+from mmrl.types import PromptFeatures, SamplingParams
 
 
 class HFEngine:
@@ -19,21 +20,23 @@ class HFEngine:
         # rounds of `rounds_of` to bound memory); same distribution, different draws than HF's.
         self.shared_prefill, self.rounds_of = shared_prefill, rounds_of
 
-    def generate(self, prompts: Sequence[PromptFeatures], *, num_generations: int = 1,
-                 max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0,
-                 top_k: int = 0, do_sample: bool = True, suppress_ids: Sequence[int] = (),
-                 seed: int | None = None, eos_ids: Sequence[int] | None = None) -> Generation:
+    @classmethod
+    def from_config(cls, rollout, model, processor) -> "HFEngine":
+        """From a RolloutConfig (its shared_prefill and rounds_of)."""
+        return cls(model, processor, shared_prefill=rollout.shared_prefill,
+                   rounds_of=rollout.rounds_of)
+
+    def generate(self, prompts: Sequence[PromptFeatures],
+                 sampling: SamplingParams = SamplingParams()) -> Generation:
         was_training = self.model.training
         self.model.eval()
-        kwargs = dict(num_generations=num_generations, max_new_tokens=max_new_tokens,
-                      temperature=temperature, top_p=top_p, top_k=top_k, do_sample=do_sample,
-                      suppress_ids=suppress_ids, seed=seed,
-                      eos_ids=self.eos_ids if eos_ids is None else eos_ids)
+        if sampling.eos_ids is None and self.eos_ids is not None:
+            sampling = dataclasses.replace(sampling, eos_ids=self.eos_ids)
         try:
             if self.shared_prefill:
-                return generate_shared(self.model, self.processor, prompts,
-                                       rounds_of=self.rounds_of, **kwargs)
-            return generate(self.model, self.processor, prompts, **kwargs)
+                return generate_shared(self.model, self.processor, prompts, sampling,
+                                       rounds_of=self.rounds_of)
+            return generate(self.model, self.processor, prompts, sampling)
         finally:
             self.model.train(was_training)
 

@@ -1,5 +1,5 @@
-"""The colocated vLLM rollout engine (`VLLMEngine`, in the trainer's process) and the prompt /
-output conversions it shares with the server client (mmrl/rollout/vllm_server.py).
+"""The colocated vLLM rollout engine (`VLLMEngine`, in the trainer's process). The prompt /
+output conversions it shares with the server client live in mmrl/rollout/vllm_io.py.
 
 Prompts reach vLLM as token ids built from the SAME PromptFeatures the trainer trains on (one
 processor call per sample). vLLM expands each media placeholder itself, so every run of
@@ -22,150 +22,19 @@ import shutil
 import tempfile
 import warnings
 from contextlib import contextmanager
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
-from mmrl.models.forward import Generation, check_no_placeholders
+from mmrl.config_rules import WEIGHT_TRANSFER
+from mmrl.models.forward import Generation
+from mmrl.rollout.vllm_io import (ban_fields, build_request, describe, eos_token_ids,
+                                  media_pad_ids, to_generation)
 from mmrl.rollout.vllm_weights import export_for_vllm, vllm_state_dict
-from mmrl.types import PromptFeatures
+from mmrl.types import PromptFeatures, SamplingParams
 
 WORKER_EXTENSION = "mmrl.rollout.worker_ext.WeightSync"  # a dotted qualname, not "mod:attr"
-AUDIO_SAMPLING_RATE = 16000
-
-
-def media_pad_ids(processor) -> dict[str, int]:
-    """{vLLM modality: placeholder id} for the pads that vLLM expands itself."""
-    tokenizer = getattr(processor, "tokenizer", processor)
-    vocab = tokenizer.get_vocab()
-    out = {}
-    for modality, attr in (("image", "image_token"), ("video", "video_token"), ("audio", "audio_token")):
-        token = getattr(processor, attr, None) or getattr(tokenizer, attr, None)
-        if isinstance(token, str) and token in vocab:
-            out[modality] = vocab[token]
-    return out
-
-
-def collapse_media_pads(ids: Sequence[int], pad_ids: Sequence[int]) -> list[int]:
-    """Each run of one repeated media pad id -> a single pad (vLLM re-expands it).
-
-    >>> collapse_media_pads([1, 7, 7, 7, 2, 1, 7, 7, 2, 8, 8], [7, 8])
-    [1, 7, 2, 1, 7, 2, 8]
-    """
-    pads, out = set(pad_ids), []
-    for i in ids:
-        if i in pads and out and out[-1] == i:
-            continue
-        out.append(i)
-    return out
-
-
-def prompt_media(prompt: PromptFeatures) -> dict[str, list]:
-    """The decoded media of a prompt: `prompt.media` ({"images", "videos", "audios"}) when the
-    trainer kept it, else decoded again from the sample's paths (once: stored on the object)."""
-    media = getattr(prompt, "media", None)
-    if media is None:
-        s = prompt.sample
-        if not (s.images or s.videos or s.audios):
-            return {}
-        from mmrl.data.media import load_media
-
-        media = load_media(s)
-        try:
-            prompt.media = media
-        except AttributeError:  # pragma: no cover - a slotted PromptFeatures
-            pass
-    return media
-
-
-def multi_modal_data(prompt: PromptFeatures) -> dict[str, list]:
-    """vLLM's `multi_modal_data` for one prompt: PIL images, (frames, metadata) videos,
-    (waveform, 16000) audios."""
-    from mmrl.models.base import video_frames, video_metadata
-
-    media, data = prompt_media(prompt), {}
-    if media.get("images"):
-        data["image"] = [im.convert("RGB") if getattr(im, "mode", "RGB") != "RGB" else im
-                         for im in media["images"]]
-    if media.get("videos"):
-        videos = []
-        for video in media["videos"]:
-            frames, fps = video_frames(video, getattr(video, "fps", None))
-            videos.append((frames, dict(video_metadata(frames, fps), do_sample_frames=False)))
-        data["video"] = videos
-    if media.get("audios"):
-        data["audio"] = [(np.asarray(a, dtype=np.float32).reshape(-1), AUDIO_SAMPLING_RATE)
-                         for a in media["audios"]]
-    return data
-
-
-def _describe(prompt: PromptFeatures) -> str:
-    s = prompt.sample
-    return f"sample {s.id!r}" + (f" ({s.source})" if s.source else "")
-
-
-def build_request(prompt: PromptFeatures, pads: dict[str, int]) -> dict:
-    """{"prompt_token_ids", "multi_modal_data"} for one prompt, pads collapsed; ValueError when
-    the number of pad runs and of media items differ."""
-    ids = prompt.input_ids.tolist()
-    collapsed = collapse_media_pads(ids, list(pads.values()))
-    data = multi_modal_data(prompt)
-    for modality, pad in pads.items():
-        runs, items = collapsed.count(pad), len(data.get(modality, ()))
-        if runs != items:
-            raise ValueError(f"{_describe(prompt)}: {runs} {modality} placeholder(s) in the prompt but "
-                             f"{items} {modality} item(s) to send to vLLM (set PromptFeatures.media "
-                             f"to the decoded media the processor was called with)")
-    request: dict[str, Any] = {"prompt_token_ids": collapsed}
-    if data:
-        request["multi_modal_data"] = data
-    if "video" in data:
-        request["mm_processor_kwargs"] = {"do_sample_frames": False}
-    return request
-
-
-def ban_fields(tokenizer, token_ids: Sequence[int]) -> dict:
-    """SamplingParams fields that forbid `token_ids`: `bad_words` (logit -inf) for tokens whose
-    text encodes back to exactly that one id (special tokens such as the media placeholders),
-    else a -100 logit bias (vLLM's clamp; exp(-100) is 0 in float32)."""
-    words, bias = [], {}
-    for token_id in sorted(set(int(i) for i in token_ids)):
-        token = tokenizer.convert_ids_to_tokens(token_id)
-        if tokenizer.encode(token, add_special_tokens=False) == [token_id]:
-            words.append(token)
-        else:
-            bias[token_id] = -100.0
-    return {"bad_words": words or None, "logit_bias": bias or None}
-
-
-def eos_token_ids(model, processor) -> list[int]:
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if eos is None:
-        eos = getattr(processor, "tokenizer", processor).eos_token_id
-    return [eos] if isinstance(eos, int) else list(eos)
-
-
-def to_generation(rows: Sequence[tuple[Sequence[int], Sequence[float], bool]], pad_id: int,
-                  placeholder_ids: Sequence[int] = ()) -> Generation:
-    """Generation from per-row (token ids, sampled-token logprobs, stopped by length)."""
-    width = max([1] + [len(ids) for ids, _, _ in rows])
-    n = len(rows)
-    ids = torch.full((n, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((n, width), dtype=torch.long)
-    logp = torch.zeros((n, width), dtype=torch.float32)
-    truncated = torch.zeros(n, dtype=torch.bool)
-    for r, (tokens, lps, by_length) in enumerate(rows):
-        k = len(tokens)
-        if len(lps) != k:
-            raise RuntimeError(f"row {r}: {k} tokens but {len(lps)} logprobs from the sampler")
-        if k:
-            ids[r, :k] = torch.as_tensor(list(tokens), dtype=torch.long)
-            logp[r, :k] = torch.as_tensor(list(lps), dtype=torch.float32)
-            mask[r, :k] = 1
-        truncated[r] = bool(by_length)
-    check_no_placeholders(ids, mask, placeholder_ids)
-    return Generation(ids, mask, logp, truncated)
 
 
 @contextmanager
@@ -246,8 +115,9 @@ class VLLMEngine:
                                "group and the trainer would silently run undistributed")
         # The trainer's process group, if any, must survive the engine (see close()).
         self._trainer_pg = dist.is_initialized()
-        if weight_transfer not in ("auto", "bytes", "direct"):
-            raise ValueError(f"weight_transfer must be auto|bytes|direct, got {weight_transfer!r}")
+        if weight_transfer not in WEIGHT_TRANSFER["colocated"]:
+            raise ValueError(f"weight_transfer must be {'|'.join(WEIGHT_TRANSFER['colocated'])}, "
+                             f"got {weight_transfer!r}")
         # Read by vLLM when the engine is built (not at import).
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if multiprocessing else "0")
         if on_cpu:
@@ -290,6 +160,16 @@ class VLLMEngine:
             shutil.rmtree(self._tmp, ignore_errors=True)
             raise
 
+    @classmethod
+    def from_config(cls, vcfg, model, processor, adapter=None) -> "VLLMEngine":
+        """From a VLLMConfig (`rollout.vllm`): every option but the server-mode ones."""
+        return cls(model, processor, adapter,
+                   gpu_memory_utilization=vcfg.gpu_memory_utilization,
+                   tensor_parallel_size=vcfg.tensor_parallel_size,
+                   enable_sleep_mode=vcfg.enable_sleep_mode, max_model_len=vcfg.max_model_len,
+                   enforce_eager=vcfg.enforce_eager, seed=vcfg.seed,
+                   weight_transfer=vcfg.weight_transfer, llm_kwargs=dict(vcfg.llm_kwargs))
+
     # ------------------------------------------------------------------ sampling ---------------
     def _ban(self, suppress_ids: Sequence[int]) -> dict:
         key = tuple(sorted(set(int(i) for i in suppress_ids)))
@@ -317,27 +197,28 @@ class VLLMEngine:
             self.asleep = True
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[PromptFeatures], *, num_generations: int = 1,
-                 max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0,
-                 top_k: int = 0, do_sample: bool = True, suppress_ids: Sequence[int] = (),
-                 seed: int | None = None, eos_ids: Sequence[int] | None = None) -> Generation:
-        """G completions per prompt, rows group-major (see mmrl.rollout.base). `eos_ids`
+    def generate(self, prompts: Sequence[PromptFeatures],
+                 sampling: SamplingParams = SamplingParams()) -> Generation:
+        """G completions per prompt, rows group-major (see mmrl.rollout.base). `sampling.eos_ids`
         overrides the stop tokens for this call. Any sampled media placeholder (the adapter's
-        or `suppress_ids`) raises ValueError naming the row and sample."""
-        from vllm import SamplingParams
+        or `sampling.suppress_ids`) raises ValueError naming the row and sample."""
+        import vllm
 
+        s = sampling
+        temperature, do_sample, top_p, top_k = s.temperature, s.do_sample, s.top_p, s.top_k
+        suppress_ids, seed, eos_ids = s.suppress_ids, s.seed, s.eos_ids
         if not prompts:
             raise ValueError("generate: no prompts")
         self._wake()
         self._set_temperature(temperature)
-        g = num_generations
+        g = s.num_generations
         requests = [build_request(p, self.pads) for p in prompts]
         # vLLM rejects n > 1 without sampling: greedy rows of a group are copies anyway.
         n = g if do_sample else 1
-        params = [SamplingParams(
+        params = [vllm.SamplingParams(
             n=n, temperature=1.0 if do_sample else 0.0, top_p=top_p if do_sample else 1.0,
             top_k=(top_k if top_k and top_k > 0 else 0) if do_sample else 0,
-            max_tokens=max_new_tokens, logprobs=0,
+            max_tokens=s.max_new_tokens, logprobs=0,
             stop_token_ids=list(eos_ids) if eos_ids is not None else self.eos_ids,
             # Distinct per prompt: one seed for all would give identical prompts identical groups.
             seed=None if seed is None else seed + i * g, detokenize=False,
@@ -348,7 +229,7 @@ class VLLMEngine:
             expected = prompt.input_ids.tolist()
             if list(out.prompt_token_ids) != expected:
                 raise ValueError(
-                    f"{_describe(prompt)}: vLLM expanded the prompt to {len(out.prompt_token_ids)} "
+                    f"{describe(prompt)}: vLLM expanded the prompt to {len(out.prompt_token_ids)} "
                     f"tokens, the trainer's processor to {len(expected)}: the two processors disagree "
                     f"(pixel budget, audio window or frame sampling)")
             completions = sorted(out.outputs, key=lambda c: c.index)
@@ -364,7 +245,7 @@ class VLLMEngine:
             return to_generation(rows, self.pad_id, sorted(set(suppress_ids) | set(self.placeholder_ids)))
         except ValueError as e:
             row = int(str(e).split()[2]) if str(e).startswith("completion row ") else None
-            where = f" ({_describe(prompts[row // g])})" if row is not None else ""
+            where = f" ({describe(prompts[row // g])})" if row is not None else ""
             raise ValueError(f"vLLM sampled a banned token{where}: {e}") from None
 
     # ------------------------------------------------------------------ weights ----------------

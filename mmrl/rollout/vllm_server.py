@@ -7,11 +7,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from mmrl.config_rules import WEIGHT_TRANSFER
 from mmrl.models.forward import Generation
-from mmrl.rollout.vllm import (AUDIO_SAMPLING_RATE, _describe, ban_fields, prompt_media,
-                               to_generation)
+from mmrl.rollout.vllm_io import ban_fields, describe, prompt_media, to_generation
 from mmrl.rollout.vllm_weights import export_for_vllm, vllm_state_dict
-from mmrl.types import PromptFeatures
+from mmrl.types import AUDIO_SAMPLING_RATE, PromptFeatures, SamplingParams
 
 
 def _data_url(item, kind: str) -> str:
@@ -35,7 +35,7 @@ def openai_messages(prompt: PromptFeatures) -> list[dict]:
     """The sample's chat with its media inlined as data URLs (OpenAI content parts)."""
     media = prompt_media(prompt)
     if media.get("videos"):
-        raise NotImplementedError(f"{_describe(prompt)}: server mode sends media as data URLs and "
+        raise NotImplementedError(f"{describe(prompt)}: server mode sends media as data URLs and "
                                   f"does not take videos; use the colocated VLLMEngine")
     queues = {"image": list(media.get("images") or ()), "audio": list(media.get("audios") or ())}
     out = []
@@ -51,11 +51,11 @@ def openai_messages(prompt: PromptFeatures) -> list[dict]:
                 parts.append({"type": "text", "text": part.get("text") or ""})
             elif kind in queues:
                 if not queues[kind]:
-                    raise ValueError(f"{_describe(prompt)}: more {kind} items in the chat than media")
+                    raise ValueError(f"{describe(prompt)}: more {kind} items in the chat than media")
                 url = _data_url(queues[kind].pop(0), kind)
                 parts.append({"type": f"{kind}_url", f"{kind}_url": {"url": url}})
             else:
-                raise ValueError(f"{_describe(prompt)}: content type {kind!r} not supported in server mode")
+                raise ValueError(f"{describe(prompt)}: content type {kind!r} not supported in server mode")
         out.append({"role": message["role"], "content": parts})
     return out
 
@@ -80,10 +80,10 @@ class VLLMServerEngine:
                  timeout: float = 600.0, eos_ids: Sequence[int] | None = None,
                  max_workers: int = 16, weight_transfer: str = "auto",
                  weight_transfer_port: int = 51216):
-        self.transfer = "http" if weight_transfer == "auto" else weight_transfer
-        if self.transfer not in ("http", "nccl", "store"):
+        if weight_transfer not in WEIGHT_TRANSFER["server"]:
             raise ValueError(f"server mode rollout.vllm.weight_transfer={weight_transfer!r}: use "
-                             f"auto | http | nccl | store")
+                             f"{' | '.join(WEIGHT_TRANSFER['server'])}")
+        self.transfer = "http" if weight_transfer == "auto" else weight_transfer
         self.transfer_port, self._comm = weight_transfer_port, None
         self.base_url = base_url.rstrip("/")
         self.adapter, self.processor, self.timeout = adapter, processor, timeout
@@ -97,6 +97,12 @@ class VLLMServerEngine:
         self.max_workers = max_workers
         self.model = model or self._get("/v1/models")["data"][0]["id"]
         self._scale = None
+
+    @classmethod
+    def from_config(cls, vcfg, processor, adapter=None) -> "VLLMServerEngine":
+        """From a VLLMConfig (`rollout.vllm`) whose server_url is set."""
+        return cls(vcfg.server_url, processor, adapter, weight_transfer=vcfg.weight_transfer,
+                   weight_transfer_port=vcfg.weight_transfer_port)
 
     def _request(self, method: str, path: str, body: dict | None = None) -> dict:
         import json
@@ -136,22 +142,23 @@ class VLLMServerEngine:
                        for c in out["choices"]]
         return out.get("prompt_token_ids") or out["choices"][0].get("prompt_token_ids"), choices
 
-    def generate(self, prompts: Sequence[PromptFeatures], *, num_generations: int = 1,
-                 max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0,
-                 top_k: int = 0, do_sample: bool = True, suppress_ids: Sequence[int] = (),
-                 seed: int | None = None, eos_ids: Sequence[int] | None = None) -> Generation:
+    def generate(self, prompts: Sequence[PromptFeatures],
+                 sampling: SamplingParams = SamplingParams()) -> Generation:
         from concurrent.futures import ThreadPoolExecutor
 
+        s = sampling
+        temperature, do_sample, top_p, top_k = s.temperature, s.do_sample, s.top_p, s.top_k
+        suppress_ids, seed, eos_ids = s.suppress_ids, s.seed, s.eos_ids
         scale = 1.0 / temperature if temperature > 0 else 1.0
         if scale != self._scale:
             self._rpc("set_logit_scale", repr(scale))
             self._scale = scale
-        g, n = num_generations, (num_generations if do_sample else 1)
+        g, n = s.num_generations, (s.num_generations if do_sample else 1)
         banned = sorted(set(int(i) for i in suppress_ids))
         ban = ban_fields(self.tokenizer, banned)
         base = dict(model=self.model, n=n, temperature=1.0 if do_sample else 0.0,
                     top_p=top_p if do_sample else 1.0, top_k=top_k if do_sample and top_k > 0 else 0,
-                    max_tokens=max_new_tokens, return_token_ids=True, skip_special_tokens=False,
+                    max_tokens=s.max_new_tokens, return_token_ids=True, skip_special_tokens=False,
                     stop_token_ids=list(eos_ids) if eos_ids is not None else self.eos_ids,
                     bad_words=ban["bad_words"] or [],
                     logit_bias={str(k): v for k, v in (ban["logit_bias"] or {}).items()} or None)
@@ -161,7 +168,7 @@ class VLLMServerEngine:
         rows = []
         for prompt, (prompt_ids, choices) in zip(prompts, results):
             if prompt_ids is not None and list(prompt_ids) != prompt.input_ids.tolist():
-                raise ValueError(f"{_describe(prompt)}: the server's prompt ({len(prompt_ids)} tokens) "
+                raise ValueError(f"{describe(prompt)}: the server's prompt ({len(prompt_ids)} tokens) "
                                  f"differs from the trainer's ({prompt.input_ids.numel()}): the chat "
                                  f"templates or processors disagree")
             choices = sorted(choices, key=lambda c: c[0]) * (g // n)

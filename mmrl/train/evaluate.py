@@ -20,7 +20,7 @@ from mmrl.train.logging import json_safe
 from mmrl.train.metrics import summarize
 from mmrl.train.scoring import RewardSet
 from mmrl.train.setup import media_loader
-from mmrl.types import Sample
+from mmrl.types import Sample, SamplingParams
 from rewards import extract_answer
 
 
@@ -80,9 +80,9 @@ def evaluate(model, processor, adapter, samples: list[Sample], cfg: RunConfig, *
         failed += bad
         if not chunk:
             continue
-        ids, mask, _, _ = generate(model, processor, feats, num_generations=k,
-                                   max_new_tokens=max_new, temperature=ec.temperature, top_p=1.0,
-                                   top_k=0, do_sample=k > 1, suppress_ids=suppress)
+        ids, mask, _, _ = generate(model, processor, feats, SamplingParams(
+            num_generations=k, max_new_tokens=max_new, temperature=ec.temperature, top_p=1.0,
+            top_k=0, do_sample=k > 1, suppress_ids=suppress))
         texts = processor.tokenizer.batch_decode([r[m.bool()] for r, m in zip(ids, mask)],
                                                  skip_special_tokens=True)
         drawn = [s for s in chunk for _ in range(k)]

@@ -94,7 +94,8 @@ class RunLogger:
             self._progress = None
 
     def print(self, msg: str) -> None:
-        if self.mode != "off":
+        # progress "off" hides the bar and step lines only; "silent" (non-main ranks) hides all.
+        if self.mode != "silent":
             self.console.print(msg)
 
     def _headline(self, metrics: dict) -> str:
@@ -125,7 +126,7 @@ class RunLogger:
         self._rollouts.flush()
 
     def summary_table(self, title: str, rows: list[tuple[str, str]]) -> None:
-        if self.mode == "off":
+        if self.mode == "silent":
             return
         table = Table(title=title)
         table.add_column("metric")

@@ -28,7 +28,7 @@ from mmrl.train import checkpoint, dist, lora, methods, parallel, setup
 from mmrl.train.logging import RunLogger
 from mmrl.train.rollout_utils import concat_rollouts, rollout_metrics, rollout_records
 from mmrl.train.scoring import RewardSet
-from mmrl.types import PromptFeatures, RolloutBatch, Sample, ScoredBatch
+from mmrl.types import PromptFeatures, RolloutBatch, Sample, SamplingParams, ScoredBatch
 
 
 class Trainer:
@@ -79,7 +79,7 @@ class Trainer:
         self.log = logger or RunLogger(
             self.run_dir if main else self.run_dir / f"rank{self.dist.rank}",
             tensorboard=cfg.log.tensorboard and main, wandb=cfg.log.wandb and main,
-            progress=cfg.log.progress if main else "off", log_every=cfg.log.log_every,
+            progress=cfg.log.progress if main else "silent", log_every=cfg.log.log_every,
             config=asdict(cfg))
         if main:
             save_config(cfg, self.run_dir / "config.yaml")
@@ -133,9 +133,7 @@ class Trainer:
         hf = isinstance(self.engine, HFEngine)
         with self.parallel.full_params(self.model) if hf else nullcontext():
             ids, mask, slogp, truncated = self.engine.generate(
-                prompts, num_generations=rc.num_generations,
-                max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p,
-                top_k=rc.top_k, do_sample=True, suppress_ids=self.suppress_ids)
+                prompts, SamplingParams.from_rollout(rc, suppress_ids=self.suppress_ids))
         g = rc.num_generations
         texts = self.processor.tokenizer.batch_decode(
             [row[m.bool()] for row, m in zip(ids, mask)], skip_special_tokens=True)

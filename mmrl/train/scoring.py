@@ -46,6 +46,11 @@ class RewardSet:
         # Same reward twice (different params) gets a positional suffix to keep metrics apart.
         self.keys = [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]
         self.fns = [bind_reward(s) for s in specs]
+        # Each failing reward warns once per run (rewards/core.py keeps no module state); only
+        # rewards taking **fields can receive the set (a custom one may have a fixed signature).
+        self.warned: set[str] = set()
+        self.options = [{"warned": self.warned} if _takes_any_keyword(fn) else {}
+                        for fn in self.fns]
 
     def score(self, samples: list[Sample], completions: list[str],
               extra: dict[str, list] | None = None) -> tuple[list[float], dict[str, list]]:
@@ -54,12 +59,12 @@ class RewardSet:
         solutions = [s.solution for s in samples]
         per_reward: dict[str, list] = {}
         totals = [0.0] * len(samples)
-        for key, spec, fn in zip(self.keys, self.specs, self.fns):
+        for key, spec, fn, options in zip(self.keys, self.specs, self.fns, self.options):
             rows = [i for i, s in enumerate(samples) if spec.tasks is None or s.task in spec.tasks]
             scores: list[Any] = [None] * len(samples)
             if rows:
                 sub = fn([completions[i] for i in rows], [solutions[i] for i in rows],
-                         **{k: [v[i] for i in rows] for k, v in fields.items()})
+                         **{k: [v[i] for i in rows] for k, v in fields.items()}, **options)
                 if len(sub) != len(rows):
                     raise RuntimeError(f"reward {key!r} returned {len(sub)} scores for {len(rows)}")
                 for i, v in zip(rows, sub):
@@ -69,6 +74,10 @@ class RewardSet:
                 if v is not None:
                     totals[i] += spec.weight * v
         return totals, per_reward
+
+
+def _takes_any_keyword(fn) -> bool:
+    return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
 
 
 class RewardError(ValueError):

@@ -74,9 +74,7 @@ def media_loader(cfg: RunConfig, stats: dict | None = None):
     from mmrl.data.cache import MediaCache
     from mmrl.data.media import load_media
 
-    d = cfg.data
-    if d.video_fps is not None and d.video_nframes is not None:
-        raise ValueError("data.video_fps and data.video_nframes are exclusive: set one to null")
+    d = cfg.data  # video_fps and video_nframes are exclusive (mmrl/config_rules.py)
     video = {"fps": d.video_fps if d.video_nframes is None else None, "nframes": d.video_nframes,
              "max_frames": d.video_max_frames, "max_total_pixels": d.video_max_pixels}
     audio = {"max_seconds": d.audio_max_seconds, "truncate": d.audio_truncate}
@@ -168,9 +166,7 @@ def lr_schedule(opt, tc: TrainConfig, total_steps: int):
             return max(0.0, 1.0 - progress)
         if tc.lr_schedule == "cosine":
             return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-        if tc.lr_schedule != "constant":
-            raise ValueError(f"train.lr_schedule: {tc.lr_schedule!r}; use constant|linear|cosine")
-        return 1.0
+        return 1.0  # constant (config.LRSchedule holds the legal values)
 
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 

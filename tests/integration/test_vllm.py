@@ -21,7 +21,7 @@ except Exception as e:  # ImportError, or OSError from a CUDA-linked torchaudio 
 from mmrl.models import MODELS, get_adapter
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.rollout.vllm import VLLMEngine
-from mmrl.types import Sample
+from mmrl.types import Sample, SamplingParams
 
 pytestmark = pytest.mark.vllm
 
@@ -86,7 +86,7 @@ def _sample(setup, model=None, **kw):
     args = dict(num_generations=G, max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=0,
                 do_sample=True, suppress_ids=adapter.placeholder_token_ids(processor), seed=0)
     args.update(kw)
-    return engine.generate(prompts, **args)
+    return engine.generate(prompts, SamplingParams(**args))
 
 
 def _hf_logprobs(setup, gen, model=None, temperature=1.0):
@@ -116,9 +116,9 @@ def test_generation_layout(setup):
     mask 0 after it; truncated exactly for rows without an EOS."""
     adapter, _, processor, prompts, engine = setup
     eos = list(range(0, 780, 3))  # a third of the vocabulary ends a row: varied lengths
-    gen = engine.generate(prompts, num_generations=G, max_new_tokens=10, temperature=1.0, top_p=1.0,
+    gen = engine.generate(prompts, SamplingParams(num_generations=G, max_new_tokens=10, temperature=1.0, top_p=1.0,
                           top_k=0, do_sample=True, suppress_ids=adapter.placeholder_token_ids(processor),
-                          seed=1, eos_ids=eos)
+                          seed=1, eos_ids=eos))
     n = len(prompts) * G
     ids, mask, logp, trunc = gen
     assert ids.shape == mask.shape == logp.shape and ids.shape[0] == n and trunc.shape == (n,)
@@ -214,8 +214,8 @@ def test_prompt_and_media_mismatch_name_the_sample(setup):
     p = copy.copy(prompts[0])
     p.media = {k: [] for k in prompts[0].media}
     with pytest.raises(ValueError, match=r"sample 'one'.*placeholder"):
-        engine.generate([p], num_generations=1, max_new_tokens=2, temperature=1.0, top_p=1.0,
-                        top_k=0, do_sample=True, suppress_ids=())
+        engine.generate([p], SamplingParams(num_generations=1, max_new_tokens=2, temperature=1.0, top_p=1.0,
+                        top_k=0, do_sample=True, suppress_ids=()))
     if "images" not in adapter.media_kinds:
         return
     # A prompt processed under another pixel budget than the engine's processor.
@@ -225,8 +225,8 @@ def test_prompt_and_media_mismatch_name_the_sample(setup):
     q = adapter.prompt_features(small, Sample(id="budget", messages=_messages("image", 1, "Hi")), big)
     q.media = {"images": big}
     with pytest.raises(ValueError, match=r"sample 'budget'.*processors disagree"):
-        engine.generate([q], num_generations=1, max_new_tokens=2, temperature=1.0, top_p=1.0,
-                        top_k=0, do_sample=True, suppress_ids=())
+        engine.generate([q], SamplingParams(num_generations=1, max_new_tokens=2, temperature=1.0, top_p=1.0,
+                        top_k=0, do_sample=True, suppress_ids=()))
 
 
 def test_sleep_mode_rejected_on_cpu():

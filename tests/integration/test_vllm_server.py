@@ -31,7 +31,7 @@ except Exception as e:
 from mmrl.models import get_adapter
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.rollout.vllm_server import VLLMServerEngine
-from mmrl.types import Sample
+from mmrl.types import Sample, SamplingParams
 
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,9 +90,9 @@ def test_server_generation_and_weight_push(server):
     engine = VLLMServerEngine(server, processor, adapter)
 
     def max_err(policy, temperature=1.0):
-        gen = engine.generate(prompts, num_generations=G, max_new_tokens=8, temperature=temperature,
+        gen = engine.generate(prompts, SamplingParams(num_generations=G, max_new_tokens=8, temperature=temperature,
                               top_p=1.0, top_k=0, do_sample=True,
-                              suppress_ids=adapter.placeholder_token_ids(processor), seed=0)
+                              suppress_ids=adapter.placeholder_token_ids(processor), seed=0))
         assert gen.completion_ids.shape[0] == len(prompts) * G
         rows = [p for p in prompts for _ in range(G)]
         inputs = collate(rows, gen.completion_ids, gen.completion_mask, processor.tokenizer.pad_token_id)

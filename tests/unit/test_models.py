@@ -10,7 +10,7 @@ from mmrl.models import MODELS, get_adapter
 from mmrl.models.forward import (collate, completion_logprobs, completion_mask_from_eos,
                                  generate)
 from mmrl.models.tiny_tokenizer import tiny_tokenizer
-from mmrl.types import Sample
+from mmrl.types import Sample, SamplingParams
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl"]
 G = 3
@@ -50,9 +50,9 @@ def rollout(tiny, prompts):
     different lengths and the completion right-padding is exercised too."""
     adapter, model, processor = tiny
     eos = list(range(0, 780, 3))
-    gen = generate(model, processor, prompts, num_generations=G, max_new_tokens=12,
+    gen = generate(model, processor, prompts, SamplingParams(num_generations=G, max_new_tokens=12,
                    temperature=1.0, suppress_ids=adapter.placeholder_token_ids(processor),
-                   seed=0, eos_ids=eos)
+                   seed=0, eos_ids=eos))
     return gen, eos
 
 
@@ -108,9 +108,9 @@ def test_generation_logprobs_equal_training_forward(tiny, prompts, rollout, temp
     adapter, model, processor = tiny
     gen, eos = rollout
     if temperature != 1.0:  # the same rollout, rescored at another temperature both ways
-        gen = generate(model, processor, prompts, num_generations=G, max_new_tokens=12,
+        gen = generate(model, processor, prompts, SamplingParams(num_generations=G, max_new_tokens=12,
                        temperature=temperature, seed=1, eos_ids=eos,
-                       suppress_ids=adapter.placeholder_token_ids(processor))
+                       suppress_ids=adapter.placeholder_token_ids(processor)))
     assert gen.completion_ids.shape[0] == 2 * G
     lengths = gen.completion_mask.sum(1)
     assert lengths.min() < lengths.max()  # rows of different lengths: right padding exercised
@@ -181,10 +181,10 @@ def test_placeholders_are_suppressed_and_rejected(tiny, prompts):
     assert set(ids) <= set(placeholders)
     assert processor.tokenizer.pad_token_id not in placeholders
     kwargs = dict(num_generations=8, max_new_tokens=24)
-    free = generate(model, processor, prompts, seed=3, **kwargs)
+    free = generate(model, processor, prompts, SamplingParams(seed=3, **kwargs))
     # A random model spreads ~1.5% of its mass on the 12 placeholders: ~380 draws hit some.
     assert torch.isin(free.completion_ids, torch.tensor(placeholders)).any()
-    safe = generate(model, processor, prompts, seed=3, suppress_ids=placeholders, **kwargs)
+    safe = generate(model, processor, prompts, SamplingParams(seed=3, suppress_ids=placeholders, **kwargs))
     assert not torch.isin(safe.completion_ids, torch.tensor(placeholders)).any()
 
     bad = safe.completion_ids[:2 * G].clone()
@@ -198,8 +198,8 @@ def test_placeholders_are_suppressed_and_rejected(tiny, prompts):
 def test_seeded_generation_is_reproducible_and_leaves_global_rng(tiny, prompts):
     _, model, processor = tiny
     state = torch.get_rng_state()
-    a = generate(model, processor, prompts[:1], num_generations=2, max_new_tokens=6, seed=7)
-    b = generate(model, processor, prompts[:1], num_generations=2, max_new_tokens=6, seed=7)
+    a = generate(model, processor, prompts[:1], SamplingParams(num_generations=2, max_new_tokens=6, seed=7))
+    b = generate(model, processor, prompts[:1], SamplingParams(num_generations=2, max_new_tokens=6, seed=7))
     assert torch.equal(a.completion_ids, b.completion_ids)
     assert torch.equal(torch.get_rng_state(), state)
 

@@ -18,7 +18,7 @@ from PIL import Image
 
 from mmrl.models import MODELS, get_adapter
 from mmrl.models.forward import collate, completion_logprobs, generate
-from mmrl.types import PromptFeatures, Sample
+from mmrl.types import PromptFeatures, Sample, SamplingParams
 
 G = 3
 EOS = list(range(0, 780, 3))  # a third of the vocabulary ends a row: rows of different lengths
@@ -90,8 +90,8 @@ def case(request):
     family, modality = request.param
     adapter, model, processor = tiny(family)
     prompts = build_prompts(family, modality)
-    gen = generate(model, processor, prompts, num_generations=G, max_new_tokens=10, temperature=1.0,
-                   suppress_ids=adapter.placeholder_token_ids(processor), seed=0, eos_ids=EOS)
+    gen = generate(model, processor, prompts, SamplingParams(num_generations=G, max_new_tokens=10, temperature=1.0,
+                   suppress_ids=adapter.placeholder_token_ids(processor), seed=0, eos_ids=EOS))
     return adapter, model, processor, prompts, gen, modality
 
 
@@ -182,8 +182,8 @@ def test_placeholders_are_suppressed(case):
     model.lm_head = _Bias(head, bias)
     try:
         kwargs = dict(num_generations=2, max_new_tokens=4, seed=0, eos_ids=EOS)
-        free = generate(model, processor, prompts[:1], **dict(kwargs, max_new_tokens=1))
-        safe = generate(model, processor, prompts, suppress_ids=placeholders, **kwargs)
+        free = generate(model, processor, prompts[:1], SamplingParams(**dict(kwargs, max_new_tokens=1)))
+        safe = generate(model, processor, prompts, SamplingParams(suppress_ids=placeholders, **kwargs))
     finally:
         model.lm_head = head
     assert torch.isin(free.completion_ids, torch.tensor(placeholders)).all()

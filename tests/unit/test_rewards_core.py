@@ -139,18 +139,46 @@ def test_combine_weights_and_none():
         combine({"a": [1.0], "b": [1.0, 2.0]}, {})
 
 
-def test_strict_off_turns_a_crash_into_zero(monkeypatch):
+def test_strict_off_turns_a_crash_into_zero():
+    import warnings
+
     import rewards.core as core
 
     def broken(text, solution):
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(core, "STRICT", False)
-    with pytest.warns(RuntimeWarning):
+    with pytest.warns(RuntimeWarning, match="reward broken failed"):
         assert core.score_batch(broken, ["a"], ["b"], {}) == [0.0]
-    monkeypatch.setattr(core, "STRICT", True)
-    with pytest.raises(RuntimeError):
-        core.score_batch(broken, ["a"], ["b"], {})
+    with pytest.raises(RuntimeError, match="bug"):
+        core.score_batch(broken, ["a"], ["b"], {"strict": True})
+    with pytest.raises(ValueError, match="non-finite"):
+        core.score_batch(lambda t, s: float("nan"), ["a"], ["b"], {"strict": True})
+    # The caller's set, not module state, decides whether a failing reward warns again.
+    warned: set[str] = set()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            assert core.score_batch(broken, ["a", "b"], ["b", "c"], {"warned": warned}) == [0.0, 0.0]
+    assert len(caught) == 1 and warned == {"broken"}
+    with pytest.warns(RuntimeWarning):  # a fresh set (a new run) warns again
+        core.score_batch(broken, ["a"], ["b"], {"warned": set()})
+
+
+def test_overlong_stays_in_its_range_at_the_limit():
+    """Found by the fuzz test: ((3 - 0.95) - 3) / 0.95 is -1.0000000000000002 in floats."""
+    from rewards import get_reward
+
+    scores = get_reward("overlong")(["", ""], None, completion_length=[3, 2], max_length=3,
+                                    cache=0.95, strict=True)
+    assert scores == [-1.0, 0.0]  # 2 <= 3 - 0.95: no penalty
+
+
+def test_call_options_are_not_sample_fields():
+    from rewards import get_reward
+
+    args = (["<answer>[0, 0, 10, 10]</answer>", "<answer>[5, 0, 15, 10]</answer>"],
+            [[0, 0, 10, 10], [0, 0, 10, 10]])
+    assert get_reward("iou")(*args, strict=True, warned=set()) == [1.0, 1 / 3]
 
 
 def _cli(*args, stdin=None):

@@ -83,19 +83,14 @@ SCORED = {name: 0 for name in REWARDS.names()}
 
 
 def _check(name, completions, solutions, fields, params):
-    scores = get_reward(name)(completions, solutions, **fields, **params)
+    # strict: a reward bug must raise here, not hide behind the production fallback to 0.0.
+    scores = get_reward(name)(completions, solutions, **fields, **params, strict=True)
     low, high = REWARDS.score_range(name)
     assert len(scores) == len(completions)
     for score in scores:
         assert score is None or (type(score) is float and math.isfinite(score)
                                  and low <= score <= high), (name, params, score)
     SCORED[name] += len(completions)
-
-
-@pytest.fixture(autouse=True)
-def strict(monkeypatch):
-    # Strict: a reward bug must raise here, not hide behind the production fallback to 0.0.
-    monkeypatch.setattr(core, "STRICT", True)
 
 
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,

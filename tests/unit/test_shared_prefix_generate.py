@@ -11,7 +11,7 @@ from PIL import Image
 from mmrl.models import get_adapter
 from mmrl.models.forward import collate, completion_logprobs, generate
 from mmrl.models.shared_generate import generate_shared
-from mmrl.types import Sample
+from mmrl.types import Sample, SamplingParams
 
 EOS = list(range(0, 780, 7))  # a seventh of the vocabulary ends a row: uneven lengths
 
@@ -34,8 +34,8 @@ def vl():
 
 
 def kwargs(adapter, processor, **extra):
-    return dict(num_generations=4, max_new_tokens=12, seed=3, eos_ids=EOS,
-                suppress_ids=adapter.placeholder_token_ids(processor), **extra)
+    return SamplingParams(**{**dict(num_generations=4, max_new_tokens=12, seed=3, eos_ids=EOS,
+                                    suppress_ids=adapter.placeholder_token_ids(processor)), **extra})
 
 
 def assert_same_samples(a, b):
@@ -48,9 +48,9 @@ def assert_same_samples(a, b):
 def test_prefill_once_equals_per_row_prefill(vl):
     adapter, model, processor, prompts = vl
     shared_stats, row_stats = {}, {}
-    shared = generate_shared(model, processor, prompts, stats=shared_stats, **kwargs(adapter, processor))
-    unshared = generate_shared(model, processor, prompts, prefill="per_row", stats=row_stats,
-                               **kwargs(adapter, processor))
+    shared = generate_shared(model, processor, prompts, kwargs(adapter, processor), stats=shared_stats)
+    unshared = generate_shared(model, processor, prompts, kwargs(adapter, processor),
+                               prefill="per_row", stats=row_stats)
     assert_same_samples(shared, unshared)
     assert (shared_stats["prefill_rows"], row_stats["prefill_rows"]) == (2, 8)
     lengths = shared.completion_mask.sum(1)
@@ -59,17 +59,17 @@ def test_prefill_once_equals_per_row_prefill(vl):
 
 def test_rounds_give_the_same_samples(vl):
     adapter, model, processor, prompts = vl
-    full = generate_shared(model, processor, prompts, **kwargs(adapter, processor))
+    full = generate_shared(model, processor, prompts, kwargs(adapter, processor))
     for g in (1, 3):
-        assert_same_samples(full, generate_shared(model, processor, prompts, rounds_of=g,
-                                                  **kwargs(adapter, processor)))
+        assert_same_samples(full, generate_shared(model, processor, prompts,
+                                                  kwargs(adapter, processor), rounds_of=g))
 
 
 def test_sampler_logp_equals_training_forward(vl):
     adapter, model, processor, prompts = vl
     for temperature in (1.0, 0.7):
-        gen = generate_shared(model, processor, prompts, temperature=temperature, top_k=50,
-                              top_p=0.9, **kwargs(adapter, processor))
+        gen = generate_shared(model, processor, prompts, kwargs(
+            adapter, processor, temperature=temperature, top_k=50, top_p=0.9))
         rows = [prompts[i // 4] for i in range(8)]
         inputs = collate(rows, gen.completion_ids, gen.completion_mask, processor.tokenizer.pad_token_id)
         with torch.no_grad():
@@ -83,8 +83,8 @@ def test_greedy_equals_hf_generate(vl):
     adapter, model, processor, prompts = vl
     common = dict(max_new_tokens=10, do_sample=False, eos_ids=EOS,
                   suppress_ids=adapter.placeholder_token_ids(processor))
-    ours = generate_shared(model, processor, prompts, num_generations=2, **common)
-    hf = generate(model, processor, prompts, num_generations=1, **common)  # HF: 1 when greedy
+    ours = generate_shared(model, processor, prompts, SamplingParams(num_generations=2, **common))
+    hf = generate(model, processor, prompts, SamplingParams(num_generations=1, **common))  # HF: 1 when greedy
     for i in (0, 1):
         assert torch.equal(ours.completion_ids[2 * i], hf.completion_ids[i])
         assert torch.equal(ours.completion_ids[2 * i + 1], hf.completion_ids[i])
@@ -94,22 +94,22 @@ def test_greedy_equals_hf_generate(vl):
 def test_seed_reproducible_and_global_rng_untouched(vl):
     adapter, model, processor, prompts = vl
     state = torch.get_rng_state()
-    a = generate_shared(model, processor, prompts[:1], **kwargs(adapter, processor))
-    b = generate_shared(model, processor, prompts[:1], **kwargs(adapter, processor))
+    a = generate_shared(model, processor, prompts[:1], kwargs(adapter, processor))
+    b = generate_shared(model, processor, prompts[:1], kwargs(adapter, processor))
     assert torch.equal(a.completion_ids, b.completion_ids)
     assert torch.equal(torch.get_rng_state(), state)
-    other = generate_shared(model, processor, prompts[:1], **kwargs(adapter, processor) | {"seed": 4})
+    other = generate_shared(model, processor, prompts[:1], kwargs(adapter, processor, seed=4))
     assert not torch.equal(a.completion_ids, other.completion_ids)
 
 
 def test_rounds_bound_the_cache_at_g16(vl):
     """G = 16 in rounds of 4 holds at most 60% of the full group's KV cache (here ~30%)."""
     adapter, model, processor, prompts = vl
-    args = dict(kwargs(adapter, processor), num_generations=16, eos_ids=[], max_new_tokens=8)
+    args = kwargs(adapter, processor, num_generations=16, eos_ids=[], max_new_tokens=8)
     full, rounds, per_row = {}, {}, {}
-    a = generate_shared(model, processor, prompts, stats=full, **args)
-    b = generate_shared(model, processor, prompts, rounds_of=4, stats=rounds, **args)
-    generate_shared(model, processor, prompts, prefill="per_row", stats=per_row, **args)
+    a = generate_shared(model, processor, prompts, args, stats=full)
+    b = generate_shared(model, processor, prompts, args, rounds_of=4, stats=rounds)
+    generate_shared(model, processor, prompts, args, prefill="per_row", stats=per_row)
     assert_same_samples(a, b)
     assert rounds["peak_cache_bytes"] <= 0.6 * full["peak_cache_bytes"]
     assert rounds["peak_cache_bytes"] <= 0.6 * per_row["peak_cache_bytes"]
@@ -124,5 +124,5 @@ def test_audio_prefill_once_equals_per_row():
                                        audios=[rng.randn(16000 * (i + 1)).astype(np.float32) * 0.1])
                for i in range(2)]
     args = kwargs(adapter, processor)
-    shared = generate_shared(model, processor, prompts, rounds_of=3, **args)
-    assert_same_samples(shared, generate_shared(model, processor, prompts, prefill="per_row", **args))
+    shared = generate_shared(model, processor, prompts, args, rounds_of=3)
+    assert_same_samples(shared, generate_shared(model, processor, prompts, args, prefill="per_row"))

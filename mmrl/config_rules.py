@@ -1,0 +1,109 @@
+"""Ranges and cross-field rules of a run config: the checks a type cannot express.
+
+Legal *values* of the option fields are `Literal` types in mmrl/config.py (OmegaConf rejects
+anything else at load). Here live the numbers (G >= 2 for group-relative advantages, lr > 0, ...)
+and the pairs that exclude each other. `problems(cfg, world)` lists every violation as one line
+naming the key, its value and the legal range; `mmrl.config.check` raises the first one. This
+module reads the config by attribute and imports nothing from mmrl, so config.py can use it.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+# Advantages that compare a sample with the others of its group: with one sample per group every
+# advantage is 0, so the run would train on loss 0 and grad 0 without a word.
+GROUP_RELATIVE = frozenset({"grpo", "dr_grpo", "rloo", "reinforce_pp", "gpg", "grpo_passk"})
+
+# weight_transfer values that mean something in each vLLM mode (the Literal holds their union).
+WEIGHT_TRANSFER = {"colocated": ("auto", "bytes", "direct"),
+                   "server": ("auto", "http", "nccl", "store")}
+
+_Check = tuple[str, Callable[[Any], bool], str]
+
+# (key, predicate on its value, legal range in words); a None value passes Optional keys.
+RANGES: list[_Check] = [
+    ("rollout.prompts_per_step", lambda v: v >= 1, ">= 1"),
+    ("rollout.num_generations", lambda v: v >= 1, ">= 1"),
+    ("rollout.max_new_tokens", lambda v: v >= 1, ">= 1"),
+    ("rollout.temperature", lambda v: v > 0, "> 0"),
+    ("rollout.top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("rollout.top_k", lambda v: v >= 0, ">= 0 (0 = off)"),
+    ("rollout.rounds_of", lambda v: v >= 1, ">= 1 or null"),
+    ("rollout.vllm.gpu_memory_utilization", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("rollout.vllm.tensor_parallel_size", lambda v: v >= 1, ">= 1"),
+    ("algo.clip_high", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("algo.beta", lambda v: v >= 0, ">= 0"),
+    ("algo.num_iterations", lambda v: v >= 1, ">= 1"),
+    ("algo.max_sampling_rounds", lambda v: v >= 1, ">= 1"),
+    ("algo.tis_cap", lambda v: v > 0, "> 0 or null"),
+    ("algo.dual_clip", lambda v: v > 1, "> 1 or null"),
+    ("algo.kl_reward_coef", lambda v: v >= 0, ">= 0"),
+    ("algo.kl_reward_horizon", lambda v: v > 0, "> 0"),
+    ("algo.ref_reset_every", lambda v: v >= 0, ">= 0 (0 = never)"),
+    ("train.steps", lambda v: v >= 0, ">= 0"),
+    ("train.lr", lambda v: v > 0, "> 0"),
+    ("train.weight_decay", lambda v: v >= 0, ">= 0"),
+    ("train.betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "two numbers in [0, 1)"),
+    ("train.warmup_steps", lambda v: v >= 0, ">= 0"),
+    ("train.max_grad_norm", lambda v: v > 0, "> 0"),
+    ("train.micro_batch_size", lambda v: v >= 1, ">= 1"),
+    ("train.save_every", lambda v: v >= 0, ">= 0 (0 = only at the end)"),
+    ("train.keep_checkpoints", lambda v: v >= 1, ">= 1"),
+    ("train.eval_every", lambda v: v >= 0, ">= 0 (0 = off)"),
+    ("sft.steps", lambda v: v >= 0, ">= 0 (0 = off)"),
+    ("sft.lr", lambda v: v > 0, "> 0"),
+    ("sft.batch_size", lambda v: v >= 1, ">= 1"),
+    ("eval.batch_size", lambda v: v >= 1, ">= 1"),
+    ("eval.num_samples", lambda v: v >= 1, ">= 1 (1 = greedy)"),
+    ("eval.temperature", lambda v: v > 0, "> 0"),
+    ("eval.max_new_tokens", lambda v: v >= 1, ">= 1 or null"),
+    ("data.max_samples", lambda v: v >= 1, ">= 1 or null"),
+    ("data.video_fps", lambda v: v > 0, "> 0 or null"),
+    ("data.video_nframes", lambda v: v >= 1, ">= 1 or null"),
+    ("data.video_max_frames", lambda v: v >= 1, ">= 1"),
+    ("data.audio_max_seconds", lambda v: v > 0, "> 0 or null"),
+    ("data.feature_cache", lambda v: v >= 0, ">= 0 (0 = none)"),
+    ("log.rollouts_every", lambda v: v >= 0, ">= 0"),
+    ("log.log_every", lambda v: v >= 1, ">= 1"),
+]
+
+
+def _get(cfg, key: str):
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def problems(cfg, world: int = 1) -> list[str]:
+    """Every range and cross-field violation of `cfg` (a RunConfig) for a run on `world`
+    processes, each one line: `key=value: must be <legal range>[; why]`."""
+    out = []
+    for key, ok, legal in RANGES:
+        value = _get(cfg, key)
+        if value is not None and not ok(value):
+            out.append(f"{key}={value!r}: must be {legal}")
+    r, a, d = cfg.rollout, cfg.algo, cfg.data
+    # CISPO clips only the weight's top: its clip_low 1.0 (ratio floor 0) means "no lower bound".
+    low_max = 1.0 if a.loss_type == "cispo" else None
+    if not (0 <= a.clip_low < 1 or a.clip_low == low_max):
+        out.append(f"algo.clip_low={a.clip_low!r}: must be in [0, 1)"
+                   + (" or 1.0 with algo.loss_type=cispo" if low_max is None else " or 1.0"))
+    if r.num_generations < 2 and a.advantage in GROUP_RELATIVE:
+        out.append(f"rollout.num_generations={r.num_generations}: must be >= 2 with "
+                   f"algo.advantage={a.advantage} (it compares samples within a group; one "
+                   f"sample per group gives advantage 0 and trains nothing)")
+    if a.dynamic_sampling and r.num_generations < 2:
+        out.append(f"rollout.num_generations={r.num_generations}: must be >= 2 with "
+                   f"algo.dynamic_sampling=true (it keeps groups whose rewards differ)")
+    if r.prompts_per_step >= 1 and r.prompts_per_step % world:
+        out.append(f"rollout.prompts_per_step={r.prompts_per_step}: must be divisible by the "
+                   f"process count {world}")
+    if d.video_fps is not None and d.video_nframes is not None:
+        out.append(f"data.video_fps={d.video_fps} and data.video_nframes={d.video_nframes}: "
+                   f"set one of them to null (fps samples by time, nframes a fixed count)")
+    mode = "server" if r.vllm.server_url else "colocated"
+    if r.backend == "vllm" and r.vllm.weight_transfer not in WEIGHT_TRANSFER[mode]:
+        out.append(f"rollout.vllm.weight_transfer={r.vllm.weight_transfer}: must be one of "
+                   f"{'|'.join(WEIGHT_TRANSFER[mode])} with vLLM {mode} "
+                   f"(rollout.vllm.server_url {'set' if r.vllm.server_url else 'unset'})")
+    return out

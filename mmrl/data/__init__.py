@@ -1,0 +1,5 @@
+"""Records -> Samples. Importing the package registers every record format (formats.py into
+schema.FORMATS) and every synthetic generator (synthetic*.py into synthetic.GENERATORS), so the
+registries are full whichever submodule a caller imports first; the submodules import one way
+(formats -> schema, pretext -> synthetic_av -> synthetic -> schema, cache -> media)."""
+from mmrl.data import formats, pretext, synthetic, synthetic_av  # noqa: F401  (registration)

@@ -1,0 +1,49 @@
+"""`validate(cfg)`: everything `mmrl validate` and `mmrl train` check before building anything.
+
+The config's own rules (legal values, ranges, cross-field: mmrl/config.py, mmrl/config_rules.py)
+plus every name a registry must resolve (model family, advantage, data format, generator,
+rewards and their params). Instantiates no model and reads no data. Lives above config.py (it
+imports the registries, which import config) so config.py stays at the bottom of the graph.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from mmrl import config_rules
+
+
+def validate(cfg, world: int = 1) -> list[str]:
+    """Every problem of `cfg` for a run on `world` processes, one line each (empty: valid)."""
+    from mmrl import algos
+    from mmrl.data.schema import FORMATS
+    from mmrl.data.synthetic import GENERATORS
+    from mmrl.models import MODELS
+    from mmrl.train.scoring import bind_reward
+
+    problems = list(config_rules.problems(cfg, world))
+
+    def check(what, fn):
+        try:
+            fn()
+        except Exception as e:  # collect every problem, not just the first
+            problems.append(f"{what}: {e}")
+
+    check("model.family", lambda: MODELS.get(cfg.model.family))
+    check("algo.advantage", lambda: algos.get_advantage(cfg.algo.advantage))
+    check("data.format", lambda: cfg.data.format is None or FORMATS.get(cfg.data.format))
+    if cfg.data.generate:
+        check("data.generate", lambda: GENERATORS.get(cfg.data.generate))
+    if not cfg.rewards:
+        problems.append("rewards: none configured")
+    for i, spec in enumerate(cfg.rewards):
+        check(f"rewards[{i}] ({spec.name})", lambda spec=spec: bind_reward(spec))
+    return problems
+
+
+def data_warnings(cfg) -> list[str]:
+    """Missing data files are warnings, not errors: recipes name data you prepare first."""
+    if cfg.data.generate:
+        return []
+    return [f"data.{k}: {getattr(cfg.data, k)} does not exist yet (see the recipe README to "
+            f"prepare it)" for k in ("train", "eval")
+            if getattr(cfg.data, k) and not Path(getattr(cfg.data, k)).exists()]
