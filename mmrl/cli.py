@@ -108,17 +108,46 @@ def cmd_data(args) -> int:
 def cmd_data_convert(args) -> int:
     from mmrl.data.formats import convert
 
-    print(json.dumps(convert(args.fmt, args.inp, args.out, media_root=args.media_root), indent=2))
+    try:
+        result = convert(args.fmt, args.inp, args.out, media_root=args.media_root)
+    except (ValueError, KeyError, OSError) as e:  # RecordError, unknown format, missing file
+        print(f"mmrl data convert: error: {e.args[0] if isinstance(e, KeyError) else e}",
+              file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2))
     return 0
 
 
 def cmd_data_inspect(args) -> int:
     from mmrl.data.inspect import format_report, inspect_file
 
-    report = inspect_file(args.file, fmt=args.format, n_show=args.show, deep=args.deep,
+    from mmrl import config
+
+    fmt, cfg = args.format, None
+    if args.config:  # the recipe's format, template and pixel budget, and its rewards
+        cfg = config.load(args.config, [])
+        fmt = fmt or cfg.data.format
+    report = inspect_file(args.file, fmt=fmt or "mmrl", n_show=args.show, deep=args.deep,
                           media_root=args.media_root, family=args.family)
-    print(json.dumps(report, indent=2, default=str) if args.json else format_report(report))
-    return 1 if report["bad_records"] or report["bad_media"] else 0
+    dead = False
+    if cfg is not None:
+        from mmrl.data.inspect import format_scorability, reward_scorability
+        from mmrl.data.schema import load_samples
+        from mmrl.train.setup import prepare_samples
+
+        try:
+            samples = prepare_samples(load_samples(args.file, fmt or cfg.data.format), cfg)
+        except ValueError:  # malformed records are already listed in the report
+            samples = []
+        report["scorability"] = reward_scorability(cfg.rewards, samples,
+                                                   cfg.rollout.max_new_tokens)
+        dead = any(r["of"] and not r["scorable"] for r in report["scorability"])
+    text = format_report(report)
+    if "scorability" in report:
+        text += "\nrewards:\n" + "\n".join("  " + line for line in
+                                           format_scorability(report["scorability"]))
+    print(json.dumps(report, indent=2, default=str) if args.json else text)
+    return 1 if report["bad_records"] or report["bad_media"] or dead else 0
 
 
 def cmd_report(args) -> int:
@@ -210,7 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     cp.set_defaults(fn=cmd_data_convert)
     ip = dsub.add_parser("inspect", help="counts by task/modality, bad records and media, prompts")
     ip.add_argument("file")
-    ip.add_argument("--format", default="mmrl")
+    ip.add_argument("--format", default=None, help="record format (default: the config's, or mmrl)")
+    ip.add_argument("--config", default=None,
+                    help="recipe YAML: also say how many records each of its rewards can score")
     ip.add_argument("--show", type=int, default=3, help="prompts to render")
     ip.add_argument("--deep", action="store_true",
                     help="fully decode every media file and run the model family's processor on it")

@@ -63,6 +63,9 @@ class DataConfig:
     audio_truncate: AudioTruncate = "error"  # longer audio: error (name the file) | head
     media_cache: Optional[str] = None  # dir for decoded video/audio; later epochs decode nothing
     feature_cache: int = 512  # processed prompts kept in memory (LRU), 0 = none
+    # Anchor prompt template (vlm_r1, r1v, video_r1, r1_aqa, time_r1, think, answer; *_nothink)
+    # or a custom string with {question}; applied at load time, so rollout, SFT and eval agree.
+    prompt_template: Optional[str] = None
     # Hybrid think / no-think (TON, TempSamp-R1 hybrid CoT): this share of training samples (chosen
     # by id, stable across epochs) gets nothink_instruction, the rest think_instruction (0 = off).
     think_hybrid: float = 0.0

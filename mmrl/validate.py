@@ -33,6 +33,9 @@ def validate(cfg, world: int = 1) -> list[str]:
     check("data.format", lambda: cfg.data.format is None or FORMATS.get(cfg.data.format))
     if cfg.data.generate:
         check("data.generate", lambda: GENERATORS.get(cfg.data.generate))
+    if cfg.data.prompt_template:
+        from mmrl.data.prompts import resolve
+        check("data.prompt_template", lambda: resolve(cfg.data.prompt_template))
     if not cfg.rewards:
         problems.append("rewards: none configured")
     for i, spec in enumerate(cfg.rewards):

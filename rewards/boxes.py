@@ -25,7 +25,8 @@ _BOX_POINTS = re.compile(
 _NUM_RE = re.compile(_NUM)
 _OBJECT = re.compile(r"\{[^{}]*\}")
 _LABEL = re.compile(r"[\"'](?:label|category|class|name)[\"']\s*:\s*[\"']([^\"']*)[\"']")
-_BOX_KEYS = ("bbox_2d", "bbox", "box", "box_2d")
+# "Position" (with "Confidence") is Visual-RFT's detection answer format.
+_BOX_KEYS = ("bbox_2d", "bbox", "box", "box_2d", "Position", "position")
 _LABEL_KEYS = ("label", "category", "class", "name")
 
 # Coordinate conventions of a predicted box. The solution box is always in pixels of the original

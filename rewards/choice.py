@@ -18,7 +18,9 @@ _LETTER_ONLY = re.compile(r"[\(\[]?\s*([A-Za-z])\s*[\)\]]?\s*[.:]?")
 # Answer starts with a labelled option: "B. dog", "(B) dog", "C: 3 apples". Needs punctuation after
 # the letter, so that "A dog" (an article) is not read as option A.
 _LETTER_LEAD = re.compile(r"[\(\[]?([A-Z])[\)\].:]+(?:\s|$)")
-_LETTER_PHRASE = re.compile(r"\b(?:answer|option|choice)\s*(?:is|:)?\s*[\(\[]?([A-Z])\b")
+# The keyword in any case ("Option B", "THE ANSWER IS B"); the letter itself must be a capital, so
+# that "the answer is a dog" does not read as option A.
+_LETTER_PHRASE = re.compile(r"\b(?i:answer|option|choice)\s*(?i:is|:)?\s*[\(\[]?([A-Z])\b")
 _LETTER_PAREN = re.compile(r"\(([A-Z])\)")
 _OPTION_PREFIX = re.compile(r"\s*[\(\[]?([A-Z])[\)\].:]\s*")
 

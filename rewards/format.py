@@ -5,19 +5,36 @@ import math
 import re
 from typing import Any
 
-from rewards.core import as_bool, score_batch
+from rewards.core import score_batch
 from rewards.registry import register
 
 _THINK_THEN_ANSWER = re.compile(r"\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*", re.DOTALL)
 _ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
-def _format_one(text: str, _solution: Any, *, think: bool) -> float:
+THINK_MODES = ("true", "false", "optional", "forbidden")
+_ANSWER_ONLY = re.compile(r"\s*<answer>(.*?)</answer>\s*", re.DOTALL)
+
+
+def _think_mode(think: Any) -> str:
+    mode = str(think).strip().lower() if isinstance(think, str) else ("true" if think else "false")
+    mode = {"1": "true", "yes": "true", "0": "false", "no": "false", "none": "false"}.get(mode, mode)
+    if mode not in THINK_MODES:
+        raise ValueError(f"format: think must be one of {THINK_MODES}, got {think!r}")
+    return mode
+
+
+def _format_one(text: str, _solution: Any, *, think: str) -> float:
     # Counting tags first rules out a second answer hidden inside the think block or after the
     # answer, and keeps the regex below from backtracking over many candidate tags.
     if text.count("<answer>") != 1 or text.count("</answer>") != 1:
         return 0.0
-    if think:
+    if think == "optional" and "<think>" not in text and "</think>" not in text:
+        match = _ANSWER_ONLY.fullmatch(text)
+        return 1.0 if match and match.group(1).strip() else 0.0
+    if think == "forbidden" and ("<think>" in text or "</think>" in text):
+        return 0.0
+    if think in ("true", "optional"):
         if text.count("<think>") != 1 or text.count("</think>") != 1:
             return 0.0
         match = _THINK_THEN_ANSWER.fullmatch(text)
@@ -30,7 +47,7 @@ def _format_one(text: str, _solution: Any, *, think: bool) -> float:
 
 
 @register("format")
-def format_reward(completions: list, solution: list | None = None, *, think: bool = True,
+def format_reward(completions: list, solution: list | None = None, *, think: Any = True,
                   tasks: Any = None, **fields: Any) -> list[float | None]:
     """1.0 for `<think>...</think>` then exactly one non-empty `<answer>...</answer>`, else 0.0.
 
@@ -38,6 +55,8 @@ def format_reward(completions: list, solution: list | None = None, *, think: boo
     block, with only whitespace around and between them (DOTALL; the think block may be empty).
     `think=False`: exactly one non-empty answer block anywhere; text outside it is allowed (so a
     model that still thinks aloud, with or without tags, is not punished for it).
+    `think="optional"`: either the think-then-answer shape or the answer block alone.
+    `think="forbidden"`: like False, but any <think> tag scores 0 (no-think templates).
     Does not look at the solution.
 
     >>> format_reward(["<think>2+2</think>\\n<answer>4</answer>", "<answer>4</answer>",
@@ -45,9 +64,14 @@ def format_reward(completions: list, solution: list | None = None, *, think: boo
     [1.0, 0.0, 0.0]
     >>> format_reward(["Let me see. <answer>4</answer>"], [None], think=False)
     [1.0]
+    >>> format_reward(["<answer>4</answer>", "<think>a</think><answer>4</answer>", "x<answer>4</answer>"],
+    ...               [None] * 3, think="optional")
+    [1.0, 1.0, 0.0]
+    >>> format_reward(["<think>a</think><answer>4</answer>"], [None], think="forbidden")
+    [0.0]
     """
     return score_batch(_format_one, completions, solution, fields, tasks=tasks,
-                       solution_required=False, think=as_bool(think))
+                       solution_required=False, think=_think_mode(think))
 
 
 def _to_length(value: Any) -> float | None:

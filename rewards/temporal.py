@@ -13,9 +13,9 @@ Segment = tuple[float, float]
 # Seconds ("12.5") or clock time ("01:05", "1:02:03.5"). Not preceded by a digit, dot or minus:
 # "-3 to 5" is a negative (invalid) start, not a segment from 3.
 _TIME = r"\d+(?::\d{1,2}){0,2}(?:\.\d+)?"
-_UNIT = r"\s*(?:s|sec|secs|second|seconds)?\.?"
+_UNIT = r"\s*(?i:s|sec|secs|second|seconds)?\.?"
 _SEGMENT = re.compile(
-    rf"(?<![\d.\-])({_TIME}){_UNIT}\s*(?:to|-|–|—|~|,|and|until)\s*({_TIME})")
+    rf"(?<![\d.\-])({_TIME}){_UNIT}\s*(?i:to|-|–|—|~|,|and|until)\s*({_TIME})")
 
 
 def _seconds(text: str) -> float:

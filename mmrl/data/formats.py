@@ -5,15 +5,20 @@ anchor's files as they are. `convert(fmt, in_path, out_path)` writes the same Sa
 JSONL (what `mmrl data convert --from FORMAT IN OUT` runs).
 
     vlm_r1     LLaVA-style {"image": path | [paths], "conversations": [{"from": "human", "value":
-               "<image>Q"}, {"from": "gpt", "value": "A"}]}            (om-ai-lab/VLM-R1)
-    r1v        {"problem", "solution": "<answer> 3 </answer>", "image"}  (Deep-Agent/R1-V)
+               "<image>Q"}, {"from": "gpt", "value": "A"}], "accu_reward_method"?}  (om-ai-lab/VLM-R1)
+    r1v        {"problem", "solution": "<answer> 3 </answer>", "image"}  (Deep-Agent/R1-V; Visual-RFT's
+               [{"Position": [...], "Confidence": c}] solutions are detection)
     easyr1     {"problem", "answer", "images": [...], "videos": [...]}   (hiyouga/EasyR1)
     video_r1   {"problem_type", "problem", "options", "solution": "<answer>B</answer>", "path",
                "data_type": "image" | "video"}                            (tulerfeng/Video-R1)
     r1_aqa     {"audio_path", "question_text", "multi_choice", "answer": 0-based index} and MMAU
-               style {"audio", "question", "choices", "answer": text}     (xiaomi-research/r1-aqa)
-    time_r1    {"video", "duration", "timestamp": [s, e], "sentence"}     (xiaomi-research/time-r1);
-               also "timestamps"/"sentences" (TimeZero/Charades style) and "query"
+               {"audio_id", "question", "choices", "answer": text, "task"} (xiaomi-research/r1-aqa)
+    time_r1    {"video", "duration", "timestamp": [s, e], "sentence", "video_start"?, "video_end"?}
+               (Time-R1); "timestamps"/"sentences"; Charades-style dicts per video (schema.py)
+
+The task of a sample is its reward route (`rewards[].tasks`): VLM-R1's accu_reward_method and
+Video-R1's problem_type map onto it (ACCU_METHOD_TASKS, PROBLEM_TASKS). Box answers get
+`image_size` = [w, h] from the image header, which box rewards need for model coordinates.
 
 Normalisation: `<answer>` wrappers are stripped; multiple-choice solutions become one letter
 (from a letter, a 0-based index, or the option's text); boxes and segments become float lists.
@@ -41,9 +46,18 @@ PLACEHOLDER = re.compile(r"<(image|video|audio)>")
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 LETTER = re.compile(r"[\(\[]?\s*([A-Za-z])\s*[\)\]]?\s*[.:]?")
 OPTION_PREFIX = re.compile(r"\s*[\(\[]?([A-Z])[\)\].:]\s*")
-# Keys that load_media reads as decode overrides: an anchor's same-named column means something
-# else (Time-R1's video_start is the clip's offset in its source video), so it is renamed.
+BOX_KEY = re.compile(r"[\"'](?:Position|bbox_2d|bbox)[\"']\s*:\s*\[")  # Visual-RFT / Qwen JSON boxes
+# Keys that load_media reads as decode overrides: an anchor's same-named column may mean something
+# else, so it is renamed (source_<key>). Time-R1's video_start/video_end are kept on purpose by
+# its adapter: they are the clip window, cut at decode time.
 OVERRIDE_KEYS = {"video_start", "video_end", "fps", "nframes", "max_frames"}
+# VLM-R1 accu_reward_method -> task (others, e.g. "math", "yes_no", are the task as they are;
+# "default" derives it from the answer).
+ACCU_METHOD_TASKS = {"iou": "detection", "od": "detection", "od_ap": "detection",
+                     "odLength": "detection", "mcq": "multiple_choice", "default": None}
+# Video-R1 problem_type -> the sample's task, which `rewards[].tasks` routes on (README: rewards).
+PROBLEM_TASKS = {"multiple choice": "multiple_choice", "numerical": "numerical", "OCR": "ocr",
+                 "free-form": "free_form", "regression": "regression"}
 HINTS = {
     "multiple choice": "Answer with the option letter in <answer></answer>.",
     "numerical": "Answer with the number in <answer></answer>.",
@@ -51,6 +65,7 @@ HINTS = {
     "OCR": "Answer with the transcribed text in <answer></answer>.",
     "free-form": "Answer in <answer></answer>.",
 }
+TIME_HINT = "Answer with <answer>start to end</answer> in seconds."
 
 
 # ---------------------------------------------------------------------------- shared helpers ----
@@ -217,13 +232,45 @@ def _passthrough(record: dict, used: set[str]) -> dict:
 
 
 def _sample(record: dict, source: str, *, text: str, media: dict[str, list[str]], solution: Any,
-            task: str, fields: dict, id_keys: tuple[str, ...] = ("id",)) -> Sample:
+            task: str, fields: dict, id_keys: tuple[str, ...] = ("id",),
+            record_task: bool = True) -> Sample:
     content = _content(text, {k: len(v) for k, v in media.items()}, source)
     ident = next((record[k] for k in id_keys if record.get(k) not in (None, "")), source)
     return Sample(id=str(ident), messages=[{"role": "user", "content": content}],
-                  solution=solution, task=str(record.get("task") or task),
+                  solution=solution,
+                  task=str((record.get("task") if record_task else None) or task),
                   images=media.get("images", []), videos=media.get("videos", []),
                   audios=media.get("audios", []), fields=fields, source=source)
+
+
+def image_size(path: str) -> list[int] | None:
+    """[width, height] as `load_image` will see it (EXIF rotation applied), from the file header
+    only; None when the file does not open (inspect and training report that file themselves)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            w, h = im.size
+            if im.getexif().get(0x0112) in (5, 6, 7, 8):  # rotated by 90 degrees on load
+                w, h = h, w
+            return [int(w), int(h)]
+    except Exception:  # noqa: BLE001 - PIL raises many types; a bad file is reported elsewhere
+        return None
+
+
+def _box_fields(fields: dict, solution: Any, images: list[str]) -> dict:
+    """Box answers need the image size to map model coordinates (iou coords=qwen2_5_vl ...)."""
+    if _is_boxes(solution) and len(images) == 1 and "image_size" not in fields:
+        size = image_size(images[0])
+        if size is not None:
+            fields["image_size"] = size
+    return fields
+
+
+def _is_boxes(solution: Any) -> bool:
+    if isinstance(solution, list):
+        return len(solution) == 4 or any(isinstance(b, (list, dict)) for b in solution)
+    return isinstance(solution, str) and bool(BOX_KEY.search(solution))
 
 
 def _check_dict(record: Any, source: str) -> dict:
@@ -252,10 +299,13 @@ def vlm_r1(record: Any, source: str, base_dir: Path) -> Sample:
     solution = box if box is not None and len(box) == 4 else _unwrap(str(gpt["value"]))
     media = {"images": _media(record, ("image", "images"), base_dir, source),
              "videos": _media(record, ("video", "videos"), base_dir, source)}
+    fields = _passthrough(record, {"id", "task", "conversations", "image", "images", "video",
+                                   "videos"})
+    # VLM-R1's per-record reward choice is the task that `rewards[].tasks` routes on.
+    route = ACCU_METHOD_TASKS.get(record.get("accu_reward_method"), record.get("accu_reward_method"))
+    task = str(route) if route else ("detection" if isinstance(solution, list) else "vqa")
     return _sample(record, source, text=turns[human]["value"], media=media, solution=solution,
-                   task="detection" if isinstance(solution, list) else "vqa",
-                   fields=_passthrough(record, {"id", "task", "conversations", "image", "images",
-                                                "video", "videos"}))
+                   task=task, fields=_box_fields(fields, solution, media["images"]))
 
 
 def _r1v_like(record: Any, source: str, base_dir: Path) -> Sample:
@@ -277,11 +327,13 @@ def _r1v_like(record: Any, source: str, base_dir: Path) -> Sample:
     media = {"images": _media(record, ("images", "image"), base_dir, source),
              "videos": _media(record, ("videos", "video"), base_dir, source),
              "audios": _media(record, ("audios", "audio"), base_dir, source)}
-    task = "detection" if isinstance(solution, list) else ("video_qa" if media["videos"] else "vqa")
+    boxes = _is_boxes(solution)  # a box, or Visual-RFT's [{"Position": [...], ...}] list
+    task = "detection" if boxes else ("video_qa" if media["videos"] else "vqa")
+    fields = _passthrough(record, {"id", "task", "problem", "prompt", "question", "answer",
+                                   "solution", "images", "image", "videos", "video", "audios",
+                                   "audio"})
     return _sample(record, source, text=text, media=media, solution=solution, task=task,
-                   fields=_passthrough(record, {"id", "task", "problem", "prompt", "question",
-                                                "answer", "solution", "images", "image", "videos",
-                                                "video", "audios", "audio"}))
+                   fields=_box_fields(fields, solution, media["images"]))
 
 
 FORMATS.add("r1v", _r1v_like)
@@ -298,6 +350,8 @@ def video_r1(record: Any, source: str, base_dir: Path) -> Sample:
     dtype = record.get("data_type") or ("video" if record.get("video") else "image")
     if dtype not in ("image", "video"):
         raise _fail(source, f"data_type must be 'image' or 'video', got {dtype!r}")
+    if ptype not in PROBLEM_TASKS:
+        raise _fail(source, f"problem_type must be one of {sorted(PROBLEM_TASKS)}, got {ptype!r}")
     if record.get("solution") is None:
         raise _fail(source, "missing 'solution'")
     fields = _passthrough(record, {"problem", "question", "solution", "path", "image", "video",
@@ -315,8 +369,7 @@ def video_r1(record: Any, source: str, base_dir: Path) -> Sample:
     if not media[key]:
         raise _fail(source, f"missing 'path' to the {dtype}")
     return _sample(record, source, text=_with_hint(problem, HINTS.get(ptype, HINTS["free-form"])),
-                   media=media, solution=solution,
-                   task="video_qa" if dtype == "video" else "vqa", fields=fields,
+                   media=media, solution=solution, task=PROBLEM_TASKS[ptype], fields=fields,
                    id_keys=("id", "problem_id"))
 
 
@@ -335,23 +388,32 @@ def r1_aqa(record: Any, source: str, base_dir: Path) -> Sample:
     if record.get("answer") is None:
         raise _fail(source, "missing 'answer'")
     solution = _letter(record["answer"], options, source)
-    audios = _media(record, ("audio_path", "audio", "audios"), base_dir, source)
+    audios = _media(record, ("audio_path", "audio_id", "audio", "audios"), base_dir, source)
     if not audios:
-        raise _fail(source, "missing 'audio_path' (or 'audio')")
+        raise _fail(source, "missing 'audio_path' (or 'audio_id', 'audio')")
     text = f"{question.rstrip()}\n" + "\n".join(options)
     fields = _passthrough(record, {"id", "task", "question_text", "question", "multi_choice",
-                                   "choices", "options", "answer", "audio_path", "audio", "audios"})
+                                   "choices", "options", "answer", "audio_path", "audio_id",
+                                   "audio", "audios"})
     fields.update(options=options, problem_type="multiple choice")
+    if record.get("task") is not None:  # MMAU's sound/music/speech: kept, but not the route
+        fields["source_task"] = record["task"]
     return _sample(record, source, text=_with_hint(text, HINTS["multiple choice"]),
-                   media={"audios": audios}, solution=solution, task="audio_qa", fields=fields)
+                   media={"audios": audios}, solution=solution, task="audio_qa", fields=fields,
+                   record_task=False)
 
 
 @FORMATS.register("time_r1")
 def time_r1(record: Any, source: str, base_dir: Path) -> Sample:
     """Temporal grounding: solution [start, end] in seconds from 'timestamp' (or the single pair
-    in 'timestamps'), query from 'sentence'/'query'/'sentences'. Time-R1's video_start/video_end
-    (the clip's place in its source video; the file is already cut) become source_video_start/
-    source_video_end, so that load_media does not cut the clip again."""
+    in 'timestamps'), query from 'sentence'/'query'/'sentences'. Charades-style files (Time-R1,
+    VideoChat-R1: {video id: {"duration", "timestamps": [...], "sentences": [...]}}) arrive here
+    one (timestamp, sentence) pair per record, with the video id as 'video_id' (file <id>.mp4).
+
+    Time-R1's video_start/video_end cut a clip out of the source video: they stay as fields, so
+    load_media decodes only that window, and the segment is shifted into clip time (the model
+    sees the clip from 0 s); 'duration' becomes the clip's length (source_duration keeps the
+    video's)."""
     record = _check_dict(record, source)
     raw = record.get("timestamp", record.get("timestamps"))
     if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], list):
@@ -363,23 +425,60 @@ def time_r1(record: Any, source: str, base_dir: Path) -> Sample:
     if isinstance(sentences, list) and len(sentences) == 1 and not record.get("sentence"):
         record = {**record, "sentence": sentences[0]}
     query = _text(record, ("sentence", "query", "caption"), source, "event description")
-    duration = record.get("duration")
-    if duration is not None and (isinstance(duration, bool) or not isinstance(duration, (int, float))
-                                 or duration <= 0):
-        raise _fail(source, f"'duration' must be a positive number, got {duration!r}")
+    duration = _positive(record.get("duration"), "duration", source)
     if seg[0] < 0 or seg[1] < seg[0] or (duration is not None and seg[0] >= duration):
         raise _fail(source, f"timestamp {seg} is not a segment inside the video "
                             f"(duration {duration})")
+    fields = _passthrough(record, {"id", "task", "video", "video_path", "path", "videos",
+                                   "video_id", "timestamp", "timestamps", "sentence", "sentences",
+                                   "query", "caption", "video_start", "video_end"})
+    seg, clip = _clip(record, seg, duration, source)
+    fields.update(clip)
     videos = _media(record, ("video", "video_path", "path", "videos"), base_dir, source)
+    if not videos and isinstance(record.get("video_id"), str):
+        vid = record["video_id"]
+        videos = [_media_ref(vid if Path(vid).suffix else f"{vid}.mp4", base_dir, source,
+                             "video_id")]
     if not videos:
         raise _fail(source, "missing 'video'")
-    text = (f'When does "{query.strip().rstrip(".")}" happen in the video? Answer with '
-            f"<answer>start to end</answer> in seconds.")
-    fields = _passthrough(record, {"id", "task", "video", "video_path", "path", "videos",
-                                   "timestamp", "timestamps", "sentence", "sentences", "query",
-                                   "caption"})
+    text = f'When does "{query.strip().rstrip(".")}" happen in the video? {TIME_HINT}'
     return _sample(record, source, text=text, media={"videos": videos}, solution=seg,
                    task="temporal_grounding", fields=fields, id_keys=("id", "qid"))
+
+
+def _positive(value: Any, key: str, source: str, zero: bool = False) -> float | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or value < 0 or (value == 0 and not zero)):
+        raise _fail(source, f"{key!r} must be a {'non-negative' if zero else 'positive'} number, "
+                            f"got {value!r}")
+    return value
+
+
+def _clip(record: dict, seg: list[float], duration: float | None,
+          source: str) -> tuple[list[float], dict]:
+    """(segment in clip time, clip fields) for Time-R1's video_start/video_end.
+
+    Time-R1 ships both kinds: files already cut to the clip ('duration' is the clip's length and
+    the segment is in clip time: the window is only recorded, as source_video_start/end), and
+    whole source videos (segment in source time): then the window is decoded and the segment
+    shifted into clip time."""
+    start, end = record.get("video_start"), record.get("video_end")
+    if start is None and end is None:
+        return seg, {}
+    start = float(_positive(start, "video_start", source, zero=True) or 0.0)
+    end = _positive(end, "video_end", source) or duration
+    if end is None or end <= start:
+        raise _fail(source, f"video_end {end} must be a time after video_start {start}")
+    length = end - start
+    if duration is not None and abs(duration - length) <= 0.01 * length + 0.05:
+        return seg, {"source_video_start": start, "source_video_end": float(end)}  # already cut
+    if seg[0] < start or seg[1] > end + 1e-6:
+        raise _fail(source, f"timestamp {seg} is outside the clip [{start}, {end}] "
+                            f"(video_start/video_end)")
+    out = {"video_start": start, "video_end": float(end), "duration": round(length, 6)}
+    if duration is not None:
+        out["source_duration"] = duration
+    return [round(seg[0] - start, 6), round(seg[1] - start, 6)], out
 
 
 # ----------------------------------------------------------------------------------- convert ----

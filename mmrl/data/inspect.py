@@ -175,3 +175,76 @@ def format_report(report: dict, max_listed: int = 20) -> str:
         out += [f"--- {ex['id']} ({ex['task']})", ex["prompt"],
                 f"solution: {json.dumps(ex['solution'])}"]
     return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------ scorability ----
+# A reward can score a record if, given the record's own gold answer as the completion (wrapped
+# as "<think>probe</think><answer>GOLD</answer>", lists as JSON), it returns a number rather than
+# None. None there means the reward lacks something it needs (an image size, a duration, options)
+# and would score None for every completion: the run would train on the other rewards alone.
+# Only records of the reward's `tasks` count. Pure, cheap: one reward call per reward.
+# The field whose absence is the usual reason a reward returns None (named in the report).
+NEEDED_FIELD = {"iou": "image_size", "giou": "image_size", "detection": "image_size",
+                "tiou_v2": "duration"}
+
+
+def probe_completion(solution) -> str:
+    gold = solution if isinstance(solution, str) else json.dumps(solution)
+    return f"<think>probe</think><answer>{gold}</answer>"
+
+
+def reward_scorability(specs, samples: list[Sample], max_new_tokens: int = 1024) -> list[dict]:
+    """Per reward spec (name, params, tasks): {"reward", "scorable", "of", "reason"}."""
+    import functools
+
+    from rewards import get_reward
+
+    out = []
+    for spec in specs:
+        fn = get_reward(spec.name)
+        if spec.params:
+            fn = functools.partial(fn, **dict(spec.params))
+        rows = [s for s in samples if spec.tasks is None or s.task in spec.tasks]
+        scores = []
+        if rows:
+            keys = {k for s in rows for k in s.fields}
+            fields = {k: [s.fields.get(k) for s in rows] for k in keys}
+            fields.update(task=[s.task for s in rows], completion_length=[1] * len(rows),
+                          max_completion_length=[max_new_tokens] * len(rows))
+            scores = fn([probe_completion(s.solution) for s in rows], [s.solution for s in rows],
+                        **fields)
+        unscored = [s for s, v in zip(rows, scores) if v is None]
+        name = spec.name.rsplit(":", 1)[-1]
+        need = NEEDED_FIELD.get(name)
+        missing = need is not None and any(need not in s.fields for s in unscored)
+        reason = (f"no {need}" if missing else
+                  "it returns None for the gold answer") if unscored else ""
+        out.append({"reward": name, "scorable": len(rows) - len(unscored),
+                    "of": len(rows), "reason": reason})
+    return out
+
+
+def format_scorability(rows: list[dict]) -> list[str]:
+    """`iou: 0 of 1200 records scorable (no image_size)`."""
+    return [f"{r['reward']}: {r['scorable']} of {r['of']} records scorable"
+            + (f" ({r['reason']})" if r["reason"] else "") for r in rows]
+
+
+LAZY_CHECK_ROWS = 8
+
+
+def check_scorable(specs, samples, max_new_tokens: int = 1024, sample_size: int = 256) -> None:
+    """Stop before training when a reward can score none of its task's records (checked on up to
+    `sample_size` records spread over the data set; on a lazily read table, its first
+    LAZY_CHECK_ROWS rows: one row group read and a few embedded images written, not every one)."""
+    if isinstance(samples, list):
+        picked = samples[::max(1, len(samples) // sample_size)][:sample_size]
+    else:
+        picked = samples[:min(len(samples), LAZY_CHECK_ROWS)]
+    rows = reward_scorability(specs, picked, max_new_tokens)
+    dead = [r for r in rows if r["of"] and not r["scorable"]]
+    if dead:
+        raise ValueError("a configured reward can score none of its records, so it would train "
+                         "on nothing: " + "; ".join(format_scorability(dead))
+                         + f" (checked {min(len(samples), sample_size)} records; see `mmrl data "
+                           f"inspect FILE --config CONFIG`)")

@@ -105,6 +105,26 @@ def fit_pixels(w: int, h: int, min_pixels: int, max_pixels: int,
     return max(factor, wb), max(factor, hb)
 
 
+def add_resized_sizes(samples: list[Sample], min_pixels: int | None,
+                      max_pixels: int | None) -> None:
+    """Store `resized_size` = [w, h] (the processor's input frame under data.image_min/max_pixels)
+    on single-image samples with an `image_size`, so that box rewards with coords=qwen2_5_vl map
+    boxes through the same budget as the processor (fit_pixels is the one rule for both)."""
+    if min_pixels is None and max_pixels is None:
+        return  # the processor's defaults are the rewards' defaults (Qwen's)
+    from rewards.boxes import QWEN_MAX_PIXELS, QWEN_MIN_PIXELS
+
+    lo = QWEN_MIN_PIXELS if min_pixels is None else int(min_pixels)
+    hi = QWEN_MAX_PIXELS if max_pixels is None else int(max_pixels)
+    for s in samples:
+        size = s.fields.get("image_size")
+        if len(s.images) == 1 and isinstance(size, (list, tuple)) and len(size) == 2:
+            try:
+                s.fields["resized_size"] = list(fit_pixels(int(size[0]), int(size[1]), lo, hi))
+            except (TypeError, ValueError):
+                continue  # an unusable size: the reward scores None and inspect says so
+
+
 # ------------------------------------------------------------------------------------- video ----
 
 @dataclass

@@ -155,6 +155,10 @@ def open_table(path: str | Path) -> Sequence:
         return ParquetTable([p])
     if p.suffix == ".json":
         rows = json.loads(_utf8(p.read_bytes(), p))
+        if isinstance(rows, dict):  # Charades-style {video id: {timestamps, sentences, ...}}
+            from mmrl.data.schema import per_video
+
+            return ListTable(per_video(rows, p))
         if not isinstance(rows, list):
             raise RecordError(f"{p}: expected a JSON list of records")
         return ListTable((row, f"{p}[{i}]") for i, row in enumerate(rows))

@@ -98,6 +98,12 @@ class RunLogger:
         if self.mode != "silent":
             self.console.print(msg)
 
+    def warn(self, msg: str) -> None:
+        """A warning shown above the progress bar (or in the log lines), also in warnings.txt."""
+        with (self.run_dir / "warnings.txt").open("a") as f:
+            f.write(msg + "\n")
+        self.console.print(f"[bold yellow]warning:[/] {msg}")
+
     def _headline(self, metrics: dict) -> str:
         parts = [f"{short} {metrics[k]:.3g}" for k, short in HEADLINE
                  if isinstance(metrics.get(k), (int, float))]

@@ -27,6 +27,7 @@ from mmrl.rollout.hf import HFEngine
 from mmrl.train import checkpoint, dist, lora, methods, parallel, setup
 from mmrl.train.logging import RunLogger
 from mmrl.train.rollout_utils import concat_rollouts, rollout_metrics, rollout_records
+from mmrl.data.inspect import check_scorable
 from mmrl.train.scoring import RewardSet
 from mmrl.types import PromptFeatures, RolloutBatch, Sample, SamplingParams, ScoredBatch
 
@@ -40,6 +41,7 @@ class Trainer:
         setup.set_seed(cfg.train.seed)
         self.run_dir = cfg.run_dir
         self.train_set, self.eval_set = setup.build_datasets(cfg)
+        check_scorable(cfg.rewards, self.train_set, cfg.rollout.max_new_tokens)
         self.adapter = get_adapter(cfg.model.family)
         resume = checkpoint.resolve_resume(cfg.train.resume, self.run_dir)
         self.parallel.before_model()
@@ -332,6 +334,7 @@ class Trainer:
         metrics.update(methods.label_free_metrics(self, batch))
         metrics.update(methods.think_metrics(self, batch))
         metrics.update(rollout_metrics(sb, self.rewards.keys))
+        metrics.update(self.rewards.step_metrics(self.log.warn))
         metrics.update(timer.metrics())
         tokens = int(batch.completion_mask.sum()) + sum(p.input_ids.numel() for p in batch.prompts)
         metrics["time/tokens_per_s"] = tokens / max(timer.total, 1e-9)

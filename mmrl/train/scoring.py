@@ -4,6 +4,10 @@ A reward sees per-sample lists of every field of the samples it scores (plus `ta
 `completion_length`, `max_completion_length`); samples whose task is not in a reward's `tasks`
 get None from it. The weighted total treats None as 0, so a sample is scored only by the rewards
 that apply to it.
+
+`step_metrics()` reports, per reward, the fraction of the step's samples of its tasks that it
+scored (`reward/<key>/scored_frac`). A reward that scores none of them for `SILENT_STEPS` steps
+in a row trains on nothing: that is warned about once, on the progress display.
 """
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ from rewards import get_reward
 
 from mmrl.config import RewardSpec
 from mmrl.types import Sample
+
+SILENT_STEPS = 10
 
 
 def bind_reward(spec: RewardSpec) -> Callable[..., list]:
@@ -46,6 +52,9 @@ class RewardSet:
         # Same reward twice (different params) gets a positional suffix to keep metrics apart.
         self.keys = [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]
         self.fns = [bind_reward(s) for s in specs]
+        self._counts = {k: [0, 0] for k in self.keys}  # this step: [scored, routed]
+        self._silent = {k: 0 for k in self.keys}  # consecutive steps routed but never scored
+        self._warned: set[str] = set()
         # Each failing reward warns once per run (rewards/core.py keeps no module state); only
         # rewards taking **fields can receive the set (a custom one may have a fixed signature).
         self.warned: set[str] = set()
@@ -70,12 +79,29 @@ class RewardSet:
                 for i, v in zip(rows, sub):
                     scores[i] = None if v is None else _number(v, key, samples[i])
             per_reward[key] = scores
+            self._counts[key][0] += sum(scores[i] is not None for i in rows)
+            self._counts[key][1] += len(rows)
             for i, v in enumerate(scores):
                 if v is not None:
                     totals[i] += spec.weight * v
         return totals, per_reward
 
 
+    def step_metrics(self, warn: Callable[[str], None] | None = None) -> dict[str, float]:
+        """`reward/<key>/scored_frac` over every score() call since the last step; resets."""
+        out = {}
+        for key, (scored, routed) in self._counts.items():
+            if not routed:
+                continue  # no sample of its tasks this step: nothing to say
+            out[f"reward/{key}/scored_frac"] = scored / routed
+            self._silent[key] = self._silent[key] + 1 if scored == 0 else 0
+            if self._silent[key] >= SILENT_STEPS and key not in self._warned and warn is not None:
+                self._warned.add(key)
+                warn(f"reward {key!r} scored none of its samples for {self._silent[key]} steps "
+                     f"(it returns None: check the fields it needs with `mmrl data inspect FILE "
+                     f"--config CONFIG`)")
+        self._counts = {k: [0, 0] for k in self.keys}
+        return out
 def _takes_any_keyword(fn) -> bool:
     return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
 

@@ -40,7 +40,30 @@ def build_datasets(cfg: RunConfig) -> tuple[list[Sample], list[Sample] | None]:
         synthetic.GENERATORS.get(d.generate)(out, **d.generate_kwargs)
     train = load_samples(d.train, d.format, d.max_samples)
     evals = load_samples(d.eval, d.format, cfg.eval.max_samples) if d.eval else None
-    return train, evals
+    return prepare_samples(train, cfg), (prepare_samples(evals, cfg) if evals else None)
+
+
+def prepare_samples(samples, cfg: RunConfig):
+    """What the config adds to loaded samples: the prompt template, and the resized image size
+    the box rewards need (data.image_min/max_pixels). Lazily read tables stay lazy: each sample
+    is prepared when drawn."""
+    from mmrl.data.media import add_resized_sizes
+    from mmrl.data.prompts import apply_template
+    from mmrl.data.schema import LazySamples
+
+    d = cfg.data
+
+    def prepare(sample: Sample) -> Sample:
+        if d.prompt_template:
+            sample = apply_template(sample, d.prompt_template)
+        add_resized_sizes([sample], d.image_min_pixels, d.image_max_pixels)
+        return sample
+
+    if isinstance(samples, LazySamples):
+        convert = samples.convert
+        samples.convert = lambda record, source, base: prepare(convert(record, source, base))
+        return samples
+    return [prepare(s) for s in samples]
 
 
 def check_environment(cfg: RunConfig) -> None:

@@ -13,6 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from mmrl.data.inspect import LAZY_CHECK_ROWS
+
 from mmrl.data.synthetic import GENERATORS
 from mmrl.train import checkpoint
 
@@ -56,5 +58,6 @@ def test_easyr1_parquet_shards_train_counting_without_conversion(tmp_path):
     assert torch.load(checkpoint.latest(run) / checkpoint.STATE_FILE, weights_only=False)["step"] == 2
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "reward/count_mean" in m] == [1, 2]
-    # Only drawn samples had their images decoded: 2 steps x 2 prompts + the 4 eval samples.
-    assert 1 <= len(list((tmp_path / "embedded").iterdir())) <= 2 * 2 + 4
+    # Only drawn samples had their images decoded: 2 steps x 2 prompts + the 4 eval samples + the
+    # first rows the reward scorability check adapts (mmrl/data/inspect.py LAZY_CHECK_ROWS).
+    assert 1 <= len(list((tmp_path / "embedded").iterdir())) <= 2 * 2 + 4 + LAZY_CHECK_ROWS

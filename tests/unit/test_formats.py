@@ -88,7 +88,7 @@ def test_video_r1_multiple_choice_video():
         "process": "<think>...</think>", "solution": "<answer>B</answer>",
         "path": "./LLaVA-Video/clip.mp4", "data_source": "LLaVA-Video-178K"})
     assert s.id == "7" and s.videos == ["/data/set/LLaVA-Video/clip.mp4"] and not s.images
-    assert s.solution == "B" and s.task == "video_qa"
+    assert s.solution == "B" and s.task == "multiple_choice"  # problem_type routes the rewards
     assert s.fields["options"] == ["A. sit", "B. run", "C. jump", "D. wave"]
     assert s.fields["problem_type"] == "multiple choice" and s.fields["data_source"] == "LLaVA-Video-178K"
     assert "Options:\nA. sit\nB. run" in text_of(s) and "<answer>" in text_of(s)
@@ -99,7 +99,7 @@ def test_video_r1_numerical_image():
     s = adapt("video_r1", {"problem": "What is the area?", "data_type": "image",
                            "problem_type": "numerical", "solution": "<answer>3.5</answer>",
                            "path": "math/1.png"})
-    assert s.images == ["/data/set/math/1.png"] and s.solution == "3.5" and s.task == "vqa"
+    assert s.images == ["/data/set/math/1.png"] and s.solution == "3.5" and s.task == "numerical"
     assert "options" not in s.fields
 
 
@@ -180,7 +180,7 @@ def test_convert_round_trips_through_the_native_schema(tmp_path):
     _write_jsonl(src, records)
     out = tmp_path / "native" / "train.jsonl"
     summary = convert("video_r1", src, out)
-    assert summary == {"records": 3, "out": str(out), "by_task": {"video_qa": 3}}
+    assert summary == {"records": 3, "out": str(out), "by_task": {"multiple_choice": 3}}
     direct = load_samples(src, fmt="video_r1")
     native = load_samples(out)
     for a, b in zip(direct, native):

@@ -1,0 +1,76 @@
+"""Rewards that can score nothing are said before and during training (issue 11)."""
+import json
+
+import pytest
+from PIL import Image
+
+from mmrl import cli, config
+from mmrl.config import RewardSpec
+from mmrl.data.inspect import check_scorable, reward_scorability
+from mmrl.data.schema import load_samples
+from mmrl.train.scoring import SILENT_STEPS, RewardSet
+from mmrl.types import Sample
+
+
+def _rec_file(tmp_path, n=3, with_size=False):
+    Image.new("RGB", (64, 48)).save(tmp_path / "a.png")
+    rows = []
+    for i in range(n):
+        r = {"id": i, "task": "detection", "prompt": "Where?", "images": ["a.png"],
+             "solution": [1, 2, 30, 40]}
+        if with_size:
+            r["image_size"] = [64, 48]
+        rows.append(r)
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_scorability_counts_and_names_the_missing_field(tmp_path):
+    samples = load_samples(_rec_file(tmp_path))
+    specs = [RewardSpec(name="iou", params={"coords": "qwen2_5_vl"}), RewardSpec(name="format"),
+             RewardSpec(name="tiou", tasks=["temporal_grounding"])]
+    rows = reward_scorability(specs, samples)
+    assert rows == [{"reward": "iou", "scorable": 0, "of": 3, "reason": "no image_size"},
+                    {"reward": "format", "scorable": 3, "of": 3, "reason": ""},
+                    {"reward": "tiou", "scorable": 0, "of": 0, "reason": ""}]
+    with pytest.raises(ValueError, match=r"iou: 0 of 3 records scorable \(no image_size\)"):
+        check_scorable(specs, samples)
+    check_scorable(specs[1:], samples)  # format scores all; tiou has no records: no stop
+
+
+def test_inspect_with_config_reports_rewards(tmp_path, capsys):
+    data = _rec_file(tmp_path, with_size=False)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("data: {train: %s}\nrewards:\n  - {name: iou, params: {coords: qwen2_5_vl}}\n"
+                   % data)
+    assert cli.main(["data", "inspect", str(data), "--config", str(cfg)]) == 1
+    assert "iou: 0 of 3 records scorable (no image_size)" in capsys.readouterr().out
+    data = _rec_file(tmp_path, with_size=True)
+    assert cli.main(["data", "inspect", str(data), "--config", str(cfg)]) == 0
+    assert "iou: 3 of 3 records scorable" in capsys.readouterr().out
+
+
+def test_scored_frac_per_step_and_a_warning_after_silent_steps():
+    rs = RewardSet([RewardSpec(name="tiou_v2", tasks=["tg"]), RewardSpec(name="format")])
+    samples = [Sample(id="a", messages=[], solution=[0, 1], task="tg"),
+               Sample(id="b", messages=[], solution="x", task="other")]
+    warnings = []
+    for step in range(SILENT_STEPS):
+        rs.score(samples, ["<answer>0 to 1</answer>"] * 2)  # no duration: tiou_v2 is None
+        m = rs.step_metrics(warnings.append)
+        assert m == {"reward/tiou_v2/scored_frac": 0.0, "reward/format/scored_frac": 1.0}
+        assert len(warnings) == (1 if step == SILENT_STEPS - 1 else 0)
+    assert "'tiou_v2' scored none of its samples for 10 steps" in warnings[0]
+    samples[0].fields["duration"] = 5.0
+    rs.score(samples, ["<answer>0 to 1</answer>"] * 2)
+    assert rs.step_metrics(warnings.append)["reward/tiou_v2/scored_frac"] == 1.0
+
+
+def test_mmrl_train_stops_before_building_the_model(tmp_path, capsys):
+    data = _rec_file(tmp_path)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"data: {{train: {data}}}\nrewards:\n  - {{name: iou, params: {{coords: "
+                   f"qwen2_5_vl}}}}\nlog: {{run_dir: {tmp_path / 'run'}}}\n")
+    assert cli.main(["train", str(cfg)]) != 0
+    assert "iou: 0 of 3 records scorable (no image_size)" in capsys.readouterr().err
