@@ -68,7 +68,8 @@ def majority_vote(completions: list, solution: list, *, min_agreement: float = 0
                   below: str = "none", tasks: Any = None, **fields: Any) -> list[float | None]:
     """1.0 when the answer equals its group's majority answer, else 0.0; the solution is ignored.
 
-    Needs the `group_id` field (the trainer passes it); rows without one score None (warned once). Groups whose majority share is below
+    Needs the `group_id` field (the trainer passes it); a row without one is a group of its own
+    (its answer agrees with itself: 1.0 for a non-empty answer; warned once). Groups whose majority share is below
     `min_agreement` score None (`below="none"`) or 0.0 (`below="zero"`).
 
     >>> majority_vote(["<answer>3</answer>", "<answer>3.0</answer>", "<answer>4</answer>",
@@ -81,16 +82,18 @@ def majority_vote(completions: list, solution: list, *, min_agreement: float = 0
     n = len(completions)
     groups = field_column(fields, "group_id", n)
     if any(g is None for g in groups) and "majority_vote" not in _WARNED:
-        _WARNED.add("majority_vote")  # the contract: never raise; rows without a group score None
+        _WARNED.add("majority_vote")  # the contract: never raise
         warnings.warn("majority_vote needs the `group_id` field (one group per prompt; the mmrl "
-                      "trainer passes it): rows without one score None", RuntimeWarning, stacklevel=2)
+                      "trainer passes it): each row without one is a group of its own",
+                      RuntimeWarning, stacklevel=2)
+    groups = [("row", i) if g is None else g for i, g in enumerate(groups)]
     task_col = field_column(fields, "task", n)
     allowed = None if tasks is None else ({tasks} if isinstance(tasks, str) else set(tasks))
     majority = group_majorities(completions, groups)
     out: list[float | None] = []
     for text, g, task in zip(completions, groups, task_col):
         winner, share = majority[_key(g)]
-        if g is None or (allowed is not None and task not in allowed):
+        if allowed is not None and task not in allowed:
             out.append(None)
         elif winner is None or share < min_agreement:
             out.append(None if below == "none" else 0.0)

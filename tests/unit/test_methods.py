@@ -39,7 +39,7 @@ def test_ties_go_to_the_first_answer_and_empty_groups_have_no_majority():
 
 def test_majority_vote_needs_group_ids_and_is_registered():
     with pytest.warns(RuntimeWarning, match="group_id"):
-        assert majority_vote(["<answer>1</answer>"], [None]) == [None]
+        assert majority_vote(["<answer>1</answer>", ""], [None] * 2) == [1.0, None]
     assert get_reward("majority_vote") is majority_vote
 
 
