@@ -226,7 +226,7 @@ class TrainConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     lr_schedule: LRSchedule = "constant"  # all after warmup
     warmup_steps: int = 0
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = 1.0  # 0 = no clipping
     micro_batch_size: int = 8  # rows per forward/backward; result independent of it
     shared_prefix: bool = True  # each group's prompt (media encoder included) computed once
     seed: int = 0

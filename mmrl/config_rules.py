@@ -45,7 +45,7 @@ RANGES: list[_Check] = [
     ("train.weight_decay", lambda v: v >= 0, ">= 0"),
     ("train.betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "two numbers in [0, 1)"),
     ("train.warmup_steps", lambda v: v >= 0, ">= 0"),
-    ("train.max_grad_norm", lambda v: v > 0, "> 0"),
+    ("train.max_grad_norm", lambda v: v >= 0, ">= 0 (0 = no clipping)"),
     ("train.micro_batch_size", lambda v: v >= 1, ">= 1"),
     ("train.save_every", lambda v: v >= 0, ">= 0 (0 = only at the end)"),
     ("train.keep_checkpoints", lambda v: v >= 1, ">= 1"),

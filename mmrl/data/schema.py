@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Iterator
 
-from mmrl.data.sources import RecordError, open_table  # noqa: F401  (RecordError re-exported)
+from mmrl.data.sources import RecordError, open_table, per_video  # noqa: F401  (re-exported)
 from mmrl.registry import Registry
 from mmrl.types import Sample
 
@@ -30,23 +30,6 @@ def iter_records(path: str | Path) -> Iterator[tuple[dict, str]]:
     """Yield (record, "file:line") from JSONL, JSON (list), Parquet (a file or a directory of
     shards), a `datasets` save dir, or a `datasets` name in the local cache (mmrl/data/sources.py)."""
     yield from open_table(path)
-
-
-def per_video(rows: dict, path: Path) -> Iterator[tuple[dict, str]]:
-    """Charades-style annotations (Time-R1, VideoChat-R1, TimeZero): {video id: {"duration",
-    "timestamps": [[s, e], ...], "sentences": [...]}} -> one record per (timestamp, sentence)."""
-    for vid, entry in rows.items():
-        where = f"{path}[{vid!r}]"
-        if not isinstance(entry, dict):
-            raise RecordError(f"{where}: expected a list of records, or a dict of videos whose "
-                              f"values are objects")
-        stamps, sents = entry.get("timestamps"), entry.get("sentences")
-        if not isinstance(stamps, list) or not isinstance(sents, list) or len(stamps) != len(sents):
-            raise RecordError(f"{where}: needs 'timestamps' and 'sentences' lists of equal length")
-        rest = {k: v for k, v in entry.items() if k not in ("timestamps", "sentences")}
-        for i, (stamp, sent) in enumerate(zip(stamps, sents)):
-            yield ({"video_id": vid, **rest, "timestamp": stamp, "sentence": sent,
-                    "id": f"{vid}_{i}"}, f"{where}[{i}]")
 
 
 def _media_list(record: dict, key: str, source: str, base: Path) -> list[str]:

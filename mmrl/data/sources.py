@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -156,8 +156,6 @@ def open_table(path: str | Path) -> Sequence:
     if p.suffix == ".json":
         rows = json.loads(_utf8(p.read_bytes(), p))
         if isinstance(rows, dict):  # Charades-style {video id: {timestamps, sentences, ...}}
-            from mmrl.data.schema import per_video
-
             return ListTable(per_video(rows, p))
         if not isinstance(rows, list):
             raise RecordError(f"{p}: expected a JSON list of records")
@@ -172,3 +170,20 @@ def open_table(path: str | Path) -> Sequence:
                 except json.JSONDecodeError as e:
                     raise RecordError(f"{p}:{lineno}: not valid JSON ({e.msg})") from None
     return out
+
+
+def per_video(rows: dict, path: Path) -> Iterator[tuple[dict, str]]:
+    """Charades-style annotations (Time-R1, VideoChat-R1, TimeZero): {video id: {"duration",
+    "timestamps": [[s, e], ...], "sentences": [...]}} -> one record per (timestamp, sentence)."""
+    for vid, entry in rows.items():
+        where = f"{path}[{vid!r}]"
+        if not isinstance(entry, dict):
+            raise RecordError(f"{where}: expected a list of records, or a dict of videos whose "
+                              f"values are objects")
+        stamps, sents = entry.get("timestamps"), entry.get("sentences")
+        if not isinstance(stamps, list) or not isinstance(sents, list) or len(stamps) != len(sents):
+            raise RecordError(f"{where}: needs 'timestamps' and 'sentences' lists of equal length")
+        rest = {k: v for k, v in entry.items() if k not in ("timestamps", "sentences")}
+        for i, (stamp, sent) in enumerate(zip(stamps, sents)):
+            yield ({"video_id": vid, **rest, "timestamp": stamp, "sentence": sent,
+                    "id": f"{vid}_{i}"}, f"{where}[{i}]")
