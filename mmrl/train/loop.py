@@ -24,7 +24,7 @@ from mmrl.models.shared_prefix import enable_shared_prefix, shared_prefix_logpro
 from mmrl.models.towers import TowerToucher
 from mmrl.rollout import make_engine
 from mmrl.rollout.hf import HFEngine
-from mmrl.train import checkpoint, dist, lora, parallel, setup
+from mmrl.train import checkpoint, dist, lora, methods, parallel, setup
 from mmrl.train.logging import RunLogger
 from mmrl.train.rollout_utils import concat_rollouts, rollout_metrics, rollout_records
 from mmrl.data.inspect import check_scorable
@@ -74,6 +74,8 @@ class Trainer:
         self.ref_model = None
         self.step, self.skipped, self.state_extra = 0, 0, {}
         self.nonfinite_skipped = self.nonfinite_streak = 0  # steps skipped for NaN/inf
+        # Methods from the papers (mmrl/train/methods.py): prompt history, GT-guided rows.
+        self.history, self.history_stats, self.guided = methods.make_history(cfg), {}, None
         self._features: OrderedDict[int, PromptFeatures] = OrderedDict()
         main = self.dist.main  # only rank 0 writes the run dir; other ranks keep a local log
         self.log = logger or RunLogger(
@@ -92,6 +94,7 @@ class Trainer:
         if key is not None and key in self._features:
             self._features.move_to_end(key)
             return self._features[key]
+        sample = methods.hybrid_sample(self, sample)  # think / no-think instruction (off: as is)
         media = self.load_media(sample)
         with processor_errors(sample):  # e.g. aspect ratio: a media error naming the record
             feats = self.adapter.prompt_features(self.processor, sample, **media)
@@ -110,6 +113,8 @@ class Trainer:
         want, out = len(todo), []
         while len(out) < want:
             idx = todo.pop(0) if todo else self.sampler.next()
+            if methods.history_skips(self, self.train_set[idx]):
+                continue
             try:
                 out.append(self.features(self.train_set[idx], idx))
             except MediaError as e:
@@ -142,7 +147,7 @@ class Trainer:
     # ---------------------------------------------------------------- stage: rewards -----------
     def score(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, list]]:
         lengths = batch.completion_mask.sum(1).tolist()
-        extra = {"completion_length": lengths,
+        extra = {"completion_length": lengths, "group_id": batch.group_ids.tolist(),
                  "max_completion_length": [self.cfg.rollout.max_new_tokens] * batch.n}
         totals, per = self.rewards.score([p.sample for p in batch.prompts], batch.texts, extra)
         return torch.tensor(totals, dtype=torch.float32), per
@@ -154,6 +159,7 @@ class Trainer:
         if not ac.dynamic_sampling:
             batch = self.rollout(self.next_prompts(b), group_offset=self._group_base(b))
             scores, per = self.score(batch)
+            methods.history_observe(self, batch, scores)
             return batch, scores, per, {"sampling/rounds": 1}
         acc = algos.GroupAccumulator(target_groups=b // self.dist.world,
                                      max_rounds=ac.max_sampling_rounds)
@@ -162,6 +168,7 @@ class Trainer:
             batch = self.rollout(self.next_prompts(b), group_offset=self._group_base(b) + offset)
             offset += b * self.dist.world
             scores, per = self.score(batch)
+            methods.history_observe(self, batch, scores)
             ids, keep = algos.groups_with_signal(scores, batch.group_ids)
             acc.add(ids.tolist(), keep)  # raises with advice after max_rounds
             rows = torch.isin(batch.group_ids, ids[keep]).nonzero().flatten().tolist()
@@ -291,6 +298,10 @@ class Trainer:
         timer = StageTimer()
         with timer("rollout"):
             batch, scores, per_reward, extra = self.sample_batch()
+            scores, tgrpo = methods.temporal_contrast(self, batch, scores, per_reward)
+            batch, scores, per_reward, self.guided, gt = methods.inject_ground_truth(
+                self, batch, scores, per_reward)
+        extra.update({**gt, **tgrpo})
         return self.learn(batch, scores, per_reward, extra, timer)
 
     def learn(self, batch: RolloutBatch, scores: torch.Tensor, per_reward: dict[str, list],
@@ -308,7 +319,9 @@ class Trainer:
                     sb.ref_logp = self.logprobs(self.model, batch)
         with timer("advantage"):
             rewards = self.kl_in_reward(sb, extra) if ac.kl_reward_coef > 0 else scores
+            rewards = methods.guided_scores(self, rewards, batch.group_ids)
             sb.advantages = self.advantages(rewards, batch.group_ids, batch.completion_mask.sum(1))
+            sb.advantages = methods.history_advantages(self, sb.advantages, batch)
         with timer("update"):
             metrics = self.update(sb)
         if ac.ref_reset_every and (self.step + 1) % ac.ref_reset_every == 0:
@@ -317,6 +330,9 @@ class Trainer:
             self.sync_engine()
         self.step += 1
         metrics.update(extra)
+        metrics.update(methods.history_end_step(self))
+        metrics.update(methods.label_free_metrics(self, batch))
+        metrics.update(methods.think_metrics(self, batch))
         metrics.update(rollout_metrics(sb, self.rewards.keys))
         metrics.update(self.rewards.step_metrics(self.log.warn))
         metrics.update(timer.metrics())
@@ -396,6 +412,8 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         self.skipped, self.state_extra = state["skipped"], state.get("extra", {})
+        if self.history is not None and "prompt_history" in self.state_extra:
+            self.history.load_state_dict(self.state_extra["prompt_history"])
         self.step = state["step"]
         checkpoint.set_rng_state(state["rng"])
         self.log.print(f"resumed from {ckpt} at step {self.step}")

@@ -189,6 +189,7 @@ def test_option_types_match_what_the_code_implements():
     assert config.choices(config.KL) == algos.KL_KINDS
     assert config.choices(config.ISLevel) == algos.IS_LEVELS
     assert config.choices(config.ISMode) == algos.IS_MODES
+    assert config.choices(config.HistoryMode) == algos.HISTORY_MODES
     assert config.choices(config.ScaleRewards) == algos.SCALE_MODES
     assert config.choices(config.LossType) == algos.LOSS_TYPES
     assert set(config.choices(config.Preset)) == set(config.PRESETS)

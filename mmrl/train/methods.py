@@ -1,0 +1,223 @@
+"""Trainer glue for the methods from the papers (README "Methods from the papers").
+
+Each function is called from one line of the loop, with the trainer; the decisions themselves
+are pure functions in mmrl/algos and rewards/. Every method is off unless its config key is set.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+import zlib
+
+import torch
+
+from mmrl import algos
+from mmrl.data.pretext import shuffle_frames
+from mmrl.types import RolloutBatch, Sample
+from rewards.label_free import majority_error
+from rewards.thinking import think_shares
+
+
+# ------------------------------------------------------------- label-free rewards (TTRL) -------
+def label_free_metrics(trainer, batch: RolloutBatch) -> dict[str, float]:
+    """How often the group's majority answer is wrong where the sample has a label (the
+    pseudo-label's error rate); only when a majority_vote reward is configured."""
+    if not any(s.name == "majority_vote" for s in trainer.cfg.rewards):
+        return {}
+    known, wrong = majority_error(batch.texts, [p.sample.solution for p in batch.prompts],
+                                  batch.group_ids.tolist())
+    return {"label_free/labelled_groups": known,
+            "label_free/majority_wrong": wrong / known if known else float("nan")}
+
+
+# ------------------------------------------------------------- think / no-think (TON) ----------
+def asks_nothink(sample_id: str, share: float, seed: int) -> bool:
+    """Stable per-sample choice: True for about `share` of ids (crc32 of seed and id)."""
+    return zlib.crc32(f"{seed}:{sample_id}".encode()) / 2**32 < share
+
+
+def hybrid_sample(trainer, sample: Sample) -> Sample:
+    """data.think_hybrid > 0: append the think or no-think instruction to the sample's last user
+    text and record what was asked in its `think_mode` field (for the think_format reward and the
+    think shares). Training prompts only; evaluation keeps the dataset's prompts."""
+    d = trainer.cfg.data
+    if d.think_hybrid <= 0:
+        return sample
+    mode = "no_think" if asks_nothink(sample.id, d.think_hybrid, trainer.cfg.train.seed) else "think"
+    text = d.nothink_instruction if mode == "no_think" else d.think_instruction
+    messages = [dict(m) for m in sample.messages]
+    user = next((m for m in reversed(messages) if m.get("role") == "user"), None)
+    if user is None:
+        raise ValueError(f"{sample.source}: data.think_hybrid needs a user message")
+    content = user["content"]
+    if isinstance(content, str):
+        user["content"] = f"{content}\n{text}"
+    else:
+        user["content"] = [*content, {"type": "text", "text": f"\n{text}"}]
+    return dataclasses.replace(sample, messages=messages,
+                               fields={**sample.fields, "think_mode": mode})
+
+
+def think_metrics(trainer, batch: RolloutBatch) -> dict[str, float]:
+    """Shares of completions with a non-empty think block, an empty one, none (log.think_share
+    or data.think_hybrid); with the hybrid, also the think share among each asked mode."""
+    if not (trainer.cfg.log.think_share or trainer.cfg.data.think_hybrid > 0):
+        return {}
+    out = {f"think/{k}": v for k, v in think_shares(batch.texts).items()}
+    asked = [p.sample.fields.get("think_mode") for p in batch.prompts]
+    for mode in ("think", "no_think"):
+        texts = [t for t, a in zip(batch.texts, asked) if a == mode]
+        if texts:
+            out[f"think/asked_{mode}_frac"] = len(texts) / batch.n
+            out[f"think/think_when_asked_{mode}"] = think_shares(texts)["think"]
+    return out
+
+
+# ------------------------------------------------------------- history-aware filtering ---------
+def make_history(cfg) -> algos.PromptHistory | None:
+    return algos.PromptHistory(cfg.algo.history_epochs) if cfg.algo.history_epochs > 0 else None
+
+
+def history_skips(trainer, sample) -> bool:
+    """Mode skip: True when this prompt is filtered (counted; the caller draws another)."""
+    h = trainer.history
+    if h is None:
+        return False
+    stats = trainer.history_stats
+    stats["drawn"] = stats.get("drawn", 0) + 1
+    if trainer.cfg.algo.history_mode != "skip" or not h.filtered(sample.id):
+        return False
+    stats["skipped"] = stats.get("skipped", 0) + 1
+    if stats["skipped"] > len(trainer.train_set):  # a whole pass within one step was filtered
+        raise RuntimeError(f"algo.history_epochs={h.k}: every training prompt was solved by all "
+                           f"or none of its samples on its last {h.k} visits; nothing is left to "
+                           f"train on (use history_mode=downweight or a harder/easier dataset)")
+    return True
+
+
+def history_observe(trainer, batch: RolloutBatch, scores: torch.Tensor) -> None:
+    if trainer.history is not None:
+        trainer.history.observe([p.sample.id for p in batch.prompts], scores, batch.group_ids)
+
+
+def history_advantages(trainer, adv: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
+    """Mode downweight: advantages of filtered prompts' rows times history_weight."""
+    ac = trainer.cfg.algo
+    if trainer.history is None or ac.history_mode != "downweight":
+        return adv
+    w = trainer.history.row_weights([p.sample.id for p in batch.prompts], ac.history_weight)
+    return adv * w.to(adv.dtype)
+
+
+def history_end_step(trainer) -> dict[str, float]:
+    """Commit this step's groups; -> kept fraction of drawn prompts and filtered prompt count."""
+    h = trainer.history
+    if h is None:
+        return {}
+    h.commit()
+    trainer.state_extra["prompt_history"] = h.state_dict()  # saved with the checkpoint
+    s, trainer.history_stats = trainer.history_stats, {}
+    drawn = s.get("drawn", 0)
+    return {"history/kept_frac": 1.0 - s.get("skipped", 0) / drawn if drawn else 1.0,
+            "history/filtered": float(sum(map(h.filtered, h.flags)))}
+
+
+# ------------------------------------------------------------- ground-truth guidance -----------
+def inject_ground_truth(trainer, batch: RolloutBatch, scores: torch.Tensor, per: dict):
+    """TempSamp-R1: in every group whose best reward < gt_threshold the last rollout becomes the
+    ground truth in the recipe's answer format (plus EOS), rescored by the configured rewards;
+    its sampler logprobs are the current policy's. -> (batch, scores, per, guided Bool[N],
+    metrics). Samples without a solution are never guided."""
+    ac = trainer.cfg.algo
+    guided = torch.zeros(batch.n, dtype=torch.bool)
+    if ac.gt_threshold is None:
+        return batch, scores, per, guided, {}
+    rows = [r for r in algos.guidance_rows(scores, batch.group_ids, ac.gt_threshold)
+            .nonzero().flatten().tolist() if batch.prompts[r].sample.solution is not None]
+    n_groups = int(batch.group_ids.unique().numel())
+    metrics = {"gt_guidance/fired_frac": len(rows) / max(n_groups, 1)}
+    if not rows:
+        return batch, scores, per, guided, metrics
+    tok = trainer.processor.tokenizer
+    targets = [tok(ac.gt_template.format(solution=batch.prompts[r].sample.solution),
+                   add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for r in rows]
+    width = max(batch.completion_ids.shape[1], max(map(len, targets)))
+    ids, mask = _widen(batch.completion_ids, width, trainer.pad_id), _widen(batch.completion_mask, width, 0)
+    slogp = None if batch.sampler_logp is None else _widen(batch.sampler_logp, width, 0.0)
+    texts, truncated = list(batch.texts), batch.truncated.clone()
+    for r, t in zip(rows, targets):
+        ids[r], mask[r] = trainer.pad_id, 0
+        ids[r, :len(t)], mask[r, :len(t)] = torch.tensor(t), 1
+        texts[r], truncated[r] = tok.decode(t, skip_special_tokens=True), False
+    out = RolloutBatch(prompts=batch.prompts, completion_ids=ids, completion_mask=mask,
+                       group_ids=batch.group_ids, sampler_logp=slogp, texts=texts,
+                       truncated=truncated)
+    if slogp is not None:  # off-policy row: "sampled" by the current policy, so ratio 1 at start
+        slogp[rows] = trainer.logprobs(trainer.train_model, out.select(rows))
+    new_scores, new_per = trainer.score(out.select(rows))
+    scores = scores.clone()
+    scores[rows] = new_scores
+    per = {k: list(v) for k, v in per.items()}
+    for k, v in new_per.items():
+        for r, x in zip(rows, v):
+            per[k][r] = x
+    guided[rows] = True
+    return out, scores, per, guided, metrics
+
+
+def guided_scores(trainer, scores: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """The soft (asymmetric) reshaping of the guided groups' rewards, before advantages."""
+    ac, guided, trainer.guided = trainer.cfg.algo, trainer.guided, None  # consumed by this step
+    if guided is None or not bool(guided.any()):
+        return scores
+    if guided.numel() != scores.numel():
+        raise RuntimeError(f"{guided.numel()} guided flags for {scores.numel()} rows")
+    return algos.soft_guided_scores(scores, group_ids, guided, ac.gt_tau, ac.gt_alpha_pos,
+                                    ac.gt_alpha_neg)
+
+
+def _widen(x: torch.Tensor, width: int, value) -> torch.Tensor:
+    if x.shape[1] >= width:
+        return x.clone()
+    pad = torch.full((x.shape[0], width - x.shape[1]), value, dtype=x.dtype)
+    return torch.cat([x, pad], dim=1)
+
+
+# ------------------------------------------------------------- temporal contrast (T-GRPO) ------
+def temporal_contrast(trainer, batch: RolloutBatch, scores: torch.Tensor, per: dict):
+    """Video-R1's T-GRPO: re-sample every video prompt with shuffled frames (a second G
+    rollouts per video prompt: the extra cost), score both, add the bonus to the ordered rows'
+    total reward. -> (scores, metrics). Shuffled rollouts are scored, never trained on."""
+    ac = trainer.cfg.algo
+    if ac.tgrpo_alpha <= 0:
+        return scores, {}
+    key = ac.tgrpo_reward or trainer.rewards.keys[0]
+    if key not in trainer.rewards.keys:
+        raise KeyError(f"algo.tgrpo_reward={key!r} is not a configured reward key "
+                       f"({trainer.rewards.keys})")
+    first: dict[int, int] = {}
+    for i, g in enumerate(batch.group_ids.tolist()):
+        if batch.prompts[i].sample.videos and g not in first:
+            first[g] = i
+    if not first:
+        return scores, {"tgrpo/extra_rollout_frac": 0.0}
+    t0 = time.perf_counter()
+    seed = trainer.cfg.train.seed * 100_003 + trainer.step
+    shuffled = []
+    for g, i in first.items():
+        p = batch.prompts[i]
+        media = {**p.media, "videos": [shuffle_frames(v, seed + g) for v in p.media["videos"]]}
+        feats = trainer.adapter.prompt_features(trainer.processor, p.sample, **media)
+        feats.media = media
+        shuffled.append(feats)
+    sb = trainer.rollout(shuffled)
+    s_gids = torch.tensor(list(first)).repeat_interleave(trainer.cfg.rollout.num_generations)
+    _, s_per = trainer.score(sb)
+    acc = torch.tensor([v or 0.0 for v in per[key]])
+    s_acc = torch.tensor([v or 0.0 for v in s_per[key]])
+    bonus = algos.temporal_bonus(acc, batch.group_ids, s_acc, s_gids, ac.tgrpo_alpha, ac.tgrpo_mu)
+    return scores + bonus.to(scores.dtype), {
+        "tgrpo/extra_rollout_frac": sb.n / batch.n,  # shuffled rows per trained row
+        "tgrpo/win_frac": algos.contrast_win_frac(acc, batch.group_ids, s_acc, s_gids, ac.tgrpo_mu),
+        "tgrpo/bonus_rows": float((bonus > 0).sum()), "tgrpo/shuffled_acc": float(s_acc.mean()),
+        "time/tgrpo_rollout": time.perf_counter() - t0}
