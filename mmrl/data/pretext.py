@@ -12,7 +12,7 @@ from PIL import Image
 
 from mmrl.data.media import Video, load_video
 from mmrl.data.synthetic import GENERATORS
-from mmrl.data.synthetic_av import MC_LETTERS, _mc_options, _split, write_mp4
+from mmrl.data.synthetic_av import MC_LETTERS, mc_options, write_split, write_mp4
 
 
 def frame_permutation(n: int, seed: int) -> list[int]:
@@ -73,7 +73,7 @@ def _images(out_dir, source, n_train, n_eval, seed, size, make) -> dict[str, str
         im.save(out / name)
         records.append({"id": f"{record['task']}-{i:05d}", "images": [name], "source": str(src),
                         "image_size": [size, size], **record})
-    return _split(out, records, n_train)
+    return write_split(out, records, n_train)
 
 
 @GENERATORS.register("rotation")
@@ -81,7 +81,7 @@ def rotation(out_dir: str | Path, source: str = "", n_train: int = 200, n_eval: 
              seed: int = 0, size: int = 112) -> dict[str, str]:
     """Each image rotated by 0/90/180/270 degrees clockwise; 4-way multiple choice (reward:
     accuracy)."""
-    options = _mc_options([f"{r} degrees" for r in ROTATIONS])
+    options = mc_options([f"{r} degrees" for r in ROTATIONS])
 
     def make(im, rng):
         k = rng.randrange(4)
@@ -137,7 +137,7 @@ def _videos(out_dir, source, n_train, n_eval, seed, make) -> dict[str, str]:
         write_mp4(out / name, frames, fps)
         records.append({"id": f"{record['task']}-{i:05d}", "videos": [name],
                         "duration": len(frames) / fps, **record})
-    return _split(out, records, n_train)
+    return write_split(out, records, n_train)
 
 
 @GENERATORS.register("temporal_jigsaw")
