@@ -33,6 +33,7 @@ Ratio = Literal["token", "sequence"]  # sequence = GSPO
 KL = Literal["k1", "k2", "k3"]
 ISLevel = Literal["token", "sequence", "geometric"]  # geometric: per-token mean of the sequence's
 ISMode = Literal["truncate", "mask"]  # truncate: min(w, cap) | mask: 0 outside [1/cap, cap]
+HistoryMode = Literal["skip", "downweight"]  # filtered prompts: never drawn again | advantages scaled
 ScaleRewards = Literal["group", "batch", "none"]  # as TRL's scale_rewards
 LossType = Literal["ppo", "cispo", "gpg", "clip_cov", "kl_cov"]
 LRSchedule = Literal["constant", "linear", "cosine"]
@@ -65,6 +66,13 @@ class DataConfig:
     # Anchor prompt template (vlm_r1, r1v, video_r1, r1_aqa, time_r1, think, answer; *_nothink)
     # or a custom string with {question}; applied at load time, so rollout, SFT and eval agree.
     prompt_template: Optional[str] = None
+    # Hybrid think / no-think (TON, TempSamp-R1 hybrid CoT): this share of training samples (chosen
+    # by id, stable across epochs) gets nothink_instruction, the rest think_instruction (0 = off).
+    think_hybrid: float = 0.0
+    think_instruction: str = ("Think step by step inside <think> </think> tags, then give the "
+                              "final answer inside <answer> </answer> tags.")
+    nothink_instruction: str = ("Do not think: give only the final answer inside <answer> "
+                                "</answer> tags.")
 
 
 @dataclass
@@ -162,6 +170,18 @@ class AlgoConfig:
     pos_weight: float = 1.0  # scales positive advantages (W-REINFORCE: 0.1; NSR: 0)
     neg_weight: float = 1.0  # scales negative advantages (PSR: 0)
     ref_reset_every: int = 0  # ProRL: reference := current policy every N steps (0 = never)
+    # Methods from the papers (README "Methods from the papers"); every one is off by default.
+    history_epochs: int = 0  # ReST-GRPO/Temporal-R1: filter prompts all-solved/none-solved on their last k visits (0 = off)
+    history_mode: HistoryMode = "skip"  # downweight: advantages * history_weight
+    history_weight: float = 0.1
+    gt_threshold: Optional[float] = None  # TempSamp-R1: group max reward < this -> one row becomes the ground truth (None = off)
+    gt_template: str = "<answer>{solution}</answer>"  # the recipe's answer format for that row
+    gt_tau: float = 1.0  # soft advantage pivot: rewards above it are log-compressed, below exp-stretched
+    gt_alpha_pos: float = 1.0  # compression strength above gt_tau (0 = linear)
+    gt_alpha_neg: float = 1.0  # stretch strength below gt_tau (0 = linear)
+    tgrpo_alpha: float = 0.0  # T-GRPO (Video-R1 0.3): bonus for correct samples when order helps (0 = off)
+    tgrpo_mu: float = 0.8  # order "helps" when ordered accuracy >= mu * shuffled accuracy
+    tgrpo_reward: Optional[str] = None  # reward key giving accuracy (None: the first reward)
 
     @property
     def uses_reference(self) -> bool:
@@ -244,6 +264,7 @@ class LogConfig:
     rollouts_every: int = 10  # write a sample of rollouts every N steps
     rollouts_per_step: int = 8
     progress: Progress = "auto"  # auto: rich bar on a TTY, lines otherwise
+    think_share: bool = False  # log think/{think,empty,none}: share of completions by reasoning kind (TON)
     log_every: int = 10  # lines mode: print a line every N steps
 
 

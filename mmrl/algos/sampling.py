@@ -126,3 +126,63 @@ class GroupAccumulator:
 
     def reset(self) -> None:
         self.items, self.round, self.seen = [], 0, 0
+
+
+# ---------------------------------------------------------------- history-aware filtering ------
+HISTORY_MODES = ("skip", "downweight")
+
+
+class PromptHistory:
+    """Variance-aware prompt selection across epochs (ReST-GRPO, Temporal-R1 style).
+
+    For every prompt key (a sample id) it keeps whether each of its last ``k`` groups was
+    uninformative: every sample got the same reward (all solved, or none: the test dynamic
+    sampling uses, so it holds for any reward mix). A prompt is *filtered* once its last ``k``
+    groups were all uninformative; the trainer then skips it or down-weights its advantages.
+
+    Groups seen during a step are ``observe``d into a pending buffer and only ``commit``ted at the
+    end of the step, so a step's own outcome never decides that step's weights. State (for
+    checkpoints) is plain lists of bools.
+
+    >>> h = PromptHistory(k=2)
+    >>> for _ in range(2):
+    ...     h.observe(["a", "a", "b", "b"], torch.tensor([1., 1., 1., 0.]), torch.tensor([0, 0, 1, 1]))
+    ...     h.commit()
+    >>> h.filtered("a"), h.filtered("b")
+    (True, False)
+    """
+
+    def __init__(self, k: int):
+        if k < 1:
+            raise ValueError(f"history k must be >= 1; got {k}")
+        self.k = int(k)
+        self.flags: dict[str, list[bool]] = {}
+        self.pending: list[tuple[str, bool]] = []
+
+    def observe(self, keys: Sequence[str], scores: Tensor, group_ids: Tensor, eps: float = 1e-6) -> None:
+        """Buffer one flag per group: keys [N] give each row's prompt key (equal within a group)."""
+        if len(keys) != scores.numel():
+            raise ValueError(f"{len(keys)} keys for {scores.numel()} rows")
+        ids, keep = groups_with_signal(scores, group_ids, eps)
+        first = {int(g): i for i, g in reversed(list(enumerate(group_ids.tolist())))}
+        self.pending.extend((str(keys[first[int(g)]]), not bool(k)) for g, k in zip(ids, keep))
+
+    def commit(self) -> None:
+        for key, flat in self.pending:
+            self.flags[key] = (self.flags.get(key, []) + [flat])[-self.k:]
+        self.pending = []
+
+    def filtered(self, key: str) -> bool:
+        h = self.flags.get(str(key), [])
+        return len(h) == self.k and all(h)
+
+    def row_weights(self, keys: Sequence[str], weight: float) -> Tensor:
+        """Float[N]: ``weight`` for rows of filtered prompts, 1.0 elsewhere (mode downweight)."""
+        return torch.tensor([weight if self.filtered(k) else 1.0 for k in keys], dtype=torch.float32)
+
+    def state_dict(self) -> dict:
+        return {"k": self.k, "flags": {k: list(v) for k, v in self.flags.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.flags = {k: [bool(x) for x in v][-self.k:] for k, v in state["flags"].items()}
+        self.pending = []

@@ -114,13 +114,13 @@ def _silence(seconds: float, sr: int) -> np.ndarray:
     return np.zeros(int(round(seconds * sr)), np.float32)
 
 
-def _split(out: Path, records: list[dict], n_train: int) -> dict[str, str]:
+def write_split(out: Path, records: list[dict], n_train: int) -> dict[str, str]:
     write_jsonl(out / "train.jsonl", records[:n_train])
     write_jsonl(out / "eval.jsonl", records[n_train:])
     return {"train": str(out / "train.jsonl"), "eval": str(out / "eval.jsonl")}
 
 
-def _mc_options(choices) -> list[str]:
+def mc_options(choices) -> list[str]:
     return [f"{MC_LETTERS[i]}. {c}" for i, c in enumerate(choices)]
 
 
@@ -138,7 +138,7 @@ def video_qa(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed: in
     rng = random.Random(seed)
     travel = size - square
     question = "Which direction does the square move?"
-    options = _mc_options(DIRECTIONS)
+    options = mc_options(DIRECTIONS)
     records = []
     for i in range(n_train + n_eval):
         d = rng.randrange(4)
@@ -159,7 +159,7 @@ def video_qa(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed: in
             "solution": MC_LETTERS[d], "options": options, "problem_type": "multiple choice",
             "duration": n_frames / fps,
         })
-    return _split(out, records, n_train)
+    return write_split(out, records, n_train)
 
 
 @GENERATORS.register("temporal_grounding")
@@ -189,7 +189,7 @@ def temporal_grounding(out_dir: str | Path, n_train: int = 200, n_eval: int = 40
                       "in seconds.",
             "solution": [round(on / fps, 2), round(off / fps, 2)], "duration": n / fps,
         })
-    return _split(out, records, n_train)
+    return write_split(out, records, n_train)
 
 
 # ------------------------------------------------------------------------------------ audio ----
@@ -220,7 +220,7 @@ def asr(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed: int = 0
             "solution": " ".join(DIGIT_WORDS[d] for d in digits),
             "duration": sum(len(p) for p in parts) / sr,
         })
-    return _split(out, records, n_train)
+    return write_split(out, records, n_train)
 
 
 @GENERATORS.register("audio_qa")
@@ -231,7 +231,7 @@ def audio_qa(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed: in
     out = Path(out_dir)
     (out / "audio").mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    options = _mc_options(["1", "2", "3", "4"])
+    options = mc_options(["1", "2", "3", "4"])
     records = []
     for i in range(n_train + n_eval):
         count = rng.randint(1, 4)
@@ -248,7 +248,7 @@ def audio_qa(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed: in
             "solution": MC_LETTERS[count - 1], "options": options,
             "problem_type": "multiple choice", "duration": sum(len(p) for p in parts) / sr,
         })
-    return _split(out, records, n_train)
+    return write_split(out, records, n_train)
 
 
 # ------------------------------------------------------------------------------------ image ----
@@ -301,7 +301,7 @@ def detection(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed: i
             "solution": boxes[0], "image_size": [size, size],
             "objects": [{"label": f"{c} {s}", "box": b} for (s, c), b in zip(objects, boxes)],
         })
-    return _split(out, records, n_train)
+    return write_split(out, records, n_train)
 
 
 @GENERATORS.register("classification")
@@ -325,7 +325,7 @@ def classification(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, se
                       "with a comma-separated list in <answer></answer>.",
             "solution": ", ".join(sorted(shapes)), "labels": list(SHAPES),
         })
-    return _split(out, records, n_train)
+    return write_split(out, records, n_train)
 
 
 @GENERATORS.register("captioning")
@@ -349,4 +349,4 @@ def captioning(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed: 
             "prompt": "Describe the image in a short phrase in <answer></answer>.",
             "solution": " and ".join(f"a {c} {s}" for s, c in ordered),
         })
-    return _split(out, records, n_train)
+    return write_split(out, records, n_train)

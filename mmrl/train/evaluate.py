@@ -1,6 +1,6 @@
 """Held-out evaluation: greedy generation, the configured rewards, and the metric reward's mean as
-`accuracy`. Also the shuffled-image control (images permuted across samples): a model that
-really reads pixels drops to chance there, one that guesses from text does not."""
+`accuracy`. Also the shuffled-media control (images, videos and audio permuted across samples):
+a model that really reads its inputs drops to chance there, one that guesses from text does not."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,11 +25,14 @@ from rewards import extract_answer
 
 
 def shuffle_media(samples: list[Sample], seed: int) -> list[Sample]:
-    """Give every sample another sample's images (a derangement: nobody keeps its own)."""
+    """Give every sample another sample's media: images, videos and audio, all from one donor (a
+    derangement: nobody keeps its own). Media-derived fields a reward reads stay the sample's own
+    (its `duration`, `image_size`), so only the pixels and sound lose their link to the answer."""
     order = list(range(len(samples)))
     random.Random(seed).shuffle(order)
     donor = {order[i]: order[(i + 1) % len(order)] for i in range(len(order))}
-    return [dataclasses.replace(s, images=samples[donor[i]].images) for i, s in enumerate(samples)]
+    return [dataclasses.replace(s, images=samples[donor[i]].images, videos=samples[donor[i]].videos,
+                                audios=samples[donor[i]].audios) for i, s in enumerate(samples)]
 
 
 def metric_rewards(cfg: RunConfig) -> RewardSet:

@@ -12,7 +12,10 @@ The parts, built in this order by `Trainer.__init__` (setup), each in its own fi
     Checkpointer  train/checkpointer.py  save / restore every part's state, the KL reference
 
 run.py drives a Trainer (warm-up, evaluation, the step loop, summary); nothing outside this page
-reaches into a part's members except through the part itself.
+reaches into a part's members except through the part itself. The methods from the papers
+(train/methods.py) hook in where noted: prompt features and history in the PromptSource, group ids
+in the Scorer, temporal contrast and ground-truth guidance at the end of the rollout stage, the
+guided reshaping and history weights in the advantage stage, their metrics in the metrics stage.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from mmrl import algos
 from mmrl.config import RunConfig, save as save_config
 from mmrl.data.inspect import check_scorable
 from mmrl.models import get_adapter
-from mmrl.train import checkpoint, dist, parallel, setup
+from mmrl.train import checkpoint, dist, methods, parallel, setup
 from mmrl.train.checkpointer import Checkpointer
 from mmrl.train.generation import Rollout
 from mmrl.train.learner import Learner
@@ -77,7 +80,13 @@ class Trainer:
         timer = StageTimer()
         with timer("rollout"):
             batch, scores, per_reward, extra = self.sample_batch()
-        return self.learn(batch, scores, per_reward, extra, timer)
+            scores, tgrpo = methods.temporal_contrast(self.cfg, self.step, self.prompts,
+                                                      self.rollout, self.scorer, batch, scores,
+                                                      per_reward)
+            batch, scores, per_reward, guided, gt = methods.inject_ground_truth(
+                self.cfg.algo, self.learner, self.scorer, batch, scores, per_reward)
+        extra.update({**gt, **tgrpo})
+        return self.learn(batch, scores, per_reward, extra, timer, guided)
 
     def sample_batch(self) -> tuple[RolloutBatch, torch.Tensor, dict[str, list], dict]:
         """Prompts -> rollout -> scores; with dynamic sampling, keep only groups with reward
@@ -87,6 +96,7 @@ class Trainer:
         if not ac.dynamic_sampling:
             batch = self.rollout.generate(self.prompts.next(b), group_offset=base)
             scores, per = self.scorer.score(batch)
+            self.prompts.observe(batch, scores)
             return batch, scores, per, {"sampling/rounds": 1}
         acc = algos.GroupAccumulator(target_groups=b // self.info.world,
                                      max_rounds=ac.max_sampling_rounds)
@@ -95,6 +105,7 @@ class Trainer:
             batch = self.rollout.generate(self.prompts.next(b), group_offset=base + offset)
             offset += b * self.info.world
             scores, per = self.scorer.score(batch)
+            self.prompts.observe(batch, scores)
             ids, keep = algos.groups_with_signal(scores, batch.group_ids)
             acc.add(ids.tolist(), keep)  # raises with advice after max_rounds
             rows = torch.isin(batch.group_ids, ids[keep]).nonzero().flatten().tolist()
@@ -106,8 +117,10 @@ class Trainer:
                 {"sampling/rounds": acc.round})
 
     def learn(self, batch: RolloutBatch, scores: torch.Tensor, per_reward: dict[str, list],
-              extra: dict | None = None, timer: "StageTimer | None" = None) -> dict[str, float]:
-        """Everything after sampling: advantages, old/ref logprobs, update, sync, metrics."""
+              extra: dict | None = None, timer: "StageTimer | None" = None,
+              guided: torch.Tensor | None = None) -> dict[str, float]:
+        """Everything after sampling: advantages, old/ref logprobs, update, sync, metrics.
+        `guided` flags the ground-truth rows (methods.inject_ground_truth)."""
         ac, timer, extra, learner = self.cfg.algo, timer or StageTimer(), extra or {}, self.learner
         sb = ScoredBatch(rollout=batch, scores=scores, per_reward=per_reward, advantages=scores)
         with timer("logprob"):
@@ -116,8 +129,10 @@ class Trainer:
         with timer("advantage"):
             rewards = (self.scorer.kl_in_reward(sb, self.state_extra, extra)
                        if ac.kl_reward_coef > 0 else scores)
+            rewards = methods.guided_scores(ac, guided, rewards, batch.group_ids)
             sb.advantages = self.scorer.advantages(rewards, batch.group_ids,
                                                    batch.completion_mask.sum(1))
+            sb.advantages = self.prompts.weight_advantages(sb.advantages, batch)
         with timer("update"):
             metrics = learner.update(sb, self.step)
         if ac.ref_reset_every and (self.step + 1) % ac.ref_reset_every == 0:
@@ -130,6 +145,9 @@ class Trainer:
     def _metrics(self, sb: ScoredBatch, metrics: dict, extra: dict, timer: "StageTimer") -> dict:
         batch = sb.rollout
         metrics.update(extra)
+        metrics.update(self.prompts.end_step())  # prompt history: commit, kept fraction
+        metrics.update(methods.label_free_metrics(self.cfg, batch))
+        metrics.update(methods.think_metrics(self.cfg, batch))
         metrics.update(rollout_metrics(sb, self.scorer.keys))
         metrics.update(self.scorer.rewards.step_metrics(self.log.warn))
         metrics.update(timer.metrics())

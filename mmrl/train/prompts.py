@@ -1,8 +1,10 @@
 """The prompt source: which training samples a step sees, decoded and processed once.
 
 It owns the sampler (a resumable epoch-wise order), the media loader (decode budgets, disk
-cache, counted truncations), a bounded cache of processed prompts, and the bad-sample policy.
-Its state (sampler position, skip count) is part of every checkpoint.
+cache, counted truncations), a bounded cache of processed prompts, and the bad-sample policy;
+with the methods on (mmrl/train/methods.py), the think / no-think instruction of each prompt and
+the prompt history that skips or down-weights prompts without signal. Its state (sampler position,
+skip count, prompt history) is part of every checkpoint.
 """
 from __future__ import annotations
 
@@ -11,8 +13,11 @@ from typing import Sequence
 
 from mmrl.config import RunConfig
 from mmrl.data.media import MediaError, processor_errors
+import torch
+
 from mmrl.train import dist, setup
-from mmrl.types import PromptFeatures, Sample
+from mmrl.train.methods import HistoryFilter, hybrid_sample
+from mmrl.types import PromptFeatures, RolloutBatch, Sample
 
 
 class PromptSource:
@@ -24,6 +29,8 @@ class PromptSource:
         self.load_media = setup.media_loader(cfg, self.media_stats)
         self.sampler = setup.PromptSampler(len(dataset), cfg.train.seed, cfg.data.shuffle,
                                            blocks=getattr(dataset, "blocks", None))
+        self.data_cfg, self.seed = cfg.data, cfg.train.seed
+        self.history = HistoryFilter.make(cfg.algo, len(dataset))
         self.skipped = 0
         self._features: OrderedDict[int, PromptFeatures] = OrderedDict()
 
@@ -32,6 +39,7 @@ class PromptSource:
         if key is not None and key in self._features:
             self._features.move_to_end(key)
             return self._features[key]
+        sample = hybrid_sample(self.data_cfg, self.seed, sample)  # think / no-think (off: as is)
         media = self.load_media(sample)
         with processor_errors(sample):  # e.g. aspect ratio: a media error naming the record
             feats = self.adapter.prompt_features(self.processor, sample, **media)
@@ -50,6 +58,8 @@ class PromptSource:
         want, out = len(todo), []
         while len(out) < want:
             idx = todo.pop(0) if todo else self.sampler.next()
+            if self.history is not None and self.history.skips(self.dataset[idx]):
+                continue
             try:
                 out.append(self.features(self.dataset[idx], idx))
             except MediaError as e:
@@ -80,13 +90,33 @@ class PromptSource:
         """Group ids unique across ranks: rank r's groups start at r * (its share of n)."""
         return dist.local_slice(n, self.info).start
 
+    # ------------------------------------------------ prompt history (algo.history_epochs) ---
+    def observe(self, batch: RolloutBatch, scores: torch.Tensor) -> None:
+        """Record each scored group's outcome (solved by all / none) for its prompt."""
+        if self.history is not None:
+            self.history.observe(batch, scores)
+
+    def weight_advantages(self, adv: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
+        return adv if self.history is None else self.history.advantages(adv, batch)
+
+    def end_step(self) -> dict[str, float]:
+        """Commit the step's observations -> history metrics (none when off)."""
+        return {} if self.history is None else self.history.end_step()
+
     def metrics(self) -> dict[str, float]:
         return {"data/skipped": self.skipped,
                 **{f"data/{k}": v for k, v in self.media_stats.items()}}
 
     def state_dict(self) -> dict:
-        return {"sampler": self.sampler.state_dict(), "skipped": self.skipped}
+        state = {"sampler": self.sampler.state_dict(), "skipped": self.skipped}
+        if self.history is not None:
+            state["prompt_history"] = self.history.history.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.sampler.load_state_dict(state["sampler"])
         self.skipped = state["skipped"]
+        # Before the split the history was in the trainer's extra state.
+        saved = state.get("prompt_history", state.get("extra", {}).get("prompt_history"))
+        if self.history is not None and saved is not None:
+            self.history.history.load_state_dict(saved)

@@ -1,6 +1,6 @@
 """Bind the configured rewards and score completions, routing each sample to its task's rewards.
 
-A reward sees per-sample lists of every field of the samples it scores (plus `task`,
+A reward sees per-sample lists of every field of the samples it scores (plus `task`, `group_id`,
 `completion_length`, `max_completion_length`); samples whose task is not in a reward's `tasks`
 get None from it. The weighted total treats None as 0, so a sample is scored only by the rewards
 that apply to it.
@@ -141,7 +141,7 @@ class Scorer:
     def score(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, list]]:
         """-> (weighted totals [N], {reward key: [N] scores, None = not applicable})."""
         lengths = batch.completion_mask.sum(1).tolist()
-        extra = {"completion_length": lengths,
+        extra = {"completion_length": lengths, "group_id": batch.group_ids.tolist(),
                  "max_completion_length": [self.max_new_tokens] * batch.n}
         totals, per = self.rewards.score([p.sample for p in batch.prompts], batch.texts, extra)
         return torch.tensor(totals, dtype=torch.float32), per

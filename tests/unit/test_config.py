@@ -8,7 +8,7 @@ from mmrl import algos, cli, config_rules
 from mmrl.validate import validate
 
 RECIPE_DIR = Path(__file__).parents[2] / "recipes"
-RECIPES = sorted(p for p in RECIPE_DIR.rglob("*.yaml") if p.name != "tiny.yaml")
+RECIPES = sorted(p for p in RECIPE_DIR.rglob("*.yaml") if p.name not in ("tiny.yaml", "learn.yaml"))
 TINY = sorted(RECIPE_DIR.rglob("tiny.yaml"))
 
 
@@ -189,6 +189,7 @@ def test_option_types_match_what_the_code_implements():
     assert config.choices(config.KL) == algos.KL_KINDS
     assert config.choices(config.ISLevel) == algos.IS_LEVELS
     assert config.choices(config.ISMode) == algos.IS_MODES
+    assert config.choices(config.HistoryMode) == algos.HISTORY_MODES
     assert config.choices(config.ScaleRewards) == algos.SCALE_MODES
     assert config.choices(config.LossType) == algos.LOSS_TYPES
     assert set(config.choices(config.Preset)) == set(config.PRESETS)

@@ -1,0 +1,107 @@
+"""Learning-table tasks written in the anchor projects' own record formats.
+
+`anchor_<recipe>` draws the bundled synthetic task (media whose content alone decides the answer:
+counts, boxes, motion direction, when a square is visible, tone digits, beep counts) and writes
+its records as the recipe's anchor writes them, to `anchor_train.jsonl` / `anchor_eval.jsonl`;
+the learning table then runs `mmrl data convert --from FORMAT` on them, so the adapters are part
+of what is measured. Returns {"train", "eval", "format"}.
+
+    counting            r1v        {"problem", "solution": "<answer> 3 </answer>", "image"}
+    vqa, classification easyr1     {"problem", "answer", "images"}
+    detection           vlm_r1     {"image", "conversations": [human "<image>Q", gpt "[x1,..]"]}
+    video_qa            video_r1   {"problem_type": "multiple choice", "options", "path", ...}
+    temporal_grounding  time_r1    {"video", "duration", "timestamp", "sentence"}
+    audio_qa            r1_aqa     {"audio_path", "question_text", "multi_choice", "answer": index}
+    asr, captioning     easyr1     {"problem", "answer", "audios" | "images"}
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Callable
+
+from mmrl.data.schema import write_jsonl as _write_jsonl
+from mmrl.data.synthetic import GENERATORS
+
+_ANSWER_HINT = re.compile(r"\s*Answer with .*$", re.S)
+
+
+def _question(record: dict) -> str:
+    """The native prompt without its trailing answer-format sentence (the adapters add theirs)."""
+    return _ANSWER_HINT.sub("", record["prompt"]).strip()
+
+
+def _counting(r: dict) -> dict:
+    return {"id": r["id"], "image": r["images"][0],
+            "problem": r["prompt"], "solution": f"<answer> {r['solution']} </answer>"}
+
+
+def _easyr1(r: dict) -> dict:
+    media = {k: r[k] for k in ("images", "videos", "audios") if r.get(k)}
+    return {"id": r["id"], "problem": r["prompt"], "answer": r["solution"], **media}
+
+
+def _detection(r: dict) -> dict:
+    # VLM-R1's REC files carry no image size: the adapter must find it (issue #11).
+    return {"id": r["id"], "image": r["images"][0],
+            "conversations": [{"from": "human", "value": "<image>" + r["prompt"]},
+                              {"from": "gpt", "value": json.dumps(r["solution"])}]}
+
+
+def _video_r1(r: dict) -> dict:
+    return {"problem_id": r["id"], "problem": _question(r), "data_type": "video",
+            "problem_type": "multiple choice", "options": r["options"], "path": r["videos"][0],
+            "solution": f"<answer>{r['solution']}</answer>"}
+
+
+def _time_r1(r: dict) -> dict:
+    return {"qid": r["id"], "video": r["videos"][0], "duration": r["duration"],
+            "timestamp": r["solution"], "sentence": "the red square is visible"}
+
+
+def _r1_aqa(r: dict) -> dict:
+    choices = [o.split(". ", 1)[1] for o in r["options"]]
+    return {"id": r["id"], "audio_path": r["audios"][0], "question_text": _question(r).split("\n")[0],
+            "multi_choice": choices, "answer": "ABCD".index(r["solution"]),
+            "dataset_name": "synthetic"}
+
+
+# recipe -> (bundled generator, generator kwargs, anchor format, record writer)
+ANCHORS: dict[str, tuple[str, dict, str, Callable[[dict], dict]]] = {
+    "counting": ("counting", {}, "r1v", _counting),
+    "vqa": ("counting", {"choices": True}, "easyr1", _easyr1),
+    "classification": ("classification", {}, "easyr1", _easyr1),
+    "detection": ("detection", {}, "vlm_r1", _detection),
+    "video_qa": ("video_qa", {}, "video_r1", _video_r1),
+    "temporal_grounding": ("temporal_grounding", {"fps": 2, "size": 56, "square": 20,
+                                                  "min_seconds": 4, "max_seconds": 6},
+                           "time_r1", _time_r1),
+    "audio_qa": ("audio_qa", {}, "r1_aqa", _r1_aqa),
+    "asr": ("asr", {"min_digits": 2, "max_digits": 3}, "easyr1", _easyr1),
+    "captioning": ("captioning", {}, "easyr1", _easyr1),
+}
+
+
+def _make(recipe: str) -> Callable[..., dict]:
+    base, fixed, fmt, write = ANCHORS[recipe]
+
+    def generate(out_dir: str | Path, **kwargs) -> dict[str, str]:
+        out = Path(out_dir)
+        paths = GENERATORS.get(base)(out, **{**fixed, **kwargs})
+        result = {"format": fmt}
+        for split in ("train", "eval"):
+            native = Path(paths[split])
+            records = [json.loads(line) for line in native.read_text().splitlines()]
+            native.unlink()  # only the anchor's file remains: the run must convert it
+            target = out / f"anchor_{split}.jsonl"
+            _write_jsonl(target, [write(r) for r in records])
+            result[split] = str(target)
+        return result
+
+    generate.__doc__ = f"`{base}` task written as {fmt} records (anchor of recipe {recipe})."
+    return generate
+
+
+for _recipe in ANCHORS:
+    GENERATORS.add(f"anchor_{_recipe}", _make(_recipe))

@@ -1,0 +1,231 @@
+"""Trainer glue for the methods from the papers (README "Methods from the papers").
+
+Each function is called from one line of a stage of the loop (or of the part it belongs to),
+with the parts it needs; the decisions themselves are pure functions in mmrl/algos and rewards/.
+Every method is off unless its config key is set:
+
+    PromptSource.features  hybrid_sample            data.think_hybrid
+    PromptSource           HistoryFilter            algo.history_epochs (draw, observe, weight)
+    Scorer.score           group ids for majority_vote rewards
+    rollout stage          temporal_contrast, then inject_ground_truth   (after scoring)
+    advantage stage        guided_scores, then PromptSource.weight_advantages
+    metrics stage          label_free_metrics, think_metrics, PromptSource.end_step
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+import zlib
+
+import torch
+
+from mmrl import algos
+from mmrl.data.pretext import shuffle_frames
+from mmrl.types import RolloutBatch, Sample
+from rewards.label_free import majority_error
+from rewards.thinking import think_shares
+
+
+# ------------------------------------------------------------- label-free rewards (TTRL) -------
+def label_free_metrics(cfg, batch: RolloutBatch) -> dict[str, float]:
+    """How often the group's majority answer is wrong where the sample has a label (the
+    pseudo-label's error rate); only when a majority_vote reward is configured."""
+    if not any(s.name == "majority_vote" for s in cfg.rewards):
+        return {}
+    known, wrong = majority_error(batch.texts, [p.sample.solution for p in batch.prompts],
+                                  batch.group_ids.tolist())
+    return {"label_free/labelled_groups": known,
+            "label_free/majority_wrong": wrong / known if known else float("nan")}
+
+
+# ------------------------------------------------------------- think / no-think (TON) ----------
+def asks_nothink(sample_id: str, share: float, seed: int) -> bool:
+    """Stable per-sample choice: True for about `share` of ids (crc32 of seed and id)."""
+    return zlib.crc32(f"{seed}:{sample_id}".encode()) / 2**32 < share
+
+
+def hybrid_sample(d, seed: int, sample: Sample) -> Sample:
+    """data.think_hybrid > 0: append the think or no-think instruction to the sample's last user
+    text and record what was asked in its `think_mode` field (for the think_format reward and the
+    think shares). Training prompts only; evaluation keeps the dataset's prompts."""
+    if d.think_hybrid <= 0:
+        return sample
+    mode = "no_think" if asks_nothink(sample.id, d.think_hybrid, seed) else "think"
+    text = d.nothink_instruction if mode == "no_think" else d.think_instruction
+    messages = [dict(m) for m in sample.messages]
+    user = next((m for m in reversed(messages) if m.get("role") == "user"), None)
+    if user is None:
+        raise ValueError(f"{sample.source}: data.think_hybrid needs a user message")
+    content = user["content"]
+    if isinstance(content, str):
+        user["content"] = f"{content}\n{text}"
+    else:
+        user["content"] = [*content, {"type": "text", "text": f"\n{text}"}]
+    return dataclasses.replace(sample, messages=messages,
+                               fields={**sample.fields, "think_mode": mode})
+
+
+def think_metrics(cfg, batch: RolloutBatch) -> dict[str, float]:
+    """Shares of completions with a non-empty think block, an empty one, none (log.think_share
+    or data.think_hybrid); with the hybrid, also the think share among each asked mode."""
+    if not (cfg.log.think_share or cfg.data.think_hybrid > 0):
+        return {}
+    out = {f"think/{k}": v for k, v in think_shares(batch.texts).items()}
+    asked = [p.sample.fields.get("think_mode") for p in batch.prompts]
+    for mode in ("think", "no_think"):
+        texts = [t for t, a in zip(batch.texts, asked) if a == mode]
+        if texts:
+            out[f"think/asked_{mode}_frac"] = len(texts) / batch.n
+            out[f"think/think_when_asked_{mode}"] = think_shares(texts)["think"]
+    return out
+
+
+# ------------------------------------------------------------- history-aware filtering ---------
+class HistoryFilter:
+    """algo.history_epochs > 0: the PromptSource's record of which prompts were solved by all or
+    none of their samples on their last k visits; such prompts are skipped when drawn (mode skip)
+    or their advantages scaled by history_weight (mode downweight)."""
+
+    def __init__(self, ac, dataset_size: int):
+        self.history = algos.PromptHistory(ac.history_epochs)
+        self.mode, self.weight, self.dataset_size = ac.history_mode, ac.history_weight, dataset_size
+        self.stats: dict[str, int] = {}
+
+    @classmethod
+    def make(cls, ac, dataset_size: int) -> "HistoryFilter | None":
+        return cls(ac, dataset_size) if ac.history_epochs > 0 else None
+
+    def skips(self, sample: Sample) -> bool:
+        """Mode skip: True when this prompt is filtered (counted; the caller draws another)."""
+        h, stats = self.history, self.stats
+        stats["drawn"] = stats.get("drawn", 0) + 1
+        if self.mode != "skip" or not h.filtered(sample.id):
+            return False
+        stats["skipped"] = stats.get("skipped", 0) + 1
+        if stats["skipped"] > self.dataset_size:  # a whole pass within one step was filtered
+            raise RuntimeError(f"algo.history_epochs={h.k}: every training prompt was solved by "
+                               f"all or none of its samples on its last {h.k} visits; nothing is "
+                               f"left to train on (use history_mode=downweight or a harder/easier "
+                               f"dataset)")
+        return True
+
+    def observe(self, batch: RolloutBatch, scores: torch.Tensor) -> None:
+        self.history.observe([p.sample.id for p in batch.prompts], scores, batch.group_ids)
+
+    def advantages(self, adv: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
+        """Mode downweight: advantages of filtered prompts' rows times history_weight."""
+        if self.mode != "downweight":
+            return adv
+        w = self.history.row_weights([p.sample.id for p in batch.prompts], self.weight)
+        return adv * w.to(adv.dtype)
+
+    def end_step(self) -> dict[str, float]:
+        """Commit this step's groups; -> kept fraction of drawn prompts and filtered prompt count."""
+        h = self.history
+        h.commit()
+        s, self.stats = self.stats, {}
+        drawn = s.get("drawn", 0)
+        return {"history/kept_frac": 1.0 - s.get("skipped", 0) / drawn if drawn else 1.0,
+                "history/filtered": float(sum(map(h.filtered, h.flags)))}
+
+
+# ------------------------------------------------------------- ground-truth guidance -----------
+def inject_ground_truth(ac, learner, scorer, batch: RolloutBatch, scores: torch.Tensor,
+                        per: dict):
+    """TempSamp-R1: in every group whose best reward < gt_threshold the last rollout becomes the
+    ground truth in the recipe's answer format (plus EOS), rescored by the configured rewards;
+    its sampler logprobs are the current policy's. -> (batch, scores, per, guided Bool[N],
+    metrics). Samples without a solution are never guided."""
+    guided = torch.zeros(batch.n, dtype=torch.bool)
+    if ac.gt_threshold is None:
+        return batch, scores, per, guided, {}
+    rows = [r for r in algos.guidance_rows(scores, batch.group_ids, ac.gt_threshold)
+            .nonzero().flatten().tolist() if batch.prompts[r].sample.solution is not None]
+    n_groups = int(batch.group_ids.unique().numel())
+    metrics = {"gt_guidance/fired_frac": len(rows) / max(n_groups, 1)}
+    if not rows:
+        return batch, scores, per, guided, metrics
+    tok, pad_id = learner.processor.tokenizer, learner.pad_id
+    targets = [tok(ac.gt_template.format(solution=batch.prompts[r].sample.solution),
+                   add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for r in rows]
+    width = max(batch.completion_ids.shape[1], max(map(len, targets)))
+    ids, mask = _widen(batch.completion_ids, width, pad_id), _widen(batch.completion_mask, width, 0)
+    slogp = None if batch.sampler_logp is None else _widen(batch.sampler_logp, width, 0.0)
+    texts, truncated = list(batch.texts), batch.truncated.clone()
+    for r, t in zip(rows, targets):
+        ids[r], mask[r] = pad_id, 0
+        ids[r, :len(t)], mask[r, :len(t)] = torch.tensor(t), 1
+        texts[r], truncated[r] = tok.decode(t, skip_special_tokens=True), False
+    out = RolloutBatch(prompts=batch.prompts, completion_ids=ids, completion_mask=mask,
+                       group_ids=batch.group_ids, sampler_logp=slogp, texts=texts,
+                       truncated=truncated)
+    if slogp is not None:  # off-policy row: "sampled" by the current policy, so ratio 1 at start
+        slogp[rows] = learner.logprobs(learner.train_model, out.select(rows))
+    new_scores, new_per = scorer.score(out.select(rows))
+    scores = scores.clone()
+    scores[rows] = new_scores
+    per = {k: list(v) for k, v in per.items()}
+    for k, v in new_per.items():
+        for r, x in zip(rows, v):
+            per[k][r] = x
+    guided[rows] = True
+    return out, scores, per, guided, metrics
+
+
+def guided_scores(ac, guided: torch.Tensor | None, scores: torch.Tensor,
+                  group_ids: torch.Tensor) -> torch.Tensor:
+    """The soft (asymmetric) reshaping of the guided groups' rewards, before advantages."""
+    if guided is None or not bool(guided.any()):
+        return scores
+    if guided.numel() != scores.numel():
+        raise RuntimeError(f"{guided.numel()} guided flags for {scores.numel()} rows")
+    return algos.soft_guided_scores(scores, group_ids, guided, ac.gt_tau, ac.gt_alpha_pos,
+                                    ac.gt_alpha_neg)
+
+
+def _widen(x: torch.Tensor, width: int, value) -> torch.Tensor:
+    if x.shape[1] >= width:
+        return x.clone()
+    pad = torch.full((x.shape[0], width - x.shape[1]), value, dtype=x.dtype)
+    return torch.cat([x, pad], dim=1)
+
+
+# ------------------------------------------------------------- temporal contrast (T-GRPO) ------
+def temporal_contrast(cfg, step: int, prompts, rollout, scorer, batch: RolloutBatch,
+                      scores: torch.Tensor, per: dict):
+    """Video-R1's T-GRPO: re-sample every video prompt with shuffled frames (a second G
+    rollouts per video prompt: the extra cost), score both, add the bonus to the ordered rows'
+    total reward. -> (scores, metrics). Shuffled rollouts are scored, never trained on."""
+    ac = cfg.algo
+    if ac.tgrpo_alpha <= 0:
+        return scores, {}
+    key = ac.tgrpo_reward or scorer.keys[0]
+    if key not in scorer.keys:
+        raise KeyError(f"algo.tgrpo_reward={key!r} is not a configured reward key "
+                       f"({scorer.keys})")
+    first: dict[int, int] = {}
+    for i, g in enumerate(batch.group_ids.tolist()):
+        if batch.prompts[i].sample.videos and g not in first:
+            first[g] = i
+    if not first:
+        return scores, {"tgrpo/extra_rollout_frac": 0.0}
+    t0 = time.perf_counter()
+    seed = cfg.train.seed * 100_003 + step
+    shuffled = []
+    for g, i in first.items():
+        p = batch.prompts[i]
+        media = {**p.media, "videos": [shuffle_frames(v, seed + g) for v in p.media["videos"]]}
+        feats = prompts.adapter.prompt_features(prompts.processor, p.sample, **media)
+        feats.media = media
+        shuffled.append(feats)
+    sb = rollout.generate(shuffled)
+    s_gids = torch.tensor(list(first)).repeat_interleave(cfg.rollout.num_generations)
+    _, s_per = scorer.score(sb)
+    acc = torch.tensor([v or 0.0 for v in per[key]])
+    s_acc = torch.tensor([v or 0.0 for v in s_per[key]])
+    bonus = algos.temporal_bonus(acc, batch.group_ids, s_acc, s_gids, ac.tgrpo_alpha, ac.tgrpo_mu)
+    return scores + bonus.to(scores.dtype), {
+        "tgrpo/extra_rollout_frac": sb.n / batch.n,  # shuffled rows per trained row
+        "tgrpo/win_frac": algos.contrast_win_frac(acc, batch.group_ids, s_acc, s_gids, ac.tgrpo_mu),
+        "tgrpo/bonus_rows": float((bonus > 0).sum()), "tgrpo/shuffled_acc": float(s_acc.mean()),
+        "time/tgrpo_rollout": time.perf_counter() - t0}

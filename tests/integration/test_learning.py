@@ -1,0 +1,40 @@
+"""The learning table's bar, one recipe per modality at seed 0, as `scripts/learning_table.sh`
+runs it: the task written in the anchor's format, converted by `mmrl data convert`, SFT warm-up
+then GRPO; the held-out metric rises >= 0.15 and the shuffled-media control ends within 0.05 of
+chance or no better than before RL. Wall time (at most 6 min a row on 2 idle cores) is reported
+in docs/learning.md rather than asserted: it depends on how busy the machine is.
+
+Rows run only once docs/learning.md shows them meeting the bar (MEASURED below)."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import learning_table  # noqa: E402
+
+# row -> None (measured to meet the bar) or why it does not run yet.
+MEASURED = {
+    # First run: SFT val mIoU stayed 0 for 45+ steps (27-token float boxes); not yet measured.
+    "detection": "not yet measured to meet the bar (docs/learning.md)",
+    "temporal_grounding": "not yet run (docs/learning.md)",
+    "asr": "not yet run (docs/learning.md)",
+}
+
+
+@pytest.mark.parametrize("row", sorted(MEASURED))
+def test_recipe_learns_from_its_media(row, tmp_path):
+    if MEASURED[row]:
+        pytest.skip(MEASURED[row])
+    r = learning_table.run_row(row, 0, tmp_path / "data", tmp_path / "runs")
+    assert all(isinstance(r[k], float) and math.isfinite(r[k])
+               for k in ("before", "after", "shuffled")), r
+    assert r["after"] - r["before"] >= learning_table.BAR_GAIN, r
+    near_chance = r["chance"] is not None and r["metric"] in ("count", "accuracy") and \
+        abs(r["shuffled"] - r["chance"]) <= learning_table.BAR_CHANCE
+    assert near_chance or r["shuffled"] <= r["before"], r

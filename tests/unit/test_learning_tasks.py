@@ -1,0 +1,105 @@
+"""The learning table's pieces that need no training: anchor-format task files convert back to
+the native task (solutions and media), the shuffled-media control moves
+videos and audio too, and the bar's verdict."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mmrl.data import anchor_tasks
+from mmrl.data.formats import convert
+from mmrl.data.synthetic import GENERATORS
+from mmrl.train.evaluate import shuffle_media
+from mmrl.types import Sample
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import learning_table  # noqa: E402
+
+
+@pytest.mark.parametrize("recipe", sorted(anchor_tasks.ANCHORS))
+def test_anchor_records_convert_back_to_the_native_task(recipe, tmp_path):
+    base, fixed, fmt, _ = anchor_tasks.ANCHORS[recipe]
+    native = GENERATORS.get(base)(tmp_path / "native", n_train=3, n_eval=2, **fixed)
+    want = [json.loads(line) for line in Path(native["train"]).read_text().splitlines()]
+    made = GENERATORS.get(f"anchor_{recipe}")(tmp_path / "anchor", n_train=3, n_eval=2)
+    assert made["format"] == fmt
+    assert not (tmp_path / "anchor" / "train.jsonl").exists()  # only the anchor's file is left
+    out = tmp_path / "conv.jsonl"
+    convert(fmt, made["train"], out)  # what `mmrl data convert --from FMT` runs
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g["solution"] == w["solution"]  # boxes and segments come back as floats: equal
+        for kind in ("images", "videos", "audios"):
+            assert [Path(p).name for p in g.get(kind, [])] == \
+                   [Path(p).name for p in w.get(kind, [])]
+
+
+def test_shuffle_media_moves_images_videos_and_audio_from_one_donor():
+    samples = [Sample(id=str(i), messages=[], images=[f"i{i}"], videos=[f"v{i}"],
+                      audios=[f"a{i}"], fields={"duration": i}) for i in range(5)]
+    out = shuffle_media(samples, seed=0)
+    for s, o in zip(samples, out):
+        donor = o.images[0][1:]
+        assert donor != s.id  # a derangement
+        assert o.videos == [f"v{donor}"] and o.audios == [f"a{donor}"]
+        assert o.fields == s.fields and o.id == s.id
+    assert sorted(o.images[0] for o in out) == sorted(s.images[0] for s in samples)
+
+
+def _row(metric="count", before=0.5, after=0.7, shuffled=0.26, chance=0.25, wall_s=100.0):
+    return dict(metric=metric, before=before, after=after, shuffled=shuffled, chance=chance,
+                wall_s=wall_s)
+
+
+def test_bar_verdict():
+    assert learning_table.verdict(_row())
+    assert not learning_table.verdict(_row(after=0.64))  # gain 0.14
+    assert not learning_table.verdict(_row(shuffled=0.6))  # control far above chance and before
+    assert learning_table.verdict(_row(shuffled=0.45, chance=0.1))  # below before RL
+    assert not learning_table.verdict(_row(wall_s=400))
+    # WER: the reward is 1 - WER; a WER falling 0.6 -> 0.4 is a reward gain of 0.2
+    assert learning_table.verdict(_row(metric="wer", before=0.4, after=0.6, shuffled=0.3,
+                                       chance=None))
+    assert not learning_table.verdict(_row(before=float("nan")))
+
+
+def test_learning_table_sh_names_unknown_rows():
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "learning_table.sh"), "--rows", "bogus"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "unknown rows ['bogus']" in proc.stderr
+
+
+def test_learning_table_py_renders_table_and_plot_from_results(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    row = dict(row="asr", recipe="asr", seed=1, sft_steps=40, rl_steps=150, load=2.0,
+               curve=[[0, 0.4], [50, 0.5], [150, 0.6]], **_row(metric="wer", before=0.4,
+                                                               after=0.6, shuffled=0.3, chance=None))
+    (runs / "results.json").write_text(json.dumps([row]))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "learning_table.py"),
+                           "--render-only", "--runs", str(runs), "--out", str(tmp_path / "docs")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    md = (tmp_path / "docs" / "learning.md").read_text()
+    # WER is shown as 1 - reward: 0.60 -> 0.40
+    assert "| asr | asr | WER | 1 | 0.60 | 0.40 | 0.70 | – | 40/150 | 100 s | 2.00 | meets |" in md
+    assert (tmp_path / "docs" / "learning.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("recipe", sorted(p.parent.name for p in (ROOT / "recipes").rglob("learn.yaml")))
+def test_every_learn_layer_validates_on_the_converted_task(recipe):
+    """config.yaml + learn.yaml + the table's data overrides resolve, on a tiny model."""
+    from mmrl import config
+
+    cfg = config.load(ROOT / "recipes" / recipe / "config.yaml",
+                      [str(ROOT / "recipes" / recipe / "learn.yaml"), "data.train=t.jsonl",
+                       "data.eval=e.jsonl"])
+    assert cfg.model.path == "tiny" and cfg.data.format == "mmrl" and cfg.eval.shuffled_images
+    assert cfg.eval.metric_reward in {r.name for r in cfg.rewards}
+    assert recipe in learning_table.ROWS
