@@ -194,3 +194,16 @@ def test_think_hybrid_asks_both_modes_and_logs_their_shares(tiny_yaml, tmp_path)
     for mode in set(asked):
         assert metrics[f"think/asked_{mode}_frac"] == asked.count(mode) / b.n
     t.log.close()
+
+
+def test_history_is_saved_and_restored_with_the_prompt_source(tiny_yaml, tmp_path):
+    over = ["algo.history_epochs=1", "algo.history_mode=skip", "train.save_every=1"]
+    t = _trainer(tiny_yaml, tmp_path, *over)
+    t.train_step()
+    t.save()
+    flags = dict(t.prompts.history.history.flags)
+    assert flags, "the step observed its prompts"
+    t.close()
+    r = _trainer(tiny_yaml, tmp_path, *over, "train.resume=auto")
+    assert r.step == 1 and r.prompts.history.history.flags == flags
+    r.close()
