@@ -99,10 +99,10 @@ def fit_pixels(w: int, h: int, min_pixels: int, max_pixels: int,
         raise ValueError(f"fit_pixels: min_pixels {min_pixels} > max_pixels {max_pixels}")
     if max(w, h) / min(w, h) > 200:
         raise ValueError(f"fit_pixels: aspect ratio of {w}x{h} is over 200 (Qwen-VL rejects it)")
-    # The rule itself is transformers' smart_resize, kept once in `rewards` (which needs it to
-    # map boxes into the model's input frame); here only the one-factor floor is added.
+    # The rule is qwen-vl-utils' smart_resize, reached through `rewards.boxes.smart_resize` (which
+    # maps boxes into the model's input frame with it): one rule for images, frames and boxes.
     hb, wb = smart_resize(h, w, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
-    return max(factor, wb), max(factor, hb)
+    return wb, hb
 
 
 def add_resized_sizes(samples: list[Sample], min_pixels: int | None,
