@@ -169,43 +169,51 @@ class _PlanError(MediaError):
     """The requested segment does not fit the video: no other backend can do better."""
 
 
-def _even(x: float) -> int:
-    """Nearest even count >= 2, halves rounded up (5 -> 6; Python's round would give 4)."""
-    return max(TEMPORAL_PATCH, int(math.floor(x / TEMPORAL_PATCH + 0.5)) * TEMPORAL_PATCH)
-
-
 def plan_frames(n_frames: int, native_fps: float, *, fps: float | None = None,
                 nframes: int | None = None, start: float | None = None, end: float | None = None,
                 max_frames: int = 64) -> tuple[list[int], float]:
-    """(frame indices, sampling fps) for a video of `n_frames` at `native_fps`.
+    """(frame indices, sampling fps) for a video of `n_frames` at `native_fps`: qwen-vl-utils'
+    rule (its decord reader), so frames are the ones the anchors and users' eval scripts pick.
 
-    Frames are taken at the centres of T equal slices of [start, end), so they are evenly spaced
-    by (end - start) / T seconds and the sampling rate is exactly T / (end - start). T is `nframes`
-    or (end - start) * fps, rounded to an even number >= 2, and capped by `max_frames` and by the
-    frames the segment holds (a 1-frame segment gives 2 copies of it).
+    The window [start, end] (seconds) becomes frames ceil(start * fps_native) .. floor(end *
+    fps_native) (`calculate_video_frame_range`); T = `smart_nframes` (fps mode: floor-even of
+    window * fps within [2, max_frames]; nframes mode: round-even nframes, here first clamped to
+    [2, max_frames] and the window's frames); frames are `linspace(first, last, T)` rounded;
+    the sampling fps is T / window frames * native fps. Own code only where the library raises:
+    a window holding a single frame gives 2 copies of it (T must be even, >= 2).
 
     >>> plan_frames(16, 4.0, fps=2.0)
-    ([1, 3, 5, 7, 9, 11, 13, 15], 2.0)
+    ([0, 2, 4, 6, 9, 11, 13, 15], 2.0)
     >>> plan_frames(16, 4.0, nframes=4, start=1.0)
-    ([5, 8, 11, 14], 1.3333333333333333)
+    ([4, 8, 11, 15], 1.3333333333333333)
     """
+    import torch
+    from qwen_vl_utils.vision_process import calculate_video_frame_range, smart_nframes
+
     if n_frames <= 0 or not native_fps or native_fps <= 0:
         raise _PlanError(f"no decodable frames (frames={n_frames}, fps={native_fps})")
     duration = n_frames / native_fps
     s = 0.0 if start is None else float(start)
-    e = duration if end is None else min(float(end), duration)
-    if s < 0 or s >= duration or e <= s:
+    if s < 0 or s >= duration or (end is not None and float(end) <= s):
         raise _PlanError(f"segment start={start}, end={end} (seconds) does not fit the video "
                          f"(duration {duration:.3f} s)")
-    seg = e - s
-    available = max(1, int(round(seg * native_fps)))
-    want = nframes if nframes is not None else seg * (fps if fps is not None else DEFAULT_FPS)
-    t = min(_even(want), max(TEMPORAL_PATCH, max_frames // TEMPORAL_PATCH * TEMPORAL_PATCH),
-            max(TEMPORAL_PATCH, available // TEMPORAL_PATCH * TEMPORAL_PATCH))
-    step = seg / t
-    idx = [min(n_frames - 1, int(math.floor((s + (i + 0.5) * step) * native_fps + 1e-6)))
-           for i in range(t)]
-    return idx, t / seg
+    window = {k: float(v) for k, v in (("video_start", start), ("video_end", end)) if v is not None}
+    try:
+        first, last, total = calculate_video_frame_range(window, n_frames, native_fps)
+    except ValueError:  # the window holds one frame (or the file does): 2 copies of it
+        first = min(n_frames - 1, math.ceil(s * native_fps))
+        last, total = first, 1
+    if total < TEMPORAL_PATCH:
+        return [first] * TEMPORAL_PATCH, TEMPORAL_PATCH / total * native_fps
+    cap = max(TEMPORAL_PATCH, min(max_frames, total) // TEMPORAL_PATCH * TEMPORAL_PATCH)
+    if nframes is not None:
+        ele = {"nframes": min(max(int(nframes), TEMPORAL_PATCH), cap)}
+    else:
+        ele = {"fps": DEFAULT_FPS if fps is None else float(fps), "min_frames": TEMPORAL_PATCH,
+               "max_frames": cap}
+    t = smart_nframes(ele, total_frames=total, video_fps=native_fps)
+    idx = torch.linspace(first, last, t).round().long().tolist()  # the library's exact rounding
+    return idx, t / total * native_fps
 
 
 _decord: Any = None
