@@ -105,24 +105,48 @@ def fit_pixels(w: int, h: int, min_pixels: int, max_pixels: int,
     return wb, hb
 
 
-def add_resized_sizes(samples: list[Sample], min_pixels: int | None,
-                      max_pixels: int | None) -> None:
-    """Store `resized_size` = [w, h] (the processor's input frame under data.image_min/max_pixels)
-    on single-image samples with an `image_size`, so that box rewards with coords=qwen2_5_vl map
-    boxes through the same budget as the processor (fit_pixels is the one rule for both)."""
-    if min_pixels is None and max_pixels is None:
-        return  # the processor's defaults are the rewards' defaults (Qwen's)
+def image_budget(min_pixels: int | None, max_pixels: int | None) -> tuple[int, int]:
+    """data.image_min/max_pixels with None filled by Qwen's defaults (4 .. 16384 patches of 28,
+    qwen-vl-utils' and the Qwen2/2.5-VL processors'), shared by `fit_image` and the box rewards."""
     from rewards.boxes import QWEN_MAX_PIXELS, QWEN_MIN_PIXELS
 
-    lo = QWEN_MIN_PIXELS if min_pixels is None else int(min_pixels)
-    hi = QWEN_MAX_PIXELS if max_pixels is None else int(max_pixels)
+    return (QWEN_MIN_PIXELS if min_pixels is None else int(min_pixels),
+            QWEN_MAX_PIXELS if max_pixels is None else int(max_pixels))
+
+
+def add_resized_sizes(samples: list[Sample], min_pixels: int | None,
+                      max_pixels: int | None, factor: int = PIXEL_FACTOR) -> None:
+    """Store `resized_size` = [w, h] (the frame `fit_image` gives the processor under
+    data.image_min/max_pixels) on single-image samples with an `image_size`, so that box rewards
+    with coords=qwen2_5_vl map boxes through the same budget (qwen-vl-utils' smart_resize, via
+    fit_pixels, is the one rule for both)."""
+    if min_pixels is None and max_pixels is None:
+        return  # the processor's defaults are the rewards' defaults (Qwen's)
+    lo, hi = image_budget(min_pixels, max_pixels)
     for s in samples:
         size = s.fields.get("image_size")
         if len(s.images) == 1 and isinstance(size, (list, tuple)) and len(size) == 2:
             try:
-                s.fields["resized_size"] = list(fit_pixels(int(size[0]), int(size[1]), lo, hi))
+                s.fields["resized_size"] = list(fit_pixels(int(size[0]), int(size[1]), lo, hi,
+                                                           factor))
             except (TypeError, ValueError):
                 continue  # an unusable size: the reward scores None and inspect says so
+
+
+def fit_image(image: Image.Image, min_pixels: int | None, max_pixels: int | None,
+              source: str = "", path: str = "", factor: int = PIXEL_FACTOR) -> Image.Image:
+    """The image resized by qwen-vl-utils' `fetch_image` to its smart_resize frame under
+    `image_budget(min_pixels, max_pixels)`, as the anchors do before the processor: the
+    processor then keeps the frame, and `resized_size` (box rewards) is that frame. A size the
+    rule rejects is a MediaError naming the record."""
+    from qwen_vl_utils import fetch_image
+
+    lo, hi = image_budget(min_pixels, max_pixels)
+    try:
+        return fetch_image({"image": image, "min_pixels": lo, "max_pixels": hi},
+                           image_patch_size=factor // 2)
+    except (ValueError, AssertionError) as e:  # aspect ratio over 200, min > max, a 0 side
+        raise _fail(source, "image", path, f"cannot be resized for the model ({e})") from None
 
 
 # ------------------------------------------------------------------------------------- video ----
@@ -486,9 +510,10 @@ def _video_overrides(sample: Sample) -> dict:
 
 def load_media(sample: Sample, *, video_kwargs: dict | None = None,
                audio_kwargs: dict | None = None, cache: "DecodeCache | None" = None,
-               stats: dict | None = None) -> dict[str, list]:
+               stats: dict | None = None, image_kwargs: dict | None = None) -> dict[str, list]:
     """All media of a sample, decoded: {"images": [PIL RGB], "videos": [Video], "audios":
-    [float32 mono at 16 kHz]}.
+    [float32 mono at 16 kHz]}. With `image_kwargs` ({"min_pixels", "max_pixels"}, either
+    None), images are resized by qwen-vl-utils (`fit_image`); without, they keep their size.
 
     Per-sample overrides from `sample.fields` win over `video_kwargs`: "video_start", "video_end",
     "fps", "nframes", "max_frames" (a record's "fps" replaces a configured "nframes" and vice
@@ -503,7 +528,9 @@ def load_media(sample: Sample, *, video_kwargs: dict | None = None,
     vkw.update(over)
     akw = dict(audio_kwargs or {})
     return {
-        "images": [load_image(p, sample.source) for p in sample.images],
+        "images": [load_image(p, sample.source) if image_kwargs is None else
+                   fit_image(load_image(p, sample.source), source=sample.source, path=p,
+                             **image_kwargs) for p in sample.images],
         "videos": [load_video(p, source=sample.source, cache=cache, **vkw) for p in sample.videos],
         "audios": [load_audio(p, source=sample.source, cache=cache, stats=stats, **akw)
                    for p in sample.audios],

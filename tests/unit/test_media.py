@@ -276,3 +276,18 @@ def test_load_media_bad_file_raises_never_substitutes(assets):
     s = _sample(assets, videos=[str(assets / "clip.mp4")], audios=[str(assets / "clip.mp4")])
     with pytest.raises(MediaError, match="no audio track"):
         load_media(s)
+
+
+def test_fit_image_is_qwen_vl_utils_and_a_rejected_size_names_the_record(assets, tmp_path):
+    from qwen_vl_utils import fetch_image
+
+    Image.new("RGB", (640, 480), (9, 90, 200)).save(tmp_path / "p.png")
+    s = _sample(assets, images=[str(tmp_path / "p.png")])
+    (im,) = load_media(s, image_kwargs={"min_pixels": None, "max_pixels": 64 * 28 * 28})["images"]
+    assert im.size == (252, 168) == fit_pixels(640, 480, 56 * 56, 64 * 28 * 28)
+    ref = fetch_image({"image": str(tmp_path / "p.png"), "max_pixels": 64 * 28 * 28})
+    assert list(im.getdata()) == list(ref.getdata())
+    Image.new("RGB", (2000, 5)).save(tmp_path / "thin.png")  # aspect ratio 400 > 200
+    thin = _sample(assets, images=[str(tmp_path / "thin.png")])
+    with pytest.raises(MediaError, match=f"{SRC}: image .*thin.png: cannot be resized"):
+        load_media(thin, image_kwargs={"min_pixels": None, "max_pixels": None})
