@@ -101,6 +101,21 @@ def test_pixel_budget_resizes_all_frames(assets):
     assert unbounded.frames.shape[1:3] == (84, 112)
 
 
+def test_pixel_budget_is_qwen_vl_utils_total_pixels_halved(assets, monkeypatch):
+    """video_max_pixels bounds T*H*W; qwen-vl-utils' total_pixels bounds T/2*H*W (2 frames per
+    temporal patch): the same frames come out for total_pixels = video_max_pixels / 2."""
+    pytest.importorskip("decord")
+    from qwen_vl_utils import vision_process as vp
+
+    monkeypatch.setattr(vp, "FORCE_QWENVL_VIDEO_READER", "decord")
+    vp.get_video_reader_backend.cache_clear()
+    budget = 8 * 4 * 28 * 28
+    ref = vp.fetch_video({"video": str(assets / "wide.mp4"), "nframes": 8, "min_pixels": 28 * 28,
+                          "total_pixels": budget / 2})
+    v = load_video(str(assets / "wide.mp4"), nframes=8, max_total_pixels=budget)
+    assert tuple(ref.shape) == (8, 3, *v.frames.shape[1:3]) == (8, 3, 28, 56)
+
+
 def test_fit_pixels_smart_resize_semantics():
     assert fit_pixels(640, 480, 28 * 28, 1024 * 28 * 28) == (644, 476)  # rounded only
     assert fit_pixels(640, 480, 28 * 28, 64 * 28 * 28) == (252, 168)  # 54 <= 64 patches
@@ -291,3 +306,15 @@ def test_fit_image_is_qwen_vl_utils_and_a_rejected_size_names_the_record(assets,
     thin = _sample(assets, images=[str(tmp_path / "thin.png")])
     with pytest.raises(MediaError, match=f"{SRC}: image .*thin.png: cannot be resized"):
         load_media(thin, image_kwargs={"min_pixels": None, "max_pixels": None})
+
+
+@pytest.mark.parametrize("name", ["tone8k.wav", "stereo.wav"])
+def test_audio_file_equals_qwen_omni_utils(assets, name):
+    """mmrl reads audio itself (no ffmpeg program needed for a video's track); for audio files
+    the waveform equals qwen-omni-utils' (librosa: mono mean, soxr_hq to 16 kHz)."""
+    from qwen_omni_utils import process_audio_info
+
+    conv = [{"role": "user", "content": [{"type": "audio", "audio": str(assets / name)}]}]
+    (ref,) = process_audio_info(conv, use_audio_in_video=False)
+    ours = load_audio(str(assets / name))
+    assert ours.shape == ref.shape and np.abs(ours - ref).max() < 1e-5
