@@ -5,10 +5,13 @@ segment outside the video) raises `MediaError` whose message names the record (`
 "file:line") and the file. The caller applies `data.on_bad_sample` (error, or a counted skip);
 nothing substitutes a fallback sample silently.
 
-Why the decoders are chosen by hand: on CPU there is no torchaudio/torchcodec (their wheels are
-CUDA-linked, docs/install-notes.md), and transformers' own video loading from a path needs
-torchcodec. Video: decord (fast random access) with PyAV as the fallback. Audio: soundfile for
-wav/flac/ogg, PyAV for everything else (mp3, m4a, the audio track of a video), resampled with soxr.
+The Qwen rules come from qwen-vl-utils, as in the anchors' and users' scripts: image sizes
+(`smart_resize`, `fetch_image`), the frames a video shows and their rate (`smart_nframes`,
+`calculate_video_frame_range`). Decoding stays here: on CPU there is no torchaudio/torchcodec
+(their wheels are CUDA-linked, docs/install-notes.md) and torchvision has no video reader, so
+the library's readers would fail. Video: decord with PyAV as the fallback. Audio: soundfile for
+wav/flac/ogg, PyAV for everything else (mp3, m4a, a video's track: qwen-omni-utils needs the
+ffmpeg program there), resampled with soxr as librosa does in qwen-omni-utils.
 """
 from __future__ import annotations
 
