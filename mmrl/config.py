@@ -53,12 +53,14 @@ class DataConfig:
     max_samples: Optional[int] = None
     shuffle: bool = True
     on_bad_sample: OnBadSample = "error"  # error: stop naming record and file | skip: count
-    image_min_pixels: Optional[int] = None  # per-image pixel budget (rounded to multiples of 28^2)
+    # per-image pixel budget: set, images are resized by qwen-vl-utils' fetch_image (min_pixels /
+    # max_pixels) before the processor; the box rewards' resized_size is that frame
+    image_min_pixels: Optional[int] = None
     image_max_pixels: Optional[int] = None
     video_fps: Optional[float] = 2.0  # frames sampled per second (or set video_nframes)
     video_nframes: Optional[int] = None  # fixed frame count instead of fps (never both)
     video_max_frames: int = 64
-    video_max_pixels: Optional[int] = None  # total pixel budget across a clip's frames
+    video_max_pixels: Optional[int] = None  # T*H*W bound = 2x qwen-vl-utils' total_pixels
     audio_max_seconds: Optional[float] = None
     audio_truncate: AudioTruncate = "error"  # longer audio: error (name the file) | head
     media_cache: Optional[str] = None  # dir for decoded video/audio; later epochs decode nothing

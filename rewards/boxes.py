@@ -149,26 +149,25 @@ def parse_size(value: Any) -> tuple[float, float] | None:
 def smart_resize(height: float, width: float, factor: int = QWEN_FACTOR,
                  min_pixels: int = QWEN_MIN_PIXELS, max_pixels: int = QWEN_MAX_PIXELS
                  ) -> tuple[int, int] | None:
-    """Qwen2-VL / Qwen2.5-VL input size (height, width), as transformers' `smart_resize`.
+    """Qwen2-VL / Qwen2.5-VL input size (height, width): qwen-vl-utils' `smart_resize`, the rule
+    the anchors' and users' media code sizes images with (one source of truth with mmrl's media
+    path), never below one factor per side.
 
-    Returns None where transformers raises (aspect ratio over 200) or for a degenerate size.
+    Returns None where the library raises (aspect ratio over 200) or for a degenerate size.
 
     >>> smart_resize(480, 640)
     (476, 644)
     """
-    if height <= 0 or width <= 0 or max(height, width) / min(height, width) > 200:
+    # Imported here: qwen_vl_utils imports torch/torchvision, which scoring text rewards never needs.
+    from qwen_vl_utils import smart_resize as qwen_smart_resize
+
+    if not (height > 0 and width > 0) or max(height, width) / min(height, width) > 200:
         return None
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return int(h_bar), int(w_bar)
+    if not min_pixels <= max_pixels:
+        return None
+    h_bar, w_bar = qwen_smart_resize(height, width, factor=factor, min_pixels=min_pixels,
+                                     max_pixels=max_pixels)
+    return max(factor, int(h_bar)), max(factor, int(w_bar))
 
 
 def check_coords(coords: str) -> str:

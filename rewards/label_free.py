@@ -20,8 +20,6 @@ from rewards.core import (completion_text, extract_answer, field_column, normali
                           solution_text, to_float)
 from rewards.registry import register
 
-_WARNED: set[str] = set()
-
 
 def answer_key(text: Any) -> str | None:
     """The comparable form of a completion's answer: a number as its float repr, else normalised
@@ -81,8 +79,10 @@ def majority_vote(completions: list, solution: list, *, min_agreement: float = 0
         raise ValueError(f"majority_vote: below must be 'none' or 'zero'; got {below!r}")
     n = len(completions)
     groups = field_column(fields, "group_id", n)
-    if any(g is None for g in groups) and "majority_vote" not in _WARNED:
-        _WARNED.add("majority_vote")  # the contract: never raise
+    warned = fields.get("warned")  # the caller's once-per-run set (no module state)
+    if any(g is None for g in groups) and (warned is None or "majority_vote" not in warned):
+        if warned is not None:
+            warned.add("majority_vote")
         warnings.warn("majority_vote needs the `group_id` field (one group per prompt; the mmrl "
                       "trainer passes it): each row without one is a group of its own",
                       RuntimeWarning, stacklevel=2)

@@ -19,7 +19,7 @@ import numpy as np
 
 from mmrl.data.media import Video
 
-CACHE_VERSION = 1  # bump when the decoders' output changes for the same parameters
+CACHE_VERSION = 2  # bump when the decoders' output changes for the same parameters (2: qwen-vl-utils frames)
 
 
 class MediaCache:

@@ -5,10 +5,13 @@ segment outside the video) raises `MediaError` whose message names the record (`
 "file:line") and the file. The caller applies `data.on_bad_sample` (error, or a counted skip);
 nothing substitutes a fallback sample silently.
 
-Why the decoders are chosen by hand: on CPU there is no torchaudio/torchcodec (their wheels are
-CUDA-linked, docs/install-notes.md), and transformers' own video loading from a path needs
-torchcodec. Video: decord (fast random access) with PyAV as the fallback. Audio: soundfile for
-wav/flac/ogg, PyAV for everything else (mp3, m4a, the audio track of a video), resampled with soxr.
+The Qwen rules come from qwen-vl-utils, as in the anchors' and users' scripts: image sizes
+(`smart_resize`, `fetch_image`), the frames a video shows and their rate (`smart_nframes`,
+`calculate_video_frame_range`). Decoding stays here: on CPU there is no torchaudio/torchcodec
+(their wheels are CUDA-linked, docs/install-notes.md) and torchvision has no video reader, so
+the library's readers would fail. Video: decord with PyAV as the fallback. Audio: soundfile for
+wav/flac/ogg, PyAV for everything else (mp3, m4a, a video's track: qwen-omni-utils needs the
+ffmpeg program there), resampled with soxr as librosa does in qwen-omni-utils.
 """
 from __future__ import annotations
 
@@ -99,30 +102,54 @@ def fit_pixels(w: int, h: int, min_pixels: int, max_pixels: int,
         raise ValueError(f"fit_pixels: min_pixels {min_pixels} > max_pixels {max_pixels}")
     if max(w, h) / min(w, h) > 200:
         raise ValueError(f"fit_pixels: aspect ratio of {w}x{h} is over 200 (Qwen-VL rejects it)")
-    # The rule itself is transformers' smart_resize, kept once in `rewards` (which needs it to
-    # map boxes into the model's input frame); here only the one-factor floor is added.
+    # The rule is qwen-vl-utils' smart_resize, reached through `rewards.boxes.smart_resize` (which
+    # maps boxes into the model's input frame with it): one rule for images, frames and boxes.
     hb, wb = smart_resize(h, w, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
-    return max(factor, wb), max(factor, hb)
+    return wb, hb
+
+
+def image_budget(min_pixels: int | None, max_pixels: int | None) -> tuple[int, int]:
+    """data.image_min/max_pixels with None filled by Qwen's defaults (4 .. 16384 patches of 28,
+    qwen-vl-utils' and the Qwen2/2.5-VL processors'), shared by `fit_image` and the box rewards."""
+    from rewards.boxes import QWEN_MAX_PIXELS, QWEN_MIN_PIXELS
+
+    return (QWEN_MIN_PIXELS if min_pixels is None else int(min_pixels),
+            QWEN_MAX_PIXELS if max_pixels is None else int(max_pixels))
 
 
 def add_resized_sizes(samples: list[Sample], min_pixels: int | None,
-                      max_pixels: int | None) -> None:
-    """Store `resized_size` = [w, h] (the processor's input frame under data.image_min/max_pixels)
-    on single-image samples with an `image_size`, so that box rewards with coords=qwen2_5_vl map
-    boxes through the same budget as the processor (fit_pixels is the one rule for both)."""
+                      max_pixels: int | None, factor: int = PIXEL_FACTOR) -> None:
+    """Store `resized_size` = [w, h] (the frame `fit_image` gives the processor under
+    data.image_min/max_pixels) on single-image samples with an `image_size`, so that box rewards
+    with coords=qwen2_5_vl map boxes through the same budget (qwen-vl-utils' smart_resize, via
+    fit_pixels, is the one rule for both)."""
     if min_pixels is None and max_pixels is None:
         return  # the processor's defaults are the rewards' defaults (Qwen's)
-    from rewards.boxes import QWEN_MAX_PIXELS, QWEN_MIN_PIXELS
-
-    lo = QWEN_MIN_PIXELS if min_pixels is None else int(min_pixels)
-    hi = QWEN_MAX_PIXELS if max_pixels is None else int(max_pixels)
+    lo, hi = image_budget(min_pixels, max_pixels)
     for s in samples:
         size = s.fields.get("image_size")
         if len(s.images) == 1 and isinstance(size, (list, tuple)) and len(size) == 2:
             try:
-                s.fields["resized_size"] = list(fit_pixels(int(size[0]), int(size[1]), lo, hi))
+                s.fields["resized_size"] = list(fit_pixels(int(size[0]), int(size[1]), lo, hi,
+                                                           factor))
             except (TypeError, ValueError):
                 continue  # an unusable size: the reward scores None and inspect says so
+
+
+def fit_image(image: Image.Image, min_pixels: int | None, max_pixels: int | None,
+              source: str = "", path: str = "", factor: int = PIXEL_FACTOR) -> Image.Image:
+    """The image resized by qwen-vl-utils' `fetch_image` to its smart_resize frame under
+    `image_budget(min_pixels, max_pixels)`, as the anchors do before the processor: the
+    processor then keeps the frame, and `resized_size` (box rewards) is that frame. A size the
+    rule rejects is a MediaError naming the record."""
+    from qwen_vl_utils import fetch_image
+
+    lo, hi = image_budget(min_pixels, max_pixels)
+    try:
+        return fetch_image({"image": image, "min_pixels": lo, "max_pixels": hi},
+                           image_patch_size=factor // 2)
+    except (ValueError, AssertionError) as e:  # aspect ratio over 200, min > max, a 0 side
+        raise _fail(source, "image", path, f"cannot be resized for the model ({e})") from None
 
 
 # ------------------------------------------------------------------------------------- video ----
@@ -169,43 +196,51 @@ class _PlanError(MediaError):
     """The requested segment does not fit the video: no other backend can do better."""
 
 
-def _even(x: float) -> int:
-    """Nearest even count >= 2, halves rounded up (5 -> 6; Python's round would give 4)."""
-    return max(TEMPORAL_PATCH, int(math.floor(x / TEMPORAL_PATCH + 0.5)) * TEMPORAL_PATCH)
-
-
 def plan_frames(n_frames: int, native_fps: float, *, fps: float | None = None,
                 nframes: int | None = None, start: float | None = None, end: float | None = None,
                 max_frames: int = 64) -> tuple[list[int], float]:
-    """(frame indices, sampling fps) for a video of `n_frames` at `native_fps`.
+    """(frame indices, sampling fps) for a video of `n_frames` at `native_fps`: qwen-vl-utils'
+    rule (its decord reader), so frames are the ones the anchors and users' eval scripts pick.
 
-    Frames are taken at the centres of T equal slices of [start, end), so they are evenly spaced
-    by (end - start) / T seconds and the sampling rate is exactly T / (end - start). T is `nframes`
-    or (end - start) * fps, rounded to an even number >= 2, and capped by `max_frames` and by the
-    frames the segment holds (a 1-frame segment gives 2 copies of it).
+    The window [start, end] (seconds) becomes frames ceil(start * fps_native) .. floor(end *
+    fps_native) (`calculate_video_frame_range`); T = `smart_nframes` (fps mode: floor-even of
+    window * fps within [2, max_frames]; nframes mode: round-even nframes, here first clamped to
+    [2, max_frames] and the window's frames); frames are `linspace(first, last, T)` rounded;
+    the sampling fps is T / window frames * native fps. Own code only where the library raises:
+    a window holding a single frame gives 2 copies of it (T must be even, >= 2).
 
     >>> plan_frames(16, 4.0, fps=2.0)
-    ([1, 3, 5, 7, 9, 11, 13, 15], 2.0)
+    ([0, 2, 4, 6, 9, 11, 13, 15], 2.0)
     >>> plan_frames(16, 4.0, nframes=4, start=1.0)
-    ([5, 8, 11, 14], 1.3333333333333333)
+    ([4, 8, 11, 15], 1.3333333333333333)
     """
+    import torch
+    from qwen_vl_utils.vision_process import calculate_video_frame_range, smart_nframes
+
     if n_frames <= 0 or not native_fps or native_fps <= 0:
         raise _PlanError(f"no decodable frames (frames={n_frames}, fps={native_fps})")
     duration = n_frames / native_fps
     s = 0.0 if start is None else float(start)
-    e = duration if end is None else min(float(end), duration)
-    if s < 0 or s >= duration or e <= s:
+    if s < 0 or s >= duration or (end is not None and float(end) <= s):
         raise _PlanError(f"segment start={start}, end={end} (seconds) does not fit the video "
                          f"(duration {duration:.3f} s)")
-    seg = e - s
-    available = max(1, int(round(seg * native_fps)))
-    want = nframes if nframes is not None else seg * (fps if fps is not None else DEFAULT_FPS)
-    t = min(_even(want), max(TEMPORAL_PATCH, max_frames // TEMPORAL_PATCH * TEMPORAL_PATCH),
-            max(TEMPORAL_PATCH, available // TEMPORAL_PATCH * TEMPORAL_PATCH))
-    step = seg / t
-    idx = [min(n_frames - 1, int(math.floor((s + (i + 0.5) * step) * native_fps + 1e-6)))
-           for i in range(t)]
-    return idx, t / seg
+    window = {k: float(v) for k, v in (("video_start", start), ("video_end", end)) if v is not None}
+    try:
+        first, last, total = calculate_video_frame_range(window, n_frames, native_fps)
+    except ValueError:  # the window holds one frame (or the file does): 2 copies of it
+        first = min(n_frames - 1, math.ceil(s * native_fps))
+        last, total = first, 1
+    if total < TEMPORAL_PATCH:
+        return [first] * TEMPORAL_PATCH, TEMPORAL_PATCH / total * native_fps
+    cap = max(TEMPORAL_PATCH, min(max_frames, total) // TEMPORAL_PATCH * TEMPORAL_PATCH)
+    if nframes is not None:
+        ele = {"nframes": min(max(int(nframes), TEMPORAL_PATCH), cap)}
+    else:
+        ele = {"fps": DEFAULT_FPS if fps is None else float(fps), "min_frames": TEMPORAL_PATCH,
+               "max_frames": cap}
+    t = smart_nframes(ele, total_frames=total, video_fps=native_fps)
+    idx = torch.linspace(first, last, t).round().long().tolist()  # the library's exact rounding
+    return idx, t / total * native_fps
 
 
 _decord: Any = None
@@ -478,9 +513,10 @@ def _video_overrides(sample: Sample) -> dict:
 
 def load_media(sample: Sample, *, video_kwargs: dict | None = None,
                audio_kwargs: dict | None = None, cache: "DecodeCache | None" = None,
-               stats: dict | None = None) -> dict[str, list]:
+               stats: dict | None = None, image_kwargs: dict | None = None) -> dict[str, list]:
     """All media of a sample, decoded: {"images": [PIL RGB], "videos": [Video], "audios":
-    [float32 mono at 16 kHz]}.
+    [float32 mono at 16 kHz]}. With `image_kwargs` ({"min_pixels", "max_pixels"}, either
+    None), images are resized by qwen-vl-utils (`fit_image`); without, they keep their size.
 
     Per-sample overrides from `sample.fields` win over `video_kwargs`: "video_start", "video_end",
     "fps", "nframes", "max_frames" (a record's "fps" replaces a configured "nframes" and vice
@@ -495,7 +531,9 @@ def load_media(sample: Sample, *, video_kwargs: dict | None = None,
     vkw.update(over)
     akw = dict(audio_kwargs or {})
     return {
-        "images": [load_image(p, sample.source) for p in sample.images],
+        "images": [load_image(p, sample.source) if image_kwargs is None else
+                   fit_image(load_image(p, sample.source), source=sample.source, path=p,
+                             **image_kwargs) for p in sample.images],
         "videos": [load_video(p, source=sample.source, cache=cache, **vkw) for p in sample.videos],
         "audios": [load_audio(p, source=sample.source, cache=cache, stats=stats, **akw)
                    for p in sample.audios],

@@ -56,7 +56,7 @@ def prepare_samples(samples, cfg: RunConfig):
     def prepare(sample: Sample) -> Sample:
         if d.prompt_template:
             sample = apply_template(sample, d.prompt_template)
-        add_resized_sizes([sample], d.image_min_pixels, d.image_max_pixels)
+        add_resized_sizes([sample], d.image_min_pixels, d.image_max_pixels, image_factor(cfg))
         return sample
 
     if isinstance(samples, LazySamples):
@@ -92,6 +92,11 @@ def check_environment(cfg: RunConfig) -> None:
                                "or use rollout.backend=hf") from None
 
 
+def image_factor(cfg: RunConfig) -> int:
+    """Pixels per merged patch side: Qwen3-VL has 16 px patches (32), the others 14 px (28)."""
+    return 32 if cfg.model.family == "qwen3_vl" else 28
+
+
 def media_loader(cfg: RunConfig, stats: dict | None = None):
     """`sample -> {"images", "videos", "audios"}` with the config's decode settings and cache."""
     from mmrl.data.cache import MediaCache
@@ -102,8 +107,14 @@ def media_loader(cfg: RunConfig, stats: dict | None = None):
              "max_frames": d.video_max_frames, "max_total_pixels": d.video_max_pixels}
     audio = {"max_seconds": d.audio_max_seconds, "truncate": d.audio_truncate}
     cache = MediaCache(d.media_cache) if d.media_cache else None
+    # A configured image budget: qwen-vl-utils resizes images before the processor, as the
+    # anchors do, so the model's frame is the `resized_size` the box rewards map through.
+    image = None
+    if d.image_min_pixels is not None or d.image_max_pixels is not None:
+        image = {"min_pixels": d.image_min_pixels, "max_pixels": d.image_max_pixels,
+                 "factor": image_factor(cfg)}
     return functools.partial(load_media, video_kwargs=video, audio_kwargs=audio, cache=cache,
-                             stats=stats)
+                             stats=stats, image_kwargs=image)
 
 
 def build_model(cfg: RunConfig, adapter, checkpoint: Path | None = None):

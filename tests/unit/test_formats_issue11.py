@@ -103,7 +103,8 @@ def test_time_r1_source_video_clip_is_cut_and_shifted(tmp_path):
     (s,) = load_samples(src, "time_r1")
     assert s.solution == [1.0, 3.0] and s.fields["duration"] == 4.0
     video = load_media(s, video_kwargs={"fps": 2.0})["videos"][0]
-    assert len(video) == 8 and 4.0 <= min(video.timestamps) and max(video.timestamps) < 8.0
+    # qwen-vl-utils: the window is frames ceil(4 * 4) .. floor(8 * 4), both ends included
+    assert len(video) == 8 and min(video.timestamps) == 4.0 and max(video.timestamps) == 8.0
     assert get_reward("tiou_v2")(["<answer>1 to 3</answer>"], [s.solution],
                                  duration=[s.fields["duration"]]) == [1.0]
 

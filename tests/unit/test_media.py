@@ -58,14 +58,15 @@ def test_fps_sampling_frames_timestamps_and_rate(assets):
     v = load_video(str(assets / "clip.mp4"), fps=2.0)
     assert v.frames.shape == (8, 32, 32, 3) and v.frames.dtype == np.uint8
     assert v.fps == 2.0 and v.duration == 4.0
-    assert v.timestamps == [0.25, 0.75, 1.25, 1.75, 2.25, 2.75, 3.25, 3.75]
-    assert _frame_ids(v) == [1, 3, 5, 7, 9, 11, 13, 15]  # the pixels are those frames'
+    # qwen-vl-utils' rule: linspace(0, 15, 8) rounded; the first and last frames are shown
+    assert v.timestamps == [0.0, 0.5, 1.0, 1.5, 2.25, 2.75, 3.25, 3.75]
+    assert _frame_ids(v) == [0, 2, 4, 6, 9, 11, 13, 15]  # the pixels are those frames'
 
 
 def test_nframes_sampling(assets):
     v = load_video(str(assets / "clip.mp4"), nframes=4)
     assert len(v) == 4 and v.fps == 1.0
-    assert v.timestamps == [0.5, 1.5, 2.5, 3.5] and _frame_ids(v) == [2, 6, 10, 14]
+    assert v.timestamps == [0.0, 1.25, 2.5, 3.75] and _frame_ids(v) == [0, 5, 10, 15]
 
 
 def test_default_is_fps_2_and_both_is_an_error(assets):
@@ -74,7 +75,7 @@ def test_default_is_fps_2_and_both_is_an_error(assets):
         load_video(str(assets / "clip.mp4"), fps=2.0, nframes=4)
 
 
-@pytest.mark.parametrize("nframes,expected", [(1, 2), (3, 4), (5, 6), (100, 16)])
+@pytest.mark.parametrize("nframes,expected", [(1, 2), (3, 4), (5, 4), (100, 16)])  # round-even, >= 2
 def test_frame_count_is_even_and_capped(assets, nframes, expected):
     assert len(load_video(str(assets / "clip.mp4"), nframes=nframes)) == expected
 
@@ -86,8 +87,9 @@ def test_max_frames_caps_the_count(assets):
 
 def test_start_end_segment(assets):
     v = load_video(str(assets / "clip.mp4"), fps=2.0, start=1.0, end=3.0)
-    assert v.timestamps == [1.25, 1.75, 2.25, 2.75] and _frame_ids(v) == [5, 7, 9, 11]
-    assert v.fps == 2.0 and v.duration == 4.0  # duration is the file's
+    # frames ceil(1.0 * 4) = 4 .. floor(3.0 * 4) = 12: 9 frames, floor-even(9 / 4 * 2) = 4 shown
+    assert v.timestamps == [1.0, 1.75, 2.25, 3.0] and _frame_ids(v) == [4, 7, 9, 12]
+    assert v.fps == pytest.approx(4 / 9 * 4) and v.duration == 4.0  # duration is the file's
 
 
 def test_pixel_budget_resizes_all_frames(assets):
@@ -97,6 +99,21 @@ def test_pixel_budget_resizes_all_frames(assets):
     assert (w % 28, h % 28) == (0, 0) and t * h * w <= budget and (w, h) == (56, 28)
     unbounded = load_video(str(assets / "wide.mp4"), nframes=8)
     assert unbounded.frames.shape[1:3] == (84, 112)
+
+
+def test_pixel_budget_is_qwen_vl_utils_total_pixels_halved(assets, monkeypatch):
+    """video_max_pixels bounds T*H*W; qwen-vl-utils' total_pixels bounds T/2*H*W (2 frames per
+    temporal patch): the same frames come out for total_pixels = video_max_pixels / 2."""
+    pytest.importorskip("decord")
+    from qwen_vl_utils import vision_process as vp
+
+    monkeypatch.setattr(vp, "FORCE_QWENVL_VIDEO_READER", "decord")
+    vp.get_video_reader_backend.cache_clear()
+    budget = 8 * 4 * 28 * 28
+    ref = vp.fetch_video({"video": str(assets / "wide.mp4"), "nframes": 8, "min_pixels": 28 * 28,
+                          "total_pixels": budget / 2})
+    v = load_video(str(assets / "wide.mp4"), nframes=8, max_total_pixels=budget)
+    assert tuple(ref.shape) == (8, 3, *v.frames.shape[1:3]) == (8, 3, 28, 56)
 
 
 def test_fit_pixels_smart_resize_semantics():
@@ -120,11 +137,38 @@ def test_decord_and_pyav_agree(assets):
 def test_auto_falls_back_to_pyav_when_decord_is_missing(assets, monkeypatch):
     monkeypatch.setattr(media, "_decord", False)
     v = load_video(str(assets / "clip.mp4"), nframes=4)
-    assert _frame_ids(v) == [2, 6, 10, 14]
+    assert _frame_ids(v) == [0, 5, 10, 15]
 
 
 def test_plan_frames_single_frame_video_gives_two_copies():
+    # qwen-vl-utils raises for a 1-frame video or window; mmrl's own code shows it twice
     assert plan_frames(1, 25.0, fps=2.0) == ([0, 0], 50.0)
+    assert plan_frames(16, 4.0, fps=2.0, start=1.0, end=1.1) == ([4, 4], 8.0)
+
+
+@pytest.mark.parametrize("kwargs", [{"fps": 2.0}, {"nframes": 4}, {"fps": 3.0, "end": 2.0},
+                                    {"fps": 2.0, "start": 1.0, "end": 3.0},
+                                    {"nframes": 6, "start": 0.5}, {"fps": 4.0, "max_frames": 6}])
+def test_frames_and_rate_equal_qwen_vl_utils_fetch_video(assets, kwargs, monkeypatch):
+    """load_video picks the frames, the sampling fps and the pixels that qwen-vl-utils'
+    fetch_video (decord reader) returns for the same settings."""
+    pytest.importorskip("decord")
+    from qwen_vl_utils import vision_process as vp
+
+    monkeypatch.setattr(vp, "FORCE_QWENVL_VIDEO_READER", "decord")
+    vp.get_video_reader_backend.cache_clear()
+    names = {"start": "video_start", "end": "video_end"}
+    ele = {"video": str(assets / "clip.mp4"), "min_pixels": 28 * 28, "max_pixels": 32 * 32,
+           "min_frames": 2, **{names.get(k, k): v for k, v in kwargs.items()}}
+    (ref, meta), ref_fps = vp.fetch_video(ele, return_video_sample_fps=True,
+                                          return_video_metadata=True)
+    v = load_video(str(assets / "clip.mp4"), backend="decord", **kwargs)
+    assert [round(t * FPS) for t in v.timestamps] == list(meta["frames_indices"])
+    assert v.fps == pytest.approx(ref_fps)
+    # fetch_video always resizes (to 28x28 here): compare after the same resize of ours
+    ours = np.stack([np.asarray(Image.fromarray(f).resize((28, 28), Image.BICUBIC))
+                     for f in v.frames]).astype(int)
+    assert np.abs(ours - ref.permute(0, 2, 3, 1).numpy().round().astype(int)).max() <= 2
 
 
 def test_processor_metadata_carries_the_sampling_rate(assets):
@@ -236,7 +280,7 @@ def test_per_sample_overrides_win(assets):
     s = _sample(assets, videos=[str(assets / "clip.mp4")],
                 fields={"video_start": 2.0, "video_end": 4.0, "fps": 1.0})
     v = load_media(s, video_kwargs={"nframes": 8})["videos"][0]  # record fps replaces nframes
-    assert v.timestamps == [2.5, 3.5] and v.fps == 1.0
+    assert v.timestamps == [2.0, 3.75] and v.fps == 1.0  # frames 8..15: 2 of 8 at 4 fps
     for fields in ({"video_start": "soon"}, {"fps": 0}, {"fps": 2, "nframes": 4}):
         bad = _sample(assets, videos=[str(assets / "clip.mp4")], fields=fields)
         with pytest.raises(MediaError, match=SRC):
@@ -247,3 +291,30 @@ def test_load_media_bad_file_raises_never_substitutes(assets):
     s = _sample(assets, videos=[str(assets / "clip.mp4")], audios=[str(assets / "clip.mp4")])
     with pytest.raises(MediaError, match="no audio track"):
         load_media(s)
+
+
+def test_fit_image_is_qwen_vl_utils_and_a_rejected_size_names_the_record(assets, tmp_path):
+    from qwen_vl_utils import fetch_image
+
+    Image.new("RGB", (640, 480), (9, 90, 200)).save(tmp_path / "p.png")
+    s = _sample(assets, images=[str(tmp_path / "p.png")])
+    (im,) = load_media(s, image_kwargs={"min_pixels": None, "max_pixels": 64 * 28 * 28})["images"]
+    assert im.size == (252, 168) == fit_pixels(640, 480, 56 * 56, 64 * 28 * 28)
+    ref = fetch_image({"image": str(tmp_path / "p.png"), "max_pixels": 64 * 28 * 28})
+    assert list(im.getdata()) == list(ref.getdata())
+    Image.new("RGB", (2000, 5)).save(tmp_path / "thin.png")  # aspect ratio 400 > 200
+    thin = _sample(assets, images=[str(tmp_path / "thin.png")])
+    with pytest.raises(MediaError, match=f"{SRC}: image .*thin.png: cannot be resized"):
+        load_media(thin, image_kwargs={"min_pixels": None, "max_pixels": None})
+
+
+@pytest.mark.parametrize("name", ["tone8k.wav", "stereo.wav"])
+def test_audio_file_equals_qwen_omni_utils(assets, name):
+    """mmrl reads audio itself (no ffmpeg program needed for a video's track); for audio files
+    the waveform equals qwen-omni-utils' (librosa: mono mean, soxr_hq to 16 kHz)."""
+    from qwen_omni_utils import process_audio_info
+
+    conv = [{"role": "user", "content": [{"type": "audio", "audio": str(assets / name)}]}]
+    (ref,) = process_audio_info(conv, use_audio_in_video=False)
+    ours = load_audio(str(assets / name))
+    assert ours.shape == ref.shape and np.abs(ours - ref).max() < 1e-5

@@ -71,3 +71,27 @@ def test_train_and_eval_get_the_template_and_the_processor_budget(tmp_path):
     rs = RewardSet([RewardSpec(name="iou", params={"coords": "qwen2_5_vl"})])
     _, per = rs.score(train, [exact])
     assert per["iou"][0] == pytest.approx(1.0)
+
+
+def test_the_image_the_processor_gets_is_the_box_rewards_resized_size(tmp_path):
+    """One source of truth: under data.image_max_pixels, qwen-vl-utils resizes the image before
+    the processor (as the anchors do); that frame is `resized_size`, and the processor keeps it."""
+    from qwen_vl_utils import fetch_image
+    from transformers import Qwen2VLImageProcessor
+
+    from mmrl.train.setup import media_loader
+
+    Image.new("RGB", (1600, 1200), (200, 30, 30)).save(tmp_path / "a.png")
+    (tmp_path / "d.jsonl").write_text(json.dumps({"image": "a.png", "conversations": [
+        {"from": "human", "value": "<image>Where?"}, {"from": "gpt", "value": "[1, 2, 3, 4]"}]}))
+    cfg = config.load(None, [f"data.train={tmp_path / 'd.jsonl'}", "data.format=vlm_r1",
+                             "data.image_max_pixels=1003520"])
+    (s,) = build_datasets(cfg)[0]
+    (image,) = media_loader(cfg)(s)["images"]
+    assert list(image.size) == s.fields["resized_size"] == [1148, 840]
+    ref = fetch_image({"image": str(tmp_path / "a.png"), "min_pixels": 56 * 56,
+                       "max_pixels": 1003520})
+    assert image.size == ref.size and list(image.getdata()) == list(ref.getdata())
+    processor = Qwen2VLImageProcessor(size={"shortest_edge": 56 * 56, "longest_edge": 1003520})
+    thw = processor(images=[image], return_tensors="pt")["image_grid_thw"][0].tolist()
+    assert [thw[2] * 14, thw[1] * 14] == [1148, 840]  # the processor does not resize it again

@@ -111,13 +111,24 @@ def test_coordinate_conventions():
 # min_pixels=3136, max_pixels=12845056 (transformers 5.x; copied to keep this test import-light).
 SMART_RESIZE = {(480, 640): (476, 644), (1080, 1920): (1092, 1932), (28, 28): (56, 56),
                 (10, 10): (56, 56), (4000, 6000): (2912, 4368), (56, 3000): (56, 2996),
-                (333, 517): (336, 504), (14, 2000): (28, 672), (1, 150): (28, 700),
-                (8000, 8000): (3584, 3584)}
+                (333, 517): (336, 504), (8000, 8000): (3584, 3584)}
+# A side under half a factor: qwen-vl-utils floors it at one factor before the budget check,
+# transformers rounds it to 0 and grows the image. mmrl hands the processor the image already
+# resized by qwen-vl-utils, so the library's answer is the model's input frame.
+QWEN_VL_UTILS_ONLY = {(14, 2000): (28, 1988), (1, 150): (28, 140)}
 
 
 @pytest.mark.parametrize("hw", sorted(SMART_RESIZE))
 def test_smart_resize_matches_transformers(hw):
     assert smart_resize(*hw) == SMART_RESIZE[hw]
+
+
+@pytest.mark.parametrize("hw", sorted({**SMART_RESIZE, **QWEN_VL_UTILS_ONLY}))
+def test_smart_resize_is_qwen_vl_utils(hw):
+    from qwen_vl_utils import smart_resize as library
+
+    assert smart_resize(*hw) == library(*hw, factor=28, min_pixels=3136, max_pixels=12845056)
+    assert smart_resize(*hw) == {**SMART_RESIZE, **QWEN_VL_UTILS_ONLY}[hw]
 
 
 def test_giou_hand_values_and_failures():
