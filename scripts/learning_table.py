@@ -36,6 +36,19 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "counting_qwen2_vl": ("counting", ["model.family=qwen2_vl"]),
     "counting_qwen3_vl": ("counting", ["model.family=qwen3_vl"]),
 }
+# The seeds' methods (README "Methods from the papers"), each a row on top of a recipe row and
+# compared with it seed by seed: method row -> (plain GRPO row, overrides).
+METHODS: dict[str, tuple[str, list[str]]] = {
+    "counting+majority_vote": ("counting", [  # TTRL / MM-UPT: no labels in RL
+        "rewards=[{name: majority_vote, weight: 1.0, params: {min_agreement: 0.5}},"
+        " {name: format, weight: 0.1, params: {think: false}}]"]),
+    "vqa+history_skip": ("vqa", ["algo.history_epochs=2", "algo.history_mode=skip"]),
+    "temporal_grounding+gt_guidance": ("temporal_grounding", ["algo.gt_threshold=0.5"]),
+    "video_qa+tgrpo": ("video_qa", ["algo.tgrpo_alpha=0.3"]),
+}
+for _name, (_base, _extra) in METHODS.items():
+    ROWS[_name] = (ROWS[_base][0], ROWS[_base][1] + _extra)
+GROUPS = {"recipes": [r for r in ROWS if r not in METHODS], "methods": list(METHODS)}
 # How the metric reward is shown: WER is 1 - the `wer` reward, so lower is better.
 SHOWN = {"wer": ("WER", lambda v: 1.0 - v), "iou": ("mIoU", None), "tiou": ("mIoU", None),
          "count": ("accuracy", None), "accuracy": ("accuracy", None),
@@ -82,15 +95,15 @@ def _curve(run_dir: Path) -> list[tuple[int, float]]:
 
 def run_row(row: str, seed: int, data_root: Path, runs_root: Path) -> dict:
     recipe, extra = ROWS[row]
-    run_dir = runs_root / f"{row}_s{seed}"
+    run_dir = runs_root / f"{row.replace('+', '_')}_s{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    log = run_dir.parent / f"{row}_s{seed}.log"
+    log = run_dir.parent / f"{run_dir.name}.log"
     log.write_text("")
     train, evalf = prepare(recipe, data_root, log)
     cfg = [f"recipes/{recipe}/config.yaml", f"recipes/{recipe}/learn.yaml"]
     started = time.perf_counter()
     _mmrl(["train", *cfg, f"data.train={train}", f"data.eval={evalf}", f"train.seed={seed}",
-           f"log.run_dir={run_dir}", f"name=learn_{row}", *extra], log)
+           f"log.run_dir={run_dir}", f"name=learn_{run_dir.name[:-len(f'_s{seed}')]}", *extra], log)
     wall = time.perf_counter() - started
     load = os.getloadavg()[1]  # 5-min load average: the machine is shared, wall times vary
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -115,6 +128,36 @@ def verdict(r: dict) -> bool:
     near_chance = exact and r["chance"] is not None and abs(shuf - r["chance"]) <= BAR_CHANCE
     return (after - before >= BAR_GAIN and (near_chance or shuf <= before)
             and r["wall_s"] <= BAR_WALL_S)
+
+
+def methods_table(results: list[dict]) -> list[str]:
+    """Each method row against its plain-GRPO row, seed by seed (same seed, same data, same SFT
+    warm-up schedule), and the mean difference over the seeds both have."""
+    ok = {(r["row"], r["seed"]): r for r in results if "error" not in r}
+    lines = ["", "## The seeds' methods against plain GRPO", "",
+             "Each method is its recipe row with the method's keys on (README, *Methods from the "
+             "papers*); `bash scripts/learning_table.sh --rows methods` runs them. *after* is the "
+             "held-out metric after RL; *diff* is method minus plain GRPO on the same seed.", "",
+             "| method row | plain row | metric | seeds | plain after | method after | diff | "
+             "mean diff |", "|---|---|---|---|---|---|---|---|"]
+    for name, (base, _) in METHODS.items():
+        seeds = sorted(s for (row, s) in ok if row == name and (base, s) in ok)
+        if not seeds:
+            lines.append(f"| {name} | {base} | – | – | – | – | – | not measured |")
+            continue
+        metric = ok[(name, seeds[0])]["metric"]
+        plain = [ok[(base, s)]["after"] for s in seeds]
+        meth = [ok[(name, s)]["after"] for s in seeds]
+        diffs = [m - p for m, p in zip(meth, plain)]
+        conv = SHOWN.get(metric, (metric, None))[1]
+        if conv:  # WER: lower is better, the difference flips sign with it
+            diffs = [conv(m) - conv(p) for m, p in zip(meth, plain)]
+        show = lambda vs: " / ".join(_fmt(v, metric) for v in vs)  # noqa: E731
+        lines.append(f"| {name} | {base} | {SHOWN.get(metric, (metric,))[0]} | "
+                     f"{', '.join(map(str, seeds))} | {show(plain)} | {show(meth)} | "
+                     f"{' / '.join(f'{d:+.2f}' for d in diffs)} | "
+                     f"{sum(diffs) / len(diffs):+.2f} |")
+    return lines
 
 
 def _fmt(v, metric: str) -> str:
@@ -156,6 +199,7 @@ def write_markdown(results: list[dict], out: Path, png: Path | None) -> None:
             f"{_fmt(r['chance'], 'count') if r['metric'] in ('count', 'accuracy') else '–'} | "
             f"{r['sft_steps'] or 0}/{r['rl_steps']} | {r['wall_s']:.0f} s | "
             f"{_fmt(r.get('load'), 'load')} | {'meets' if verdict(r) else 'misses'} |")
+    lines += methods_table(results)
     if png is not None:
         lines += ["", f"![held-out metric reward during RL]({png.name})"]
     out.write_text("\n".join(lines) + "\n")
@@ -182,7 +226,8 @@ def plot(results: list[dict], png: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--rows", default=",".join(ROWS))
+    p.add_argument("--rows", default=",".join(ROWS),
+                   help="rows or groups (recipes, methods), comma-separated; default all")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--out", default=str(ROOT / "docs"), help="folder for learning.md and .png")
     p.add_argument("--data", default=str(ROOT / "data" / "learning"))
@@ -190,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--render-only", action="store_true",
                    help="rewrite learning.md and the plot from the runs' results.json")
     args = p.parse_args(argv)
-    rows = [r for r in args.rows.split(",") if r]
+    rows = [x for r in args.rows.split(",") if r for x in GROUPS.get(r, [r])]
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
         raise SystemExit(f"learning_table: unknown rows {unknown}; known: {', '.join(ROWS)}")
