@@ -80,8 +80,8 @@ def enable_shared_prefix(model, wanted: bool = True) -> tuple[bool, str]:
         unwrap(model).set_attn_implementation(prefix_attention.NAME)
         impl = prefix_attention.NAME
     if impl == prefix_attention.NAME:
-        kernel = "flash_attn_varlen_func" if prefix_attention.flash_available() else "its torch emulation"
-        return True, f"shared-prefix layout on: varlen attention ({kernel}), groups packed pad-free"
+        return True, (f"shared-prefix layout on: varlen attention ({prefix_attention.kernel_description()}), "
+                      f"groups packed pad-free")
     if impl in MASKED_ATTENTION:
         return True, f"shared-prefix layout on: {impl} with a 4-D group mask"
     return False, (f"shared-prefix layout OFF: attn_implementation={impl!r} cannot take it, so every "
