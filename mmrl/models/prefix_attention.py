@@ -63,6 +63,7 @@ class GroupSpan:
     start: int
     prompt: int
     lengths: list[int]
+    batched: object = None  # split_attention's padding index for the completions, built on first use
 
 
 @dataclass

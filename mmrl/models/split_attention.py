@@ -77,8 +77,7 @@ class _CompletionAttention(torch.autograd.Function):
     [Hkv, N, D] (causal per completion) -> [H, N, D]. GQA: Hkv divides H (the kernel maps it)."""
 
     @staticmethod
-    def forward(ctx, q, k_prompt, v_prompt, k_own, v_own, lengths, scale):
-        batched = _Batched(lengths, q.device)
+    def forward(ctx, q, k_prompt, v_prompt, k_own, v_own, batched: "_Batched", scale):
         o_a, l_a = _flash(q[None], k_prompt[None], v_prompt[None], 0.0, False, scale=scale)
         o_b, l_b = _flash(batched.batch(q), batched.batch(k_own), batched.batch(v_own), 0.0, True,
                           scale=scale)
@@ -104,35 +103,37 @@ class _CompletionAttention(torch.autograd.Function):
                 batched.flat(dv_own), None, None)
 
 
-def _group_attention(q, k, v, prompt: int, lengths: list[int], scale) -> list[torch.Tensor]:
-    """One group's tokens, q [H, P + N, D], k/v [Hkv, P + N, D] -> outputs [H, P], [H, N]."""
+def _group_attention(q, k, v, prompt: int, lengths: list[int], batched, scale) -> list[torch.Tensor]:
+    """One group's tokens, q [H, P + N, D], k/v [Hkv, P + N, D] -> outputs [P, H, D], [N, H, D]."""
     out_prompt, _ = _flash(q[None, :, :prompt], k[None, :, :prompt], v[None, :, :prompt], 0.0, True,
                            scale=scale)
-    parts = [out_prompt[0]]
-    lengths = [n for n in lengths if n]
+    parts = [out_prompt[0].transpose(0, 1)]
     if lengths:
-        parts.append(_CompletionAttention.apply(q[:, prompt:], k[:, :prompt], v[:, :prompt],
-                                                k[:, prompt:], v[:, prompt:], lengths, scale))
+        out = _CompletionAttention.apply(q[:, prompt:], k[:, :prompt], v[:, :prompt], k[:, prompt:],
+                                         v[:, prompt:], batched, scale)
+        parts.append(out.transpose(0, 1))
     return parts
 
 
 def split_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups,
                            scale: float | None = None) -> torch.Tensor:
     """q [B, H, T, D], k/v [B, Hkv, T, D], `groups`: prefix_attention.GroupSpan in flattened
-    B*T coordinates, in order -> [B, T, H, D], pad tokens 0."""
+    B*T coordinates, in order -> [B, T, H, D] contiguous, pad tokens 0."""
     b, h, t, _ = q.shape
     rows: list[list[torch.Tensor]] = [[] for _ in range(b)]
     ends = [0] * b
     for g in groups:
         row, start = divmod(g.start, t)
         if start > ends[row]:  # tokens outside every group (pad): zero output
-            rows[row].append(q.new_zeros(h, start - ends[row], v.shape[-1]))
+            rows[row].append(q.new_zeros(start - ends[row], h, v.shape[-1]))
         end = start + g.prompt + sum(g.lengths)
+        if g.lengths and g.batched is None:  # index built once per layout
+            g.batched = _Batched(g.lengths, q.device)
         rows[row] += _group_attention(q[row, :, start:end], k[row, :, start:end], v[row, :, start:end],
-                                      g.prompt, g.lengths, scale)
+                                      g.prompt, g.lengths, g.batched, scale)
         ends[row] = end
     for row in range(b):
         if ends[row] < t:
-            rows[row].append(q.new_zeros(h, t - ends[row], v.shape[-1]))
-    out = torch.stack([torch.cat(parts, 1) for parts in rows])  # [B, H, T, D]
-    return out.transpose(1, 2)
+            rows[row].append(q.new_zeros(t - ends[row], h, v.shape[-1]))
+    # [T, H, D] per row, as the attention interface returns it: the caller's reshape is free.
+    return torch.stack([torch.cat(parts) for parts in rows]) if b > 1 else torch.cat(rows[0])[None]
