@@ -8,6 +8,8 @@
 2 "e2e":     a whole training step of mmrl vs TRL's GRPOTrainer (needs the `bench` extra).
 3 "scaling": update-phase time as P grows (256 .. 2048) and as G grows (4, 8, 16).
   "rollout": HF generate (G prefills) vs prefill-once, whole group and in rounds (G = 16).
+  "varlen":  naive vs dense-mask vs varlen-kernel layouts at the cells issue #14 targets
+             (P~1024 G=8, ragged, G=16; P~2048 G=16), peak memory beside time.
 
 Every comparison runs both sides in one process with interleaved repeated trials and reports
 medians: the ratio is what to read; absolute seconds depend on the machine and its load.
@@ -20,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-BENCHMARKS = ("update", "e2e", "rollout", "scaling")
+BENCHMARKS = ("update", "e2e", "rollout", "scaling", "varlen")
 
 
 def run_benchmarks(out_dir: str | Path, which=BENCHMARKS, *, quick: bool = False,
@@ -90,6 +92,14 @@ def run_benchmarks(out_dir: str | Path, which=BENCHMARKS, *, quick: bool = False
                 trials=trials or sizes["scaling_trials"], model_bundle=bundle, memory=not quick,
                 log=log)
             results["plot"] = report.plot_scaling(results["scaling"], out / "scaling.png").name
+        if "varlen" in which:
+            from mmrl.bench.kernels import CELLS, QUICK_CELLS, bench_kernels
+
+            log("[bench] varlen kernel: naive / dense mask / varlen")
+            results["varlen"] = bench_kernels(
+                family=family, cells=QUICK_CELLS if quick else CELLS,
+                completion_tokens=sizes["completion"], trials=trials or sizes["scaling_trials"],
+                model_bundle=bundle, memory=not quick, log=log)
     results["load_average_end"] = list(os.getloadavg())
     results["seconds"] = time.time() - started
     (out / "bench.json").write_text(json.dumps(results, indent=2))

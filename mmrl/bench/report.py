@@ -126,6 +126,10 @@ def markdown(results: dict) -> str:
         lines += scaling_table(results["scaling"]) + [""]
         if results.get("plot"):
             lines += [f"![scaling]({results['plot']})", ""]
+    if "varlen" in results:
+        from mmrl.bench.kernels import kernels_table
+
+        lines += kernels_table(results["varlen"]) + [""]
     return "\n".join(lines)
 
 

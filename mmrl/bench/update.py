@@ -218,7 +218,8 @@ def bench_scaling(*, family: str = "qwen2_5_vl", prompt_sizes=(256, 512, 1024, 2
 # ----------------------------------------------------------------------------- memory -----------
 
 def measure_memory(layout: str, *, family: str = "qwen2_5_vl", prompt_tokens: int, group: int,
-                   completion_tokens: int, micro_batch: int = 8, threads: int | None = None) -> float:
+                   completion_tokens: int, micro_batch: int = 8, threads: int | None = None,
+                   uneven: bool = False) -> float:
     """Peak RSS growth (MB) of one update phase in a fresh process: in a process that already
     ran the other layout, freed-but-kept heap would hide the growth."""
     import json
@@ -228,7 +229,7 @@ def measure_memory(layout: str, *, family: str = "qwen2_5_vl", prompt_tokens: in
 
     spec = dict(layout=layout, family=family, prompt_tokens=prompt_tokens, group=group,
                 completion_tokens=completion_tokens, micro_batch=micro_batch,
-                threads=threads or torch.get_num_threads())
+                threads=threads or torch.get_num_threads(), uneven=uneven)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run([sys.executable, "-m", "mmrl.bench.update", json.dumps(spec)], env=env,
                           capture_output=True, text=True)
@@ -248,7 +249,7 @@ def _memory_main(spec_json: str) -> None:
     torch.set_flush_denormal(True)
     bundle = tiny_vl(spec["family"], max_image_tokens=max(4096, spec["prompt_tokens"] * 2))
     case = UpdateCase(*bundle, prompt_tokens=spec["prompt_tokens"], group=spec["group"],
-                      completion_tokens=spec["completion_tokens"])
+                      completion_tokens=spec["completion_tokens"], uneven=spec.get("uneven", False))
     with PeakRSS() as mem:
         case.run(spec["layout"], spec["micro_batch"])
     print(f"BENCH_MEMORY {mem.extra / 2**20:.1f}", flush=True)

@@ -5,7 +5,9 @@ The packed layout (see shared_prefix.py) puts one or more groups in a row:
 "sequences": each prompt attends causally to itself, and completion i attends to
 [its prompt's keys, its own keys] causally, aligned bottom-right (query t of C_i sees keys
 0 .. P + t). That is exactly `flash_attn_varlen_func(seqlen_q=C_i, seqlen_k=P+C_i, causal=True)`,
-so on GPU the layout runs on flash-attention itself; nothing is (P+GC)^2.
+so on GPU the layout runs on flash-attention itself; nothing is (P+GC)^2. On CPU the same
+attention runs as two fused calls per group merged by log-sum-exp (split_attention.py): the
+completions share the one prompt K/V instead of each gathering a copy of it.
 
 Why varlen rather than flex attention with a block mask: flex needs `torch.compile` to be fast
 (eager flex materialises the full score matrix), its block masks are rebuilt for every new
@@ -39,59 +41,94 @@ def flash_available() -> bool:
     return True
 
 
+def kernel_description() -> str:
+    """What the layout's attention runs on here, for the one start-of-run line."""
+    if flash_available():
+        return "flash_attn_varlen_func"
+    if torch.cuda.is_available():
+        return "a per-sequence torch emulation: install flash-attn for the fused kernel"
+    return "CPU: fused prompt and completion calls merged by log-sum-exp"
+
+
 def base_kernel() -> str:
     """What every non-layout call runs on: flash_attention_2 where it can, else sdpa."""
     return "flash_attention_2" if flash_available() else "sdpa"
 
 
 @dataclass
-class VarlenLayout:
-    """Flattened (B*T) token indices of each varlen sequence's queries and keys."""
+class GroupSpan:
+    """One group in the flattened (B*T) tokens: its prompt [start, start + prompt), then its
+    completions back to back (`lengths`, in order)."""
 
-    q_index: torch.Tensor  # [total_q] positions into the flattened B*T tokens
-    k_index: torch.Tensor  # [total_k]
-    cu_q: torch.Tensor  # [S+1] int32 cumulative query lengths
-    cu_k: torch.Tensor  # [S+1] int32
-    max_q: int
-    max_k: int
+    start: int
+    prompt: int
+    lengths: list[int]
+    batched: object = None  # split_attention's padding index for the completions, built on first use
+
+
+@dataclass
+class VarlenLayout:
+    """The varlen sequences of a segment-id row: per group its prompt and completion spans, and
+    (built on first use, for flash-attn) the flattened token indices of each sequence."""
+
+    groups: list[GroupSpan]
+    tokens: int  # B*T
+    device: torch.device
+    _flash: tuple | None = None
+
+    def flash_args(self):
+        """(q_index, k_index, cu_q, cu_k, max_q, max_k): sequence s's queries are tokens
+        q_index[cu_q[s]:cu_q[s+1]], its keys k_index[cu_k[s]:cu_k[s+1]] (prompt keys repeated)."""
+        if self._flash is None:
+            q_parts, k_parts, lq, lk = [], [], [], []
+            for g in self.groups:
+                prompt = torch.arange(g.start, g.start + g.prompt)
+                q_parts.append(prompt), k_parts.append(prompt), lq.append(g.prompt), lk.append(g.prompt)
+                offset = g.start + g.prompt
+                for n in g.lengths:
+                    own = torch.arange(offset, offset + n)
+                    q_parts.append(own), k_parts.append(torch.cat([prompt, own]))
+                    lq.append(n), lk.append(g.prompt + n)
+                    offset += n
+
+            def cu(lengths):
+                return torch.tensor([0] + lengths).cumsum(0).to(self.device, torch.int32)
+
+            self._flash = (torch.cat(q_parts).to(self.device), torch.cat(k_parts).to(self.device),
+                           cu(lq), cu(lk), max(lq), max(lk))
+        return self._flash
 
 
 def layout_from_segments(seg: torch.Tensor) -> VarlenLayout:
-    """Varlen sequences of a [B, T] segment-id tensor (-1 = pad, never a query nor a key)."""
+    """Varlen layout of a [B, T] segment-id tensor (-1 = pad, never a query nor a key). Each
+    group's completions must follow its prompt back to back (what pack_groups writes)."""
     seg_cpu = seg.detach().to("cpu", torch.long)
     t = seg_cpu.shape[1]
-    q_parts, k_parts, lq, lk = [], [], [], []
-    for b, row in enumerate(seg_cpu.tolist()):
-        prompts: dict[int, torch.Tensor] = {}
-        start = 0
-        while start < t:  # runs of equal segment id
-            value, end = row[start], start + 1
-            while end < t and row[end] == value:
-                end += 1
-            idx = torch.arange(b * t + start, b * t + end)
+    groups: list[GroupSpan] = []
+    for b, row in enumerate(seg_cpu):
+        values, counts = torch.unique_consecutive(row, return_counts=True)
+        start, current = b * t, {}
+        for value, n in zip(values.tolist(), counts.tolist()):
             if value >= 0:
                 group, j = divmod(value, SEGMENT_BASE)
-                keys = idx if j == 0 else torch.cat([prompts[group], idx])
                 if j == 0:
-                    prompts[group] = idx
-                q_parts.append(idx)
-                k_parts.append(keys)
-                lq.append(len(idx))
-                lk.append(len(keys))
-            start = end
-    device = seg.device
-
-    def cu(lengths):
-        return torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
-
-    return VarlenLayout(torch.cat(q_parts).to(device), torch.cat(k_parts).to(device), cu(lq), cu(lk),
-                        max(lq), max(lk))
+                    current[group] = GroupSpan(start, n, [])
+                    groups.append(current[group])
+                else:
+                    g = current.get(group)
+                    if g is None or g.start + g.prompt + sum(g.lengths) != start:
+                        raise ValueError(f"segment ids: completion {j} of group {group} does not "
+                                         f"follow its prompt and earlier completions back to back")
+                    g.lengths.append(n)
+            start += n
+    return VarlenLayout(groups, seg.shape[0] * t, seg.device)
 
 
 def _emulated_varlen(q, k, v, cu_q, cu_k, scale):
     """flash_attn_varlen_func(causal=True) in plain torch: q [Nq, H, D], k/v [Nk, Hkv, D].
     Causal is bottom-right aligned (query t of a length-Lq sequence sees keys 0 .. Lk-Lq+t), as
-    flash-attn >= 2.1 defines it. Memory: one Lq x Lk score matrix per sequence."""
+    flash-attn >= 2.1 defines it. The semantic reference (and the path for CUDA without
+    flash-attn): one Lq x Lk score matrix per sequence, the prompt's keys copied per completion."""
     out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
     bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
     gqa = q.shape[1] != k.shape[1]
@@ -107,23 +144,36 @@ def _emulated_varlen(q, k, v, cu_q, cu_k, scale):
     return out
 
 
+def _varlen_call(q, k, v, layout: VarlenLayout, scale, flash: bool):
+    """flash_attn_varlen_func (or its emulation) over the layout's sequences; [B, T, H, D]."""
+    b, h, t, d = q.shape
+    q_index, k_index, cu_q, cu_k, max_q, max_k = layout.flash_args()
+    qf = q.transpose(1, 2).reshape(b * t, h, d)[q_index]
+    kf = k.transpose(1, 2).reshape(b * t, k.shape[1], d)[k_index]
+    vf = v.transpose(1, 2).reshape(b * t, v.shape[1], v.shape[-1])[k_index]
+    if flash:
+        from flash_attn import flash_attn_varlen_func
+
+        o = flash_attn_varlen_func(qf, kf, vf, cu_q, cu_k, max_q, max_k, causal=True, softmax_scale=scale)
+    else:
+        o = _emulated_varlen(qf, kf, vf, cu_q, cu_k, scale)
+    out = o.new_zeros(b * t, h, o.shape[-1]).index_copy(0, q_index, o)
+    return out.view(b, t, h, -1)
+
+
 def prefix_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: VarlenLayout,
                             scale: float | None = None) -> torch.Tensor:
     """THE kernel call. q [B, H, T, D], k/v [B, Hkv, T, D] -> [B, T, H, D] (pad tokens: 0).
-    flash_attn_varlen_func on GPU when flash-attn imports; its torch emulation otherwise."""
-    b, h, t, d = q.shape
-    qf = q.transpose(1, 2).reshape(b * t, h, d)[layout.q_index]
-    kf = k.transpose(1, 2).reshape(b * t, k.shape[1], d)[layout.k_index]
-    vf = v.transpose(1, 2).reshape(b * t, v.shape[1], v.shape[-1])[layout.k_index]
+    GPU: flash_attn_varlen_func (seqlen_k = P + C_i, bottom-right causal). CPU: the same
+    attention split in two fused calls merged by log-sum-exp (split_attention.py), which never
+    copies the prompt's keys. CUDA without flash-attn: the per-sequence emulation."""
     if q.is_cuda and flash_available():
-        from flash_attn import flash_attn_varlen_func
+        return _varlen_call(q, k, v, layout, scale, flash=True)
+    if q.device.type == "cpu":
+        from mmrl.models.split_attention import split_prefix_attention
 
-        o = flash_attn_varlen_func(qf, kf, vf, layout.cu_q, layout.cu_k, layout.max_q, layout.max_k,
-                                   causal=True, softmax_scale=scale)
-    else:
-        o = _emulated_varlen(qf, kf, vf, layout.cu_q, layout.cu_k, scale)
-    out = o.new_zeros(b * t, h, o.shape[-1]).index_copy(0, layout.q_index, o)
-    return out.view(b, t, h, -1)
+        return split_prefix_attention(q, k, v, layout.groups, scale)
+    return _varlen_call(q, k, v, layout, scale, flash=False)
 
 
 _cache: list = [None, None]  # (segment tensor, its layout): every layer of a forward shares one

@@ -80,8 +80,8 @@ def enable_shared_prefix(model, wanted: bool = True) -> tuple[bool, str]:
         unwrap(model).set_attn_implementation(prefix_attention.NAME)
         impl = prefix_attention.NAME
     if impl == prefix_attention.NAME:
-        kernel = "flash_attn_varlen_func" if prefix_attention.flash_available() else "its torch emulation"
-        return True, f"shared-prefix layout on: varlen attention ({kernel}), groups packed pad-free"
+        return True, (f"shared-prefix layout on: varlen attention ({prefix_attention.kernel_description()}), "
+                      f"groups packed pad-free")
     if impl in MASKED_ATTENTION:
         return True, f"shared-prefix layout on: {impl} with a 4-D group mask"
     return False, (f"shared-prefix layout OFF: attn_implementation={impl!r} cannot take it, so every "
@@ -294,21 +294,23 @@ def shared_prefix_logprobs(model, prompts: Sequence[PromptFeatures], completion_
         logits = model(**inputs, logits_to_keep=keep, use_cache=False).logits  # [B, K, V]
     else:  # e.g. Qwen2-Audio's forward has no logits_to_keep: full logits, then select
         logits = model(**inputs, use_cache=False).logits[:, keep]
-    targets = completion_ids.to(device)
     n, width = completion_ids.shape
-    logps, entropies = [], []
-    for i in range(n):
-        length = packed.lengths[i]
-        row = logits[packed.row_of[i], packed.sources[i].to(device)]  # [len, V]
-        scaled = row.float() / temperature
-        lse = torch.logsumexp(scaled, dim=-1)
-        lp = scaled.gather(-1, targets[i, :length, None]).squeeze(-1) - lse
-        logps.append(torch.cat([lp, lp.new_zeros(width - length)]))
-        if return_entropy:
-            ent = lse - (torch.softmax(scaled, dim=-1) * scaled).sum(-1)
-            entropies.append(torch.cat([ent, ent.new_zeros(width - length)]))
-    logp = torch.stack(logps)
-    return (logp, torch.stack(entropies)) if return_entropy else logp
+    # Every row's predicting positions at once: (packed row, position in keep) per token.
+    rows = torch.cat([torch.full((packed.lengths[i],), packed.row_of[i]) for i in range(n)]).to(device)
+    cols = torch.cat([packed.sources[i] for i in range(n)]).to(device)
+    slots = torch.cat([i * width + torch.arange(packed.lengths[i]) for i in range(n)]).to(device)
+    scaled = logits[rows, cols].float() / temperature  # [tokens, V]
+    lse = torch.logsumexp(scaled, dim=-1)
+    targets = completion_ids.to(device).flatten()[slots]
+    lp = scaled.gather(-1, targets[:, None]).squeeze(-1) - lse
+
+    def to_rows(values):  # [tokens] -> [N, width], 0 where the mask is 0
+        return values.new_zeros(n * width).index_put((slots,), values).view(n, width)
+
+    if not return_entropy:
+        return to_rows(lp)
+    entropy = lse - (torch.softmax(scaled, dim=-1) * scaled).sum(-1)
+    return to_rows(lp), to_rows(entropy)
 
 
 # ----------------------------------------------------------------------------- micro-batches ----

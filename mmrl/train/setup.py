@@ -72,7 +72,7 @@ def check_environment(cfg: RunConfig) -> None:
     if m.attn_implementation == "flash_attention_2" and not cuda:
         raise RuntimeError("model.attn_implementation=flash_attention_2 needs a CUDA GPU and the "
                            "flash-attn package; on this machine use model.attn_implementation=sdpa, or "
-                           "mmrl_prefix_varlen (the same varlen shared-prefix path, emulated in torch)")
+                           "mmrl_prefix_varlen (the same shared-prefix attention, in torch on CPU)")
     if m.dtype == "float16" and not cuda:
         raise RuntimeError("model.dtype=float16 is GPU-only here; use float32 (or bfloat16) on CPU")
     if m.path != "tiny" and not Path(m.path).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":

@@ -114,21 +114,75 @@ def segments():
     return torch.tensor([row])
 
 
-def test_emulated_kernel_equals_dense_mask_and_memory_shape():
-    seg = segments()
+def kernel_inputs(seg, dtype=torch.float32):
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(1, 4, seg.shape[1], 8, generator=gen)
-    k, v = (torch.randn(1, 2, seg.shape[1], 8, generator=gen) for _ in range(2))  # GQA 4:2
+    q = torch.randn(1, 4, seg.shape[1], 8, generator=gen, dtype=dtype)
+    k, v = (torch.randn(1, 2, seg.shape[1], 8, generator=gen, dtype=dtype) for _ in range(2))  # GQA 4:2
+    return [x.requires_grad_() for x in (q, k, v)]
+
+
+# Two groups with ragged completions; one group with equal completions and a padded tail.
+SEGMENT_CASES = [segments, lambda: torch.tensor([[0] * 6 + [1] * 4 + [2] * 4 + [3] * 4 + [-1] * 3])]
+
+
+@pytest.mark.parametrize("case", SEGMENT_CASES)
+@pytest.mark.parametrize("path", ["split", "emulated"])
+def test_kernel_equals_dense_mask_values_and_gradients(case, path):
+    """The CPU path (prompt causal + completions on the prompt K/V and on their own K/V, merged
+    by LSE, hand-written backward) and the per-sequence flash_attn_varlen_func emulation both
+    equal one dense masked sdpa: outputs, and q/k/v gradients of every real token."""
+    seg = case()
+    q, k, v = kernel_inputs(seg)
     layout = pa.layout_from_segments(seg)
+    if path == "split":
+        got = pa.prefix_varlen_attention(q, k, v, layout)
+    else:
+        got = pa._varlen_call(q, k, v, layout, None, flash=False)
+    want = dense_reference(q, k, v, seg)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    weights = torch.randn(want.shape, generator=torch.Generator().manual_seed(1))
+    for a, b in zip(torch.autograd.grad((got * weights).sum(), (q, k, v)),
+                    torch.autograd.grad((want * weights).sum(), (q, k, v))):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_varlen_sequences_and_score_count():
+    seg = segments()
+    q_index, k_index, cu_q, cu_k, max_q, max_k = pa.layout_from_segments(seg).flash_args()
     # Sequences: prompt(5) then completions see 5 + C_i keys; the second group likewise.
-    assert layout.cu_q.tolist() == [0, 5, 8, 9, 13, 15, 17, 20]
-    assert layout.cu_k.tolist() == [0, 5, 13, 19, 28, 30, 34, 39]
-    got = pa.prefix_varlen_attention(q, k, v, layout)
-    torch.testing.assert_close(got, dense_reference(q, k, v, seg), atol=1e-6, rtol=1e-6)
+    assert cu_q.tolist() == [0, 5, 8, 9, 13, 15, 17, 20]
+    assert cu_k.tolist() == [0, 5, 13, 19, 28, 30, 34, 39]
+    assert k_index[5:13].tolist() == [0, 1, 2, 3, 4, 5, 6, 7] and (max_q, max_k) == (5, 9)
     # Score entries: P^2 + sum C_i (P + C_i) per group, not (P + sum C_i)^2.
-    scores = sum((b - a) * (d - c) for a, b, c, d in zip(layout.cu_q[:-1].tolist(), layout.cu_q[1:].tolist(),
-                                                         layout.cu_k[:-1].tolist(), layout.cu_k[1:].tolist()))
+    scores = sum((b - a) * (d - c) for a, b, c, d in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(),
+                                                         cu_k[:-1].tolist(), cu_k[1:].tolist()))
     assert scores == 5 * 5 + 3 * 8 + 1 * 6 + 4 * 9 + 2 * 2 + 2 * 4 + 3 * 5
+
+
+def saved_numel(fn) -> int:
+    """Elements autograd keeps for backward while `fn` runs."""
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x.numel()) or x, lambda x: x):
+        fn()
+    return sum(saved)
+
+
+@pytest.mark.parametrize("prompt,group", [(256, 8), (512, 8), (256, 16)])
+def test_split_path_keeps_linear_memory_for_backward(prompt, group):
+    """What the CPU path keeps for backward grows as P + sum C_i per group (fused kernels: no
+    score matrix; the prompt K/V shared by every completion, never copied), where the dense row
+    keeps a (P+GC)^2 mask and the per-sequence emulation copies the prompt's keys G times."""
+    c, heads, dim = 4, 4, 8
+    seg = torch.tensor([[0] * prompt + [j for j in range(1, group + 1) for _ in range(c)]])
+    q, k, v = kernel_inputs(seg)
+    layout = pa.layout_from_segments(seg)
+    split = saved_numel(lambda: pa.prefix_varlen_attention(q, k, v, layout))
+    emulated = saved_numel(lambda: pa._varlen_call(q, k, v, layout, None, flash=False))
+    dense = saved_numel(lambda: dense_reference(q, k, v, seg))
+    tokens = prompt + group * c
+    # q, k, v (2 of 4 heads), out, lse of both parts, the prompt K/V once more for the completions
+    assert split <= 5 * tokens * heads * dim
+    assert split < dense and split * 5 < emulated, (split, dense, emulated)
 
 
 def test_pack_varlen_is_one_padfree_row_with_the_sdpa_rows_positions():
@@ -156,8 +210,7 @@ def test_real_flash_kernel_equals_emulation():
     q = torch.randn(1, 4, seg.shape[1], 64, generator=gen, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(1, 2, seg.shape[1], 64, generator=gen, device="cuda", dtype=torch.bfloat16)
             for _ in range(2))
-    layout = pa.layout_from_segments(seg)
-    flash = pa.prefix_varlen_attention(q, k, v, layout)
+    flash = pa.prefix_varlen_attention(q, k, v, pa.layout_from_segments(seg))
     emulated = pa.prefix_varlen_attention(q.cpu().float(), k.cpu().float(), v.cpu().float(),
                                           pa.layout_from_segments(seg.cpu()))
     torch.testing.assert_close(flash.float().cpu(), emulated, atol=2e-2, rtol=2e-2)

@@ -26,6 +26,18 @@ def test_quick_update_benchmark_writes_results(tmp_path):
         run_benchmarks(tmp_path, which=("nope",))
 
 
+def test_quick_varlen_benchmark_has_the_three_layouts_with_equal_losses(tmp_path):
+    results = run_benchmarks(tmp_path, which=("varlen",), quick=True, log=lambda *_: None)
+    rows = results["varlen"]["rows"]
+    assert [(r["group"], r["uneven"]) for r in rows] == [(2, False), (2, True), (3, False)]
+    for r in rows:
+        assert r["loss_naive"] == pytest.approx(r["loss_shared"], abs=1e-5)
+        assert r["loss_naive"] == pytest.approx(r["loss_varlen"], abs=1e-5)
+        assert r["attention_scores"]["varlen"] < r["attention_scores"]["shared"]
+    text = (tmp_path / "bench.md").read_text()
+    assert "varlen / naive" in text and "peak RSS growth naive / shared / varlen" in text
+
+
 def _cell(sweep, p, g, naive, shared):
     timing = lambda s: {"median_s": s, "min_s": s, "times_s": [s], "median_cpu_s": s, "cpu_times_s": [s]}
     return {"sweep": sweep, "prompt_tokens": p, "group": g, "completion_tokens": 64,
