@@ -17,6 +17,9 @@ VALIDATION_HOME = {"mmrl/config.py", "mmrl/config_rules.py"}
 
 # (module, enclosing function, string): why that comparison is not one of an mmrl option.
 NOT_OPTIONS = {
+    ("mmrl/train/parallel.py", "deepspeed_config", "auto"): "DeepSpeed's JSON placeholder 'fill in'",
+    ("mmrl/train/parallel.py", "_fill_auto", "auto"): "DeepSpeed's JSON placeholder 'fill in'",
+    ("mmrl/train/parallel.py", "deepspeed_config", "none"): "accelerate's offload-device variable",
 }
 
 
