@@ -103,3 +103,54 @@ def test_every_allowlisted_comparison_still_exists():
         rel = path.relative_to(ROOT).as_posix()
         seen |= {(rel, w, s) for w, s, _ in _compares(ast.parse(path.read_text())) if s in values}
     assert set(NOT_OPTIONS) - seen == set()
+
+
+def test_every_dispatch_table_covers_its_option():
+    """A value added to a Literal without its entry in the table would fail only when used."""
+    from mmrl import algos
+    from mmrl.data import media
+    from mmrl.rollout import base
+    from mmrl.train import checkpoint, logging, parallel, setup
+
+    c = config.choices
+    assert set(base.ENGINES) == set(c(config.Backend))
+    assert set(setup.LR_SCHEDULES) == set(c(config.LRSchedule))
+    assert set(setup.DTYPES) == set(c(config.DType))
+    assert set(media.AUDIO_KEEPS_HEAD) == set(c(config.AudioTruncate))
+    assert set(parallel.STRATEGY_CLASSES) | {"auto"} == set(c(config.Parallel))
+    assert set(logging.PROGRESS_SHOWS) | {"auto"} == set(c(config.Progress)) | {"silent"}
+    assert {"none", "auto"} <= set(checkpoint.RESUME_KEYWORDS)
+    assert tuple(algos.LOSS_TYPES) == c(config.LossType)
+    assert tuple(algos.RATIO_LEVELS) == c(config.Ratio)
+
+
+def test_lr_schedules_hand_computed():
+    import torch
+
+    from mmrl.train.setup import lr_schedule
+
+    def factors(kind):
+        tc = config.TrainConfig(lr=1.0, lr_schedule=kind, warmup_steps=2)
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        sched = lr_schedule(opt, tc, total_steps=6)
+        return [round(f(step), 6) for step in range(7) for f in sched.lr_lambdas]
+
+    # warm-up (step + 1) / 2, then progress p = (step - 2) / 4
+    assert factors("constant") == [0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    assert factors("linear") == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
+    assert factors("cosine") == [0.5, 1.0, 1.0, 0.853553, 0.5, 0.146447, 0.0]
+
+
+def test_progress_modes_show_what_they_say(tmp_path, capsys):
+    from mmrl.train.logging import RunLogger
+
+    shown = {}
+    for mode in ("lines", "off", "silent"):
+        log = RunLogger(tmp_path / mode, tensorboard=False, progress=mode, log_every=1)
+        log.print("hello")
+        log.log(1, {"loss": 0.5}, total=2)
+        log.close()
+        shown[mode] = capsys.readouterr().err
+    assert "hello" in shown["lines"] and "step 1/2" in shown["lines"]
+    assert "hello" in shown["off"] and "step" not in shown["off"]
+    assert shown["silent"] == ""
