@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from mmrl.config_rules import WEIGHT_TRANSFER
+from mmrl.config_rules import WEIGHT_TRANSFER, resolve_weight_transfer
 from mmrl.models.forward import Generation
 from mmrl.rollout.vllm_io import (ban_fields, build_request, describe, eos_token_ids,
                                   media_pad_ids, to_generation)
@@ -87,8 +87,8 @@ def _send_direct(llm, state: dict) -> list:
     return llm.collective_rpc("load_weights_direct", args=(list(state.items()),))
 
 
-# How sync_weights hands the state to the workers, per weight_transfer (auto resolved in
-# __init__); each returns the tensor count every worker read.
+# How sync_weights hands the state to the workers, per weight_transfer (auto resolved by
+# config_rules); each returns the tensor count every worker read.
 _SENDERS = {"bytes": _send_bytes, "direct": _send_direct}
 _IN_PROCESS_ONLY = {"direct"}  # passes the tensors themselves: the worker must share the process
 
@@ -142,9 +142,7 @@ class VLLMEngine:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))
         self.in_process = (os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
                            and tensor_parallel_size == 1)
-        # auto: no serialisation where the worker shares this process
-        self.transfer = {"auto": "direct" if self.in_process else "bytes"}.get(
-            weight_transfer, weight_transfer)
+        self.transfer = resolve_weight_transfer(weight_transfer, "colocated", self.in_process)
         if self.transfer in _IN_PROCESS_ONLY and not self.in_process:
             raise ValueError("weight_transfer=direct needs an in-process engine "
                              "(VLLM_ENABLE_V1_MULTIPROCESSING=0, tensor_parallel_size=1)")

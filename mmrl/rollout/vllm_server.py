@@ -7,7 +7,7 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from mmrl.config_rules import WEIGHT_TRANSFER
+from mmrl.config_rules import WEIGHT_TRANSFER, resolve_weight_transfer
 from mmrl.models.forward import Generation
 from mmrl.rollout.vllm_io import ban_fields, describe, prompt_media, to_generation
 from mmrl.rollout.vllm_weights import export_for_vllm, vllm_state_dict
@@ -84,7 +84,7 @@ class VLLMServerEngine:
         if weight_transfer not in WEIGHT_TRANSFER["server"]:
             raise ValueError(f"server mode rollout.vllm.weight_transfer={weight_transfer!r}: use "
                              f"{' | '.join(WEIGHT_TRANSFER['server'])}")
-        self.transfer = {"auto": "http"}.get(weight_transfer, weight_transfer)
+        self.transfer = resolve_weight_transfer(weight_transfer, "server")
         self.transfer_port, self._comm = weight_transfer_port, None
         self.base_url = base_url.rstrip("/")
         self.adapter, self.processor, self.timeout = adapter, processor, timeout

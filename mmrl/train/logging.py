@@ -15,6 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
     TimeRemainingColumn
 from rich.table import Table
 
+from mmrl import config_rules
+
 # Shown on the live line, in this order, when present.
 HEADLINE = [("reward/total_mean", "reward"), ("eval/accuracy", "acc"),
             ("completion/length_mean", "len"), ("time/step", "s/step")]
@@ -75,8 +77,7 @@ class RunLogger:
             self._tb = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=purge)
         if wandb:
             self._wandb = _start_wandb(self.run_dir, config)
-        # log.progress (auto: a bar on a terminal, else lines) -> what this logger shows
-        mode = {"auto": "bar" if sys.stderr.isatty() else "lines"}.get(progress, progress)
+        mode = config_rules.resolve_progress(progress, tty=sys.stderr.isatty())
         self.shows_bar, self.shows_lines, self.shows_messages = PROGRESS_SHOWS[mode]
         self.log_every = max(1, log_every)
         self._progress: Progress | None = None
