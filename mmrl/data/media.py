@@ -382,6 +382,7 @@ _VIDEO_DECODERS = {
 # Per `truncate` (data.audio_truncate), whether audio over max_seconds keeps its start (else raises).
 AUDIO_KEEPS_HEAD = {"error": False, "head": True}
 
+
 def load_audio(path: str, *, sr: int = AUDIO_SAMPLING_RATE, max_seconds: float | None = None,
                truncate: str = "error", source: str = "", cache: "DecodeCache | None" = None,
                stats: dict | None = None) -> np.ndarray:
