@@ -104,8 +104,10 @@ def check_environment(cfg: RunConfig) -> None:
 
 
 def image_factor(cfg: RunConfig) -> int:
-    """Pixels per merged patch side: Qwen3-VL has 16 px patches (32), the others 14 px (28)."""
-    return 32 if cfg.model.family == "qwen3_vl" else 28
+    """Pixels per merged patch side, as the model family's adapter says (Qwen3-VL 32, else 28)."""
+    from mmrl.models import get_adapter
+
+    return get_adapter(cfg.model.family).image_factor
 
 
 def media_loader(cfg: RunConfig, stats: dict | None = None):

@@ -29,3 +29,11 @@ def test_strategies_say_whether_they_run_the_sft_warm_up():
     assert parallel.DDP.runs_sft is True
     assert parallel.DeepSpeed.runs_sft is False
     assert parallel.FSDP2.runs_sft is False
+
+
+def test_adapters_say_their_image_factor():
+    """Image budgets round to patch size x merge: 16 px x 2 for Qwen3-VL, 14 px x 2 before."""
+    from mmrl.models import get_adapter
+
+    assert get_adapter("qwen3_vl").image_factor == 32
+    assert get_adapter("qwen2_5_vl").image_factor == get_adapter("qwen2_vl").image_factor == 28
