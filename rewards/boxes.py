@@ -53,7 +53,7 @@ def _finite_box(values: Any) -> Box | None:
 
 def parse_box(value: Any) -> Box | None:
     """The first box in `value`: a 4-number list, a dict with "bbox_2d"/"bbox", or text holding
-    "[x1, y1, x2, y2]", "(x1,y1),(x2,y2)", or exactly four numbers.
+    "[x1, y1, x2, y2]", "(x1,y1),(x2,y2)", or exactly four numbers and nothing else.
 
     >>> parse_box('{"bbox_2d": [10, 20, 110, 220], "label": "cat"}')
     (10.0, 20.0, 110.0, 220.0)
@@ -75,8 +75,12 @@ def parse_box(value: Any) -> Box | None:
         match = pattern.search(value)
         if match:
             return _finite_box(match.groups())
+    # Bare numbers only when they are all the text holds ("10 20 110 220"): four digits picked
+    # out of garbage ("[2.0, answer>[4.0, 44.0, 55.0]") are not a box.
     numbers = _NUM_RE.findall(value)
-    return _finite_box(numbers) if len(numbers) == 4 else None
+    if len(numbers) != 4 or _NUM_RE.sub("", value).strip(" ,;[]()\n\t"):
+        return None
+    return _finite_box(numbers)
 
 
 def _label(value: Any) -> str | None:

@@ -16,6 +16,7 @@ _TIME = r"\d+(?::\d{1,2}){0,2}(?:\.\d+)?"
 _UNIT = r"\s*(?i:s|sec|secs|second|seconds)?\.?"
 _SEGMENT = re.compile(
     rf"(?<![\d.\-])({_TIME}){_UNIT}\s*(?i:to|-|–|—|~|,|and|until)\s*({_TIME})")
+_ANY_TIME = re.compile(rf"(?<![\d.:]){_TIME}")
 
 
 def _seconds(text: str) -> float:
@@ -28,12 +29,14 @@ def _seconds(text: str) -> float:
 def parse_segment(value: Any) -> Segment | None:
     """(start, end) in seconds from "a to b", "a-b", "[a, b]", "from 1:05 to 1:10", or a pair.
 
-    The order is kept as written: a reversed segment is the caller's to judge.
+    The order is kept as written: a reversed segment is the caller's to judge. Text holding more
+    than two times is not one segment ("[0,6,5,5]", "1 to 2 or 3 to 4", garbage with digits): None,
+    so a policy cannot collect credit by spraying numbers.
 
     >>> parse_segment("The event happens from 12.5s to 20 seconds."), parse_segment("[3, 7.5]")
     ((12.5, 20.0), (3.0, 7.5))
-    >>> parse_segment("01:05 - 01:10"), parse_segment("soon")
-    ((65.0, 70.0), None)
+    >>> parse_segment("01:05 - 01:10"), parse_segment("soon"), parse_segment("[0, 6, 5, 5]")
+    ((65.0, 70.0), None, None)
     """
     if isinstance(value, (list, tuple)):
         if len(value) == 1 and isinstance(value[0], (list, tuple)):
@@ -46,7 +49,7 @@ def parse_segment(value: Any) -> Segment | None:
             return None
     elif isinstance(value, str):
         match = _SEGMENT.search(value)
-        if match is None:
+        if match is None or len(_ANY_TIME.findall(value)) != 2:
             return None
         start, end = _seconds(match.group(1)), _seconds(match.group(2))
     else:

@@ -67,19 +67,26 @@ def _r1_aqa(r: dict) -> dict:
             "dataset_name": "synthetic"}
 
 
+# 1000 training records (a tiny model overfits 200 in the SFT warm-up) and 100 held out (the
+# eval's max_samples), as counting's own 2000/200 default.
+_SPLIT = {"n_train": 1000, "n_eval": 100}
+
 # recipe -> (bundled generator, generator kwargs, anchor format, record writer)
 ANCHORS: dict[str, tuple[str, dict, str, Callable[[dict], dict]]] = {
     "counting": ("counting", {}, "r1v", _counting),
     "vqa": ("counting", {"choices": True}, "easyr1", _easyr1),
-    "classification": ("classification", {}, "easyr1", _easyr1),
-    "detection": ("detection", {}, "vlm_r1", _detection),
-    "video_qa": ("video_qa", {}, "video_r1", _video_r1),
-    "temporal_grounding": ("temporal_grounding", {"fps": 2, "size": 56, "square": 20,
-                                                  "min_seconds": 4, "max_seconds": 6},
+    "classification": ("classification", _SPLIT, "easyr1", _easyr1),
+    # 84 px on a 3x3 grid of 28-px cells: one visual token per cell (Qwen merges 28-px squares).
+    "detection": ("detection", {**_SPLIT, "size": 84, "cells": 3, "min_side": 16, "max_side": 24},
+                  "vlm_r1", _detection),
+    "video_qa": ("video_qa", _SPLIT, "video_r1", _video_r1),
+    "temporal_grounding": ("temporal_grounding", {**_SPLIT, "fps": 2, "size": 56, "square": 20,
+                                                  "min_seconds": 4, "max_seconds": 6,
+                                                  "whole_seconds": True},
                            "time_r1", _time_r1),
-    "audio_qa": ("audio_qa", {}, "r1_aqa", _r1_aqa),
-    "asr": ("asr", {"min_digits": 2, "max_digits": 3}, "easyr1", _easyr1),
-    "captioning": ("captioning", {}, "easyr1", _easyr1),
+    "audio_qa": ("audio_qa", _SPLIT, "r1_aqa", _r1_aqa),
+    "asr": ("asr", {**_SPLIT, "min_digits": 2, "max_digits": 3}, "easyr1", _easyr1),
+    "captioning": ("captioning", _SPLIT, "easyr1", _easyr1),
 }
 
 

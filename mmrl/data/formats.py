@@ -21,7 +21,7 @@ Video-R1's problem_type map onto it (ACCU_METHOD_TASKS, PROBLEM_TASKS). Box answ
 `image_size` = [w, h] from the image header, which box rewards need for model coordinates.
 
 Normalisation: `<answer>` wrappers are stripped; multiple-choice solutions become one letter
-(from a letter, a 0-based index, or the option's text); boxes and segments become float lists.
+(from a letter, a 0-based index, or the option's text); boxes and segments become number lists (whole numbers stay ints).
 Media placeholders (<image>, <video>, <audio>) in the text mark where each item goes; items with
 no placeholder go first. Embedded media (HF/parquet image bytes, PIL images) are written once to
 a content-addressed folder (`EMBEDDED_DIR`). The answer format is appended to the question when
@@ -213,7 +213,9 @@ def _floats(value: Any, n: int | None, source: str, what: str) -> list[float] | 
                                                    and not isinstance(v, bool) for v in value)):
         if n is not None and len(value) != n:
             raise _fail(source, f"{what} must have {n} numbers, got {value!r:.80}")
-        return [float(v) for v in value]
+        # Whole numbers stay whole ("[4, 35, 22, 53]", as the anchors write pixel boxes): the
+        # solution is also the SFT target, and "4.0" costs two tokens that say nothing.
+        return [int(v) if float(v).is_integer() else float(v) for v in value]
     return None
 
 

@@ -165,9 +165,10 @@ def video_qa(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed: in
 @GENERATORS.register("temporal_grounding")
 def temporal_grounding(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed: int = 0,
                        size: int = 32, square: int = 12, fps: int = 4, min_seconds: int = 4,
-                       max_seconds: int = 8) -> dict[str, str]:
+                       max_seconds: int = 8, whole_seconds: bool = False) -> dict[str, str]:
     """Clips of min..max seconds in which a red square is visible from `start` to `end` (seconds,
-    on frame boundaries); solution [start, end], field duration."""
+    on frame boundaries, or on whole seconds with `whole_seconds`); solution [start, end], field
+    duration."""
     if not 1 <= min_seconds <= max_seconds or square >= size:
         raise ValueError("temporal_grounding: need 1 <= min_seconds <= max_seconds, square < size")
     out = Path(out_dir)
@@ -176,8 +177,9 @@ def temporal_grounding(out_dir: str | Path, n_train: int = 200, n_eval: int = 40
     records = []
     for i in range(n_train + n_eval):
         n = rng.randint(min_seconds, max_seconds) * fps
-        on = rng.randint(0, n - fps)  # visible for at least one second
-        off = rng.randint(on + fps, n)
+        step = fps if whole_seconds else 1
+        on = rng.randrange(0, n - fps + 1, step)  # visible for at least one second
+        off = rng.randrange(on + fps, n + 1, step)
         x, y = rng.randint(0, size - square), rng.randint(0, size - square)
         frames = np.full((n, size, size, 3), 235, np.uint8)
         frames[on:off, y:y + square, x:x + square] = COLORS["red"]
@@ -263,16 +265,18 @@ def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, box: list[int], color) ->
         draw.polygon([((x0 + x1 - 1) / 2, y0), (x0, y1 - 1), (x1 - 1, y1 - 1)], fill=color)
 
 
-def _scene(rng: random.Random, size: int, objects: list[tuple[str, str]], lo: int, hi: int):
-    """White image with one object per quadrant: [(shape, colour)] -> (image, boxes)."""
+def _scene(rng: random.Random, size: int, objects: list[tuple[str, str]], lo: int, hi: int,
+           cells: int = 2):
+    """White image with one object per cell of a `cells` x `cells` grid: [(shape, colour)] ->
+    (image, boxes)."""
     im = Image.new("RGB", (size, size), "white")
     draw = ImageDraw.Draw(im)
-    half = size // 2
+    cell = size // cells
     boxes = []
-    for (shape, color), q in zip(objects, rng.sample(range(4), len(objects))):
-        side = rng.randint(lo, min(hi, half))
-        x0 = (q % 2) * half + rng.randint(0, half - side)
-        y0 = (q // 2) * half + rng.randint(0, half - side)
+    for (shape, color), q in zip(objects, rng.sample(range(cells * cells), len(objects))):
+        side = rng.randint(lo, min(hi, cell))
+        x0 = (q % cells) * cell + rng.randint(0, cell - side)
+        y0 = (q // cells) * cell + rng.randint(0, cell - side)
         box = [x0, y0, x0 + side, y0 + side]
         _draw_shape(draw, shape, box, COLORS[color])
         boxes.append(box)
@@ -281,9 +285,11 @@ def _scene(rng: random.Random, size: int, objects: list[tuple[str, str]], lo: in
 
 @GENERATORS.register("detection")
 def detection(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed: int = 0,
-              size: int = 56, min_side: int = 12, max_side: int = 20) -> dict[str, str]:
-    """A red square among 1-2 distractors (other shapes or colours); referring expression "the
-    red square", solution its box [x1, y1, x2, y2] in pixels (x2, y2 exclusive)."""
+              size: int = 56, min_side: int = 12, max_side: int = 20,
+              cells: int = 2) -> dict[str, str]:
+    """A red square among 1-2 distractors (other shapes or colours), one object per cell of a
+    `cells` x `cells` grid; referring expression "the red square", solution its box
+    [x1, y1, x2, y2] in pixels (x2, y2 exclusive)."""
     out = Path(out_dir)
     (out / "images").mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -291,7 +297,7 @@ def detection(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed: i
     records = []
     for i in range(n_train + n_eval):
         objects = [("square", "red")] + rng.sample(distractors, rng.randint(1, 2))
-        im, boxes = _scene(rng, size, objects, min_side, max_side)
+        im, boxes = _scene(rng, size, objects, min_side, max_side, cells)
         name = f"images/{i:05d}.png"
         im.save(out / name)
         records.append({

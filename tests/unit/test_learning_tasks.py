@@ -24,7 +24,7 @@ import learning_table  # noqa: E402
 @pytest.mark.parametrize("recipe", sorted(anchor_tasks.ANCHORS))
 def test_anchor_records_convert_back_to_the_native_task(recipe, tmp_path):
     base, fixed, fmt, _ = anchor_tasks.ANCHORS[recipe]
-    native = GENERATORS.get(base)(tmp_path / "native", n_train=3, n_eval=2, **fixed)
+    native = GENERATORS.get(base)(tmp_path / "native", **{**fixed, "n_train": 3, "n_eval": 2})
     want = [json.loads(line) for line in Path(native["train"]).read_text().splitlines()]
     made = GENERATORS.get(f"anchor_{recipe}")(tmp_path / "anchor", n_train=3, n_eval=2)
     assert made["format"] == fmt
@@ -34,7 +34,7 @@ def test_anchor_records_convert_back_to_the_native_task(recipe, tmp_path):
     got = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(got) == len(want)
     for g, w in zip(got, want):
-        assert g["solution"] == w["solution"]  # boxes and segments come back as floats: equal
+        assert g["solution"] == w["solution"]  # boxes and segments: the same numbers
         for kind in ("images", "videos", "audios"):
             assert [Path(p).name for p in g.get(kind, [])] == \
                    [Path(p).name for p in w.get(kind, [])]

@@ -30,3 +30,16 @@ def test_count_is_strict_about_hedges_and_think_only_answers():
             "<answer>There are three.</answer>", "<think>4? no</think><answer>3</answer>",
             "<answer>3 cats, 3 in total</answer>"]
     assert count(outs, ["3"] * 6) == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+
+
+def test_numbers_sprayed_into_garbage_score_nothing():
+    """Seen in a learning-table run: the policy collected tIoU 0.7 and IoU 0.12 on garbage such as
+    these, because the parsers took the first pair / any four numbers anywhere in the text."""
+    tiou, iou = get_reward("tiou"), get_reward("iou")
+    assert tiou(["\x010, d say0,5]</answerobjectanswer>[AN0]</answer>[0,5,5,",
+                 "<answer>[0,6,5,5]</answer>", "<answer>1 to 2 or 3 to 4</answer>",
+                 "<answer>from 1:05 to 1:10</answer>", "<answer>[0, 5]</answer>"],
+                [[0, 5]] * 4 + [[0, 5]]) == [0.0, 0.0, 0.0, 0.0, 1.0]
+    assert iou(["<answer>[2.0, answer>[4.0, 44.0, 55.0]</answer>", "<answer>10 20 30 40</answer>",
+                "<answer>box 10 20 then 30 40</answer>"],
+               [[10, 20, 30, 40]] * 3, coords="absolute") == [0.0, 1.0, 0.0]
