@@ -76,6 +76,11 @@ class DataConfig:
     nothink_instruction: str = ("Do not think: give only the final answer inside <answer> "
                                 "</answer> tags.")
 
+    @property
+    def skips_bad_samples(self) -> bool:
+        """on_bad_sample=skip: a sample whose media fails is skipped and counted (else: raise)."""
+        return self.on_bad_sample == "skip"
+
 
 @dataclass
 class LoraSpec:
@@ -190,6 +195,16 @@ class AlgoConfig:
         """A reference model is needed for the KL loss or the KL in the reward."""
         return self.beta > 0 or self.kl_reward_coef > 0
 
+    @property
+    def history_skips(self) -> bool:
+        """history_mode=skip: filtered prompts are skipped when drawn."""
+        return self.history_mode == "skip"
+
+    @property
+    def history_downweights(self) -> bool:
+        """history_mode=downweight: filtered prompts' advantages are scaled by history_weight."""
+        return self.history_mode == "downweight"
+
 
 # What each preset means; applied under explicit YAML/CLI values.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -243,6 +258,16 @@ class TrainConfig:
     # launcher: accelerate's DeepSpeed / FSDP config, else ddp) | ddp | deepspeed | fsdp2.
     parallel: Parallel = "auto"
     deepspeed_config: Optional[str] = None  # DeepSpeed JSON (default: the accelerate config's)
+
+    @property
+    def starts_fresh(self) -> bool:
+        """resume=none: a new run (a run dir holding one needs overwrite=true)."""
+        return self.resume == "none"
+
+    @property
+    def resumes_latest(self) -> bool:
+        """resume=auto: continue from the newest checkpoint in the run dir, if any."""
+        return self.resume == "auto"
 
 
 @dataclass

@@ -18,6 +18,26 @@ GROUP_RELATIVE = frozenset({"grpo", "dr_grpo", "rloo", "reinforce_pp", "gpg", "g
 WEIGHT_TRANSFER = {"colocated": ("auto", "bytes", "direct"),
                    "server": ("auto", "http", "nccl", "store")}
 
+
+
+def resolve_weight_transfer(value: str, mode: str, in_process: bool = False) -> str:
+    """The transfer `value` names for vLLM `mode` (colocated | server). auto: direct (no
+    serialisation) for a colocated engine whose worker shares the trainer's process, bytes for
+    one in worker processes, http for a server."""
+    if value != "auto":
+        return value
+    if mode == "server":
+        return "http"
+    return "direct" if in_process else "bytes"
+
+
+def resolve_progress(value: str, tty: bool) -> str:
+    """log.progress with auto resolved: a live bar on a terminal, step lines otherwise."""
+    if value != "auto":
+        return value
+    return "bar" if tty else "lines"
+
+
 _Check = tuple[str, Callable[[Any], bool], str]
 
 # (key, predicate on its value, legal range in words); a None value passes Optional keys.

@@ -36,7 +36,6 @@ import torch
 from torch import Tensor
 
 AdvantageFn = Callable[..., Tensor]
-SCALE_MODES = ("group", "batch", "none")
 
 
 class GroupStats(NamedTuple):
@@ -99,14 +98,23 @@ def grpo_advantage(scores: Tensor, group_ids: Tensor, *, lengths=None, eps: floa
     """
     if scale not in SCALE_MODES:
         raise ValueError(f"unknown scale {scale!r}; expected one of {SCALE_MODES}")
-    st = group_stats(scores, group_ids)
-    if scale == "none":
-        return _out(st.centered, scores)
-    if scale == "batch":
-        r = scores.detach().to(torch.float64)
-        std = r.std() if r.numel() > 1 else r.new_zeros(())
-        return _out(_scaled(st.centered, std, eps), scores)
-    return _out(_scaled(st.centered, st.std, eps), scores)
+    return _out(_SCALES[scale](group_stats(scores, group_ids), scores, eps), scores)
+
+
+def _batch_std(scores: Tensor) -> Tensor:
+    r = scores.detach().to(torch.float64)
+    return r.std() if r.numel() > 1 else r.new_zeros(())
+
+
+# GRPO's advantage from the group statistics, per `scale` (algo.scale_rewards)
+_SCALES = {
+    "group": lambda st, scores, eps: _scaled(st.centered, st.std, eps),
+    "batch": lambda st, scores, eps: _scaled(st.centered, _batch_std(scores), eps),
+    "none": lambda st, scores, eps: st.centered,
+}
+SCALE_MODES = tuple(_SCALES)
+# pass@k: whether the best row's gap is divided by the group std, per `scale`
+_PASSK_DIVIDES = {"group": True, "none": False}
 
 
 def dr_grpo_advantage(scores: Tensor, group_ids: Tensor, *, lengths=None, eps: float = 1e-6) -> Tensor:
@@ -171,7 +179,7 @@ def passk_advantage(scores: Tensor, group_ids: Tensor, *, lengths=None, eps: flo
     Ties for the best go to the first row of the group in batch order; groups of one give 0
     (verl raises on them).
     """
-    if scale not in ("group", "none"):
+    if scale not in _PASSK_DIVIDES:
         raise ValueError(f"grpo_passk: scale must be 'group' or 'none'; got {scale!r}")
     st = group_stats(scores, group_ids)
     r = scores.detach().to(torch.float64)
@@ -185,7 +193,7 @@ def passk_advantage(scores: Tensor, group_ids: Tensor, *, lengths=None, eps: flo
         top = torch.topk(r[rows], 2, sorted=True)
         best = rows[int((r[rows] == top.values[0]).nonzero()[0])]
         gap = top.values[0] - top.values[1]
-        adv[best] = gap if scale == "none" else _scaled(gap, st.std[best], eps)
+        adv[best] = _scaled(gap, st.std[best], eps) if _PASSK_DIVIDES[scale] else gap
     return _out(adv, scores)
 
 

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import torch
 
-IS_LEVELS = ("token", "sequence", "geometric")
-IS_MODES = ("truncate", "mask")
 _MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: far past any cap, far below float32 overflow
 
 
@@ -32,12 +30,36 @@ def _log_ratio(old: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor, lev
     # neither exp() overflow nor NaN can leak through the multiplication by the mask.
     lr = torch.where(m, old.detach().float() - sampler.detach().float(),
                      torch.zeros((), dtype=torch.float32, device=mask.device))
-    if level == "token":
-        return lr
-    total = lr.sum(-1, keepdim=True)
-    if level == "geometric":
-        total = total / m.sum(-1, keepdim=True).clamp(min=1)
-    return total.expand_as(lr)
+    return _LEVELS[level](lr, m)
+
+
+def _per_token(lr: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return lr
+
+
+def _per_sequence(lr: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return lr.sum(-1, keepdim=True).expand_as(lr)
+
+
+def _per_sequence_mean(lr: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return (lr.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)).expand_as(lr)
+
+
+def _truncate(w: torch.Tensor, cap: float, lower: float | None) -> torch.Tensor:
+    return w.clamp(max=cap)
+
+
+def _mask_outside(w: torch.Tensor, cap: float, lower: float | None) -> torch.Tensor:
+    low = 1.0 / cap if lower is None else lower
+    return torch.where((w >= low) & (w <= cap), w, torch.zeros_like(w))
+
+
+# log-ratio per token from the token log-ratios and the mask, per `level` (algo.tis_level)
+_LEVELS = {"token": _per_token, "sequence": _per_sequence, "geometric": _per_sequence_mean}
+# weights from the raw ratios, per `mode` (algo.tis_mode)
+_MODES = {"truncate": _truncate, "mask": _mask_outside}
+IS_LEVELS = tuple(_LEVELS)
+IS_MODES = tuple(_MODES)
 
 
 def is_weights(trainer_old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor,
@@ -60,11 +82,7 @@ def is_weights(trainer_old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask:
                          f"sampler {tuple(sampler_logp.shape)}, mask {tuple(mask.shape)}")
     m = mask.bool()
     w = _log_ratio(trainer_old_logp, sampler_logp, mask, level).clamp(max=_MAX_LOG_RATIO).exp()
-    if mode == "truncate":
-        w = w.clamp(max=cap)
-    else:
-        low = 1.0 / cap if lower is None else lower
-        w = torch.where((w >= low) & (w <= cap), w, torch.zeros_like(w))
+    w = _MODES[mode](w, cap, lower)
     return torch.where(m, w, torch.zeros_like(w))
 
 

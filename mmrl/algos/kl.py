@@ -18,11 +18,28 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-KL_KINDS = ("k1", "k2", "k3")
-
 # exp(d) overflows float32 near d = 88; +-20 already means a probability ratio of ~5e8, far
 # outside anything a KL penalty should see (verl clamps the same quantity).
 _MAX_LOG_RATIO = 20.0
+
+
+def _k1(d: Tensor, clamp: float | None) -> Tensor:
+    return -d
+
+
+def _k2(d: Tensor, clamp: float | None) -> Tensor:
+    return 0.5 * d * d
+
+
+def _k3(d: Tensor, clamp: float | None) -> Tensor:
+    d = d.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    k3 = torch.exp(d) - d - 1.0
+    return k3 if clamp is None else k3.clamp(-clamp, clamp)
+
+
+# estimator(d = ref_logp - logp, clamp) per `kind` (algo.kl / algo.kl_reward_kind)
+KL_ESTIMATORS = {"k1": _k1, "k2": _k2, "k3": _k3}
+KL_KINDS = tuple(KL_ESTIMATORS)
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3", clamp: float | None = None) -> Tensor:
@@ -35,16 +52,10 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3", clamp: float | 
     kind = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}.get(kind, kind)
     if logp.shape != ref_logp.shape:
         raise ValueError(f"logp {tuple(logp.shape)} and ref_logp {tuple(ref_logp.shape)} differ")
-    d = ref_logp.detach() - logp
-    if kind == "k1":
-        return -d
-    if kind == "k2":
-        return 0.5 * d * d
-    if kind == "k3":
-        d = d.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-        k3 = torch.exp(d) - d - 1.0
-        return k3 if clamp is None else k3.clamp(-clamp, clamp)
-    raise ValueError(f"unknown kl estimator {kind!r}; expected one of {KL_KINDS}")
+    estimator = KL_ESTIMATORS.get(kind)
+    if estimator is None:
+        raise ValueError(f"unknown kl estimator {kind!r}; expected one of {KL_KINDS}")
+    return estimator(ref_logp.detach() - logp, clamp)
 
 
 def kl_in_reward(scores: Tensor, logp: Tensor, ref_logp: Tensor, mask: Tensor, coef: float,

@@ -37,6 +37,8 @@ Inputs below float32 are upcast to float32. ``old_logp``, ``ref_logp`` and ``adv
 """
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -44,8 +46,6 @@ from mmrl.algos.kl import KL_KINDS, kl_penalty
 from mmrl.algos.surrogates import (LOSS_TYPES, cispo_surrogate, clip_cov_surrogate, kl_cov_surrogate,
                                    ppo_surrogate)
 
-AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-RATIO_LEVELS = ("token", "sequence")
 _MAX_LOG_RATIO = 20.0
 
 
@@ -63,9 +63,7 @@ def loss_normalizer(mask: Tensor, agg: str) -> Tensor:
     """
     if agg not in AGG_MODES:
         raise ValueError(f"unknown agg {agg!r}; expected one of {AGG_MODES}")
-    if agg == "token_mean":
-        return (mask > 0).to(torch.float64).sum() if mask.dtype == torch.bool else mask.double().sum()
-    return torch.tensor(float(mask.shape[0]), dtype=torch.float64)
+    return _AGGREGATIONS[agg].normalizer(mask)
 
 
 def _validate(logp, old_logp, adv, mask, ref_logp, *, agg, ratio, beta, kl, max_len, clip_low):
@@ -80,7 +78,7 @@ def _validate(logp, old_logp, adv, mask, ref_logp, *, agg, ratio, beta, kl, max_
         raise ValueError(f"unknown agg {agg!r}; expected one of {AGG_MODES}")
     if ratio not in RATIO_LEVELS:
         raise ValueError(f"unknown ratio {ratio!r}; expected one of {RATIO_LEVELS}")
-    if agg == "seq_mean_token_sum_norm" and (max_len is None or max_len <= 0):
+    if _AGGREGATIONS[agg].needs_max_len and (max_len is None or max_len <= 0):
         raise ValueError("agg='seq_mean_token_sum_norm' needs max_len (the generation budget) > 0")
     if not 0.0 <= clip_low <= 1.0:
         raise ValueError(f"clip_low must be in [0, 1]; got {clip_low}")
@@ -99,10 +97,17 @@ def importance_ratio(logp: Tensor, old_logp: Tensor, valid: Tensor, level: str =
     Invalid positions are replaced *before* any arithmetic that could overflow, so padding that
     holds -inf/NaN log-probs can neither poison the forward value nor the gradient.
     """
+    if level not in _RATIOS:
+        raise ValueError(f"unknown ratio {level!r}; expected one of {RATIO_LEVELS}")
+    return _RATIOS[level](logp, torch.where(valid, logp - old_logp, torch.zeros_like(logp)), valid)
+
+
+def _token_ratio(logp: Tensor, log_ratio: Tensor, valid: Tensor) -> Tensor:
+    return log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).exp()
+
+
+def _sequence_ratio(logp: Tensor, log_ratio: Tensor, valid: Tensor) -> Tensor:
     zero = torch.zeros_like(logp)
-    log_ratio = torch.where(valid, logp - old_logp, zero)
-    if level == "token":
-        return log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).exp()
     m = valid.to(logp.dtype)
     seq_log_ratio = (log_ratio * m).sum(-1) / m.sum(-1).clamp(min=1.0)  # length-normalised (GSPO)
     seq_log_ratio = seq_log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
@@ -111,25 +116,61 @@ def importance_ratio(logp: Tensor, old_logp: Tensor, valid: Tensor, level: str =
     return (seq_log_ratio.detach().unsqueeze(-1) + token_delta).exp()
 
 
+# the per-token ratio per `level` (algo.ratio): PPO/GRPO per token, GSPO per sequence
+_RATIOS = {"token": _token_ratio, "sequence": _sequence_ratio}
+RATIO_LEVELS = tuple(_RATIOS)
+
+
 def aggregate_loss(per_token: Tensor, mask: Tensor, agg: str, *, max_len=None, normalizer=None) -> Tensor:
     """Reduce a per-token loss [N, L] to a scalar; formulas in the module docstring.
 
     ``mask`` is float (weights); ``per_token`` must already be finite where mask == 0.
     """
-    weighted = per_token * mask
-    if agg == "token_mean":
-        denom = mask.sum() if normalizer is None else normalizer
-        return _safe_div(weighted.sum(), denom)
-    if agg == "seq_mean_token_mean":
-        per_seq = _safe_div(weighted.sum(-1), mask.sum(-1))  # all-masked row -> 0, not NaN
-    elif agg == "seq_mean_token_sum_norm":
-        if max_len is None:
-            raise ValueError("agg='seq_mean_token_sum_norm' needs max_len")
-        per_seq = weighted.sum(-1) / float(max_len)
-    else:
+    if agg not in _AGGREGATIONS:
         raise ValueError(f"unknown agg {agg!r}; expected one of {AGG_MODES}")
-    denom = per_token.shape[0] if normalizer is None else normalizer
-    return _safe_div(per_seq.sum(), denom)
+    return _AGGREGATIONS[agg].reduce(per_token * mask, mask, max_len, normalizer)
+
+
+class _Aggregation(NamedTuple):
+    reduce: Callable[..., Tensor]  # (weighted per-token loss, mask, max_len, normalizer) -> scalar
+    normalizer: Callable[[Tensor], Tensor]  # this process's share of the denominator
+    needs_max_len: bool = False
+
+
+def _token_mean(weighted: Tensor, mask: Tensor, max_len, normalizer) -> Tensor:
+    return _safe_div(weighted.sum(), mask.sum() if normalizer is None else normalizer)
+
+
+def _seq_mean(per_seq: Tensor, normalizer) -> Tensor:
+    return _safe_div(per_seq.sum(), per_seq.shape[0] if normalizer is None else normalizer)
+
+
+def _seq_mean_token_mean(weighted: Tensor, mask: Tensor, max_len, normalizer) -> Tensor:
+    # all-masked row -> 0, not NaN
+    return _seq_mean(_safe_div(weighted.sum(-1), mask.sum(-1)), normalizer)
+
+
+def _seq_mean_token_sum_norm(weighted: Tensor, mask: Tensor, max_len, normalizer) -> Tensor:
+    if max_len is None:
+        raise ValueError("agg='seq_mean_token_sum_norm' needs max_len")
+    return _seq_mean(weighted.sum(-1) / float(max_len), normalizer)
+
+
+def _valid_tokens(mask: Tensor) -> Tensor:
+    return (mask > 0).to(torch.float64).sum() if mask.dtype == torch.bool else mask.double().sum()
+
+
+def _rows(mask: Tensor) -> Tensor:
+    return torch.tensor(float(mask.shape[0]), dtype=torch.float64)
+
+
+# each `agg` (algo.agg): its reduction, its denominator, whether it needs the generation budget
+_AGGREGATIONS = {
+    "token_mean": _Aggregation(_token_mean, _valid_tokens),
+    "seq_mean_token_mean": _Aggregation(_seq_mean_token_mean, _rows),
+    "seq_mean_token_sum_norm": _Aggregation(_seq_mean_token_sum_norm, _rows, needs_max_len=True),
+}
+AGG_MODES = tuple(_AGGREGATIONS)
 
 
 @torch.no_grad()
@@ -229,23 +270,47 @@ def _check_extras(loss_type, dual_clip, entropy, entropy_coef, logp) -> None:
         raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {LOSS_TYPES}")
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (verl's clip_ratio_c; 3 is usual); got {dual_clip}")
-    if dual_clip is not None and loss_type != "ppo":
+    if dual_clip is not None and not _SURROGATES[loss_type].takes_dual_clip:
         raise ValueError(f"dual_clip applies to loss_type 'ppo' only; got {loss_type!r}")
     if entropy_coef != 0.0 and (entropy is None or entropy.shape != logp.shape):
         raise ValueError(f"entropy_coef != 0 needs entropy of shape {tuple(logp.shape)}")
 
 
 def _surrogate(loss_type, r, logp, old_logp, a, valid, clip_low, clip_high, dual_clip, cov) -> Tensor:
-    if loss_type == "ppo":
-        return ppo_surrogate(r, a, clip_low, clip_high, dual_clip)
-    if loss_type == "cispo":
-        return cispo_surrogate(r, logp, a, clip_low, clip_high)
-    if loss_type == "gpg":
-        return -a * logp
-    ratio_share = cov.get("cov_ratio", 2e-4)
-    if loss_type == "clip_cov":
-        return clip_cov_surrogate(r, logp, a, valid, clip_low, clip_high, cov_ratio=ratio_share,
-                                  cov_lb=cov.get("cov_lb", 1.0), cov_ub=cov.get("cov_ub", 5.0),
-                                  generator=cov.get("generator"))
+    return _SURROGATES[loss_type].fn(r, logp, old_logp, a, valid, clip_low, clip_high, dual_clip, cov)
+
+
+def _ppo(r, logp, old_logp, a, valid, clip_low, clip_high, dual_clip, cov) -> Tensor:
+    return ppo_surrogate(r, a, clip_low, clip_high, dual_clip)
+
+
+def _cispo(r, logp, old_logp, a, valid, clip_low, clip_high, dual_clip, cov) -> Tensor:
+    return cispo_surrogate(r, logp, a, clip_low, clip_high)
+
+
+def _gpg(r, logp, old_logp, a, valid, clip_low, clip_high, dual_clip, cov) -> Tensor:
+    return -a * logp
+
+
+def _clip_cov(r, logp, old_logp, a, valid, clip_low, clip_high, dual_clip, cov) -> Tensor:
+    return clip_cov_surrogate(r, logp, a, valid, clip_low, clip_high,
+                              cov_ratio=cov.get("cov_ratio", 2e-4), cov_lb=cov.get("cov_lb", 1.0),
+                              cov_ub=cov.get("cov_ub", 5.0), generator=cov.get("generator"))
+
+
+def _kl_cov(r, logp, old_logp, a, valid, clip_low, clip_high, dual_clip, cov) -> Tensor:
     return kl_cov_surrogate(r, logp, torch.where(valid, old_logp, torch.zeros_like(old_logp)), a,
-                            valid, cov_ratio=ratio_share, kl_cov_coef=cov.get("kl_cov_coef", 1.0))
+                            valid, cov_ratio=cov.get("cov_ratio", 2e-4),
+                            kl_cov_coef=cov.get("kl_cov_coef", 1.0))
+
+
+class _Surrogate(NamedTuple):
+    fn: Callable[..., Tensor]
+    takes_dual_clip: bool = False
+
+
+# the per-token surrogate per `loss_type` (algo.loss_type; mmrl.algos.surrogates)
+_SURROGATES = {"ppo": _Surrogate(_ppo, takes_dual_clip=True), "cispo": _Surrogate(_cispo),
+               "gpg": _Surrogate(_gpg), "clip_cov": _Surrogate(_clip_cov),
+               "kl_cov": _Surrogate(_kl_cov)}
+assert tuple(_SURROGATES) == LOSS_TYPES, "a loss_type without its surrogate here"

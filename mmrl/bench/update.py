@@ -93,7 +93,7 @@ def _update_phase(layout, model, ref_model, prompts, ids, mask, adv, *, pad_id, 
                 logp, width = layout_forward(layout, m, prompts, ids, mask, rows, pad_id=pad_id)
                 target[rows, :width] = logp.float()
     fmask = mask.float()
-    normalizer = fmask.sum().clamp(min=1) if agg == "token_mean" else float(mask.shape[0])
+    normalizer = algos.loss_normalizer(fmask, agg)  # global over the micro-batches
     model.train()
     model.zero_grad(set_to_none=True)
     total = 0.0

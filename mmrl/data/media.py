@@ -351,12 +351,8 @@ def _decode_video(path: str, params: dict, backend: str, source: str) -> Video:
         return plan_frames(n, native, fps=params["fps"], nframes=params["nframes"],
                            start=params["start"], end=params["end"], max_frames=params["max_frames"])
 
-    order = {"auto": (_decode_decord, _decode_pyav), "decord": (_decode_decord,),
-             "pyav": (_decode_pyav,)}[backend]
-    if backend == "auto" and _import_decord() is None:
-        order = (_decode_pyav,)
     errors = []
-    for decoder in order:
+    for decoder in _VIDEO_DECODERS[backend]():
         try:
             frames, idx, sample_fps, n, native = decoder(path, plan)
             break
@@ -374,7 +370,18 @@ def _decode_video(path: str, params: dict, backend: str, source: str) -> Video:
                  timestamps=[i / native for i in idx], duration=n / native, path=str(path))
 
 
+# The decoders tried in turn per video `backend`; auto skips decord where it is not installed.
+_VIDEO_DECODERS = {
+    "auto": lambda: (_decode_pyav,) if _import_decord() is None else (_decode_decord, _decode_pyav),
+    "decord": lambda: (_decode_decord,),
+    "pyav": lambda: (_decode_pyav,),
+}
+
 # ------------------------------------------------------------------------------------- audio ----
+
+# Per `truncate` (data.audio_truncate), whether audio over max_seconds keeps its start (else raises).
+AUDIO_KEEPS_HEAD = {"error": False, "head": True}
+
 
 def load_audio(path: str, *, sr: int = AUDIO_SAMPLING_RATE, max_seconds: float | None = None,
                truncate: str = "error", source: str = "", cache: "DecodeCache | None" = None,
@@ -386,7 +393,7 @@ def load_audio(path: str, *, sr: int = AUDIO_SAMPLING_RATE, max_seconds: float |
     a dict to collect the count). Reads wav/flac/ogg with soundfile, anything else with PyAV
     (mp3, m4a, the audio track of a video).
     """
-    if truncate not in ("error", "head"):
+    if truncate not in AUDIO_KEEPS_HEAD:
         raise ValueError(f"load_audio: truncate must be 'error' or 'head', got {truncate!r}")
     if sr <= 0 or (max_seconds is not None and not max_seconds > 0):
         raise ValueError(f"load_audio: need sr > 0 and max_seconds > 0 (got {sr}, {max_seconds})")
@@ -394,7 +401,7 @@ def load_audio(path: str, *, sr: int = AUDIO_SAMPLING_RATE, max_seconds: float |
     params = {"sr": int(sr), "max_seconds": max_seconds, "truncate": truncate}
 
     def decode() -> tuple[np.ndarray, bool]:
-        return _decode_audio(path, int(sr), max_seconds, truncate, source)
+        return _decode_audio(path, int(sr), max_seconds, AUDIO_KEEPS_HEAD[truncate], source)
 
     audio, truncated = decode() if cache is None else cache.audio(path, params, decode)
     if truncated and stats is not None:
@@ -402,21 +409,21 @@ def load_audio(path: str, *, sr: int = AUDIO_SAMPLING_RATE, max_seconds: float |
     return audio
 
 
-def _decode_audio(path: str, sr: int, max_seconds: float | None, truncate: str,
+def _decode_audio(path: str, sr: int, max_seconds: float | None, keep_head: bool,
                   source: str) -> tuple[np.ndarray, bool]:
     limit = None if max_seconds is None else max_seconds  # seconds
     x = native = None
     errors = []
     if Path(path).suffix.lower() in SOUNDFILE_SUFFIXES:
         try:
-            x, native = _read_soundfile(path, limit, truncate)
+            x, native = _read_soundfile(path, limit, keep_head)
         except _TooLong as e:
             raise _fail(source, "audio", path, str(e)) from None
         except Exception as e:  # soundfile.LibsndfileError, RuntimeError: try FFmpeg instead
             errors.append(f"soundfile: {e}")
     if x is None:
         try:
-            x, native = _read_pyav(path, limit, truncate)
+            x, native = _read_pyav(path, limit, keep_head)
         except _TooLong as e:
             raise _fail(source, "audio", path, str(e)) from None
         except _NoAudio:
@@ -431,7 +438,7 @@ def _decode_audio(path: str, sr: int, max_seconds: float | None, truncate: str,
         import soxr
 
         x = soxr.resample(x, native, sr)
-    if limit is not None:  # in "error" mode this only drops resampling round-off
+    if limit is not None:  # without keep_head this only drops resampling round-off
         x = x[:int(round(limit * sr))]
     return np.ascontiguousarray(x, dtype=np.float32), bool(truncated)
 
@@ -449,20 +456,20 @@ def _too_long(seconds: float, limit: float) -> _TooLong:
                     f"(set truncate='head' to keep the first {limit:g} s)")
 
 
-def _read_soundfile(path: str, limit: float | None, truncate: str) -> tuple[np.ndarray, int]:
+def _read_soundfile(path: str, limit: float | None, keep_head: bool) -> tuple[np.ndarray, int]:
     import soundfile as sf
 
     info = sf.info(path)
     frames = -1
     if limit is not None and info.frames > limit * info.samplerate:
-        if truncate == "error":
+        if not keep_head:
             raise _too_long(info.frames / info.samplerate, limit)
         frames = int(math.ceil((limit + RESAMPLE_MARGIN) * info.samplerate))
     x, native = sf.read(path, frames=frames, dtype="float32", always_2d=True)
     return x.mean(axis=1), int(native)
 
 
-def _read_pyav(path: str, limit: float | None, truncate: str) -> tuple[np.ndarray, int]:
+def _read_pyav(path: str, limit: float | None, keep_head: bool) -> tuple[np.ndarray, int]:
     import av
 
     chunks, total = [], 0
@@ -481,7 +488,7 @@ def _read_pyav(path: str, limit: float | None, truncate: str) -> tuple[np.ndarra
                 chunks.append(arr.mean(axis=0))
                 total += arr.shape[1]
             if limit is not None and total > limit * native:
-                if truncate == "error":
+                if not keep_head:
                     raise _too_long(total / native, limit)  # at least this long
                 if total > (limit + RESAMPLE_MARGIN) * native:
                     break

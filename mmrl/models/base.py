@@ -111,6 +111,9 @@ class ModelAdapter:
     # M-RoPE families (Qwen2-VL, Qwen2.5-VL) need `mm_token_type_ids` in every forward; families
     # whose model derives positions from input_ids alone reject it in generate().
     uses_token_type_ids: bool = True
+    # Pixels per merged patch side (patch size x spatial merge): the factor image budgets round
+    # to (qwen-vl-utils' `factor`). 14 px patches merged 2x2 in Qwen2/2.5-VL.
+    image_factor: int = 28
 
     # ---- loading ---------------------------------------------------------------------------
 

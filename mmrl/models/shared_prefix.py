@@ -37,8 +37,12 @@ from mmrl.models import prefix_attention
 from mmrl.models.forward import check_no_placeholders
 from mmrl.types import PromptFeatures
 
-# Attention implementations that accept an arbitrary 4-D mask passed through as-is.
-MASKED_ATTENTION = ("sdpa", "eager")
+# The attention implementations that take the layout's 4-D group mask, each with the mask's form:
+# sdpa takes it boolean, eager adds it to the scores.
+MASKED_ATTENTION = {"sdpa": lambda mask, dtype: mask,
+                    "eager": lambda mask, dtype: _additive(mask, dtype)}
+# Implementations the layout swaps for its varlen kernel (same kernel family, packed groups).
+_VARLEN_FOR = {"flash_attention_2": prefix_attention.NAME}
 
 
 def unwrap(model):
@@ -76,9 +80,9 @@ def enable_shared_prefix(model, wanted: bool = True) -> tuple[bool, str]:
     impl = attn_implementation(model)
     if not wanted:
         return False, "shared-prefix layout off (train.shared_prefix=false): prompts run G times"
-    if impl == "flash_attention_2":
-        unwrap(model).set_attn_implementation(prefix_attention.NAME)
-        impl = prefix_attention.NAME
+    if impl in _VARLEN_FOR:
+        impl = _VARLEN_FOR[impl]
+        unwrap(model).set_attn_implementation(impl)
     if impl == prefix_attention.NAME:
         return True, (f"shared-prefix layout on: varlen attention ({prefix_attention.kernel_description()}), "
                       f"groups packed pad-free")
@@ -287,8 +291,9 @@ def shared_prefix_logprobs(model, prompts: Sequence[PromptFeatures], completion_
     if stats is not None:
         stats["pad_fraction"] = packed.pad_fraction
     inputs = {k: v.to(device) for k, v in packed.inputs.items()}
-    if attn_implementation(model) == "eager":  # eager adds the mask to the scores
-        inputs["attention_mask"] = _additive(inputs["attention_mask"], next(model.parameters()).dtype)
+    to_mask = MASKED_ATTENTION.get(attn_implementation(model))  # None: varlen takes the packing
+    if to_mask is not None:
+        inputs["attention_mask"] = to_mask(inputs["attention_mask"], next(model.parameters()).dtype)
     keep = packed.keep.to(device)
     if _takes_logits_index(model):
         logits = model(**inputs, logits_to_keep=keep, use_cache=False).logits  # [B, K, V]

@@ -36,10 +36,16 @@ def make_engine(cfg_rollout, model, processor, adapter) -> RolloutEngine:
     generate) or "vllm" (a colocated vLLM engine built from `cfg_rollout.vllm`; with
     `vllm.server_url` set, a client of a running `vllm serve` instead). Each engine reads its
     own options from the config object; the defaults live in mmrl/config.py only."""
-    if cfg_rollout.backend == "hf":
-        from mmrl.rollout.hf import HFEngine
+    return ENGINES[cfg_rollout.backend](cfg_rollout, model, processor, adapter)
 
-        return HFEngine.from_config(cfg_rollout, model, processor)
+
+def _hf_engine(cfg_rollout, model, processor, adapter) -> RolloutEngine:
+    from mmrl.rollout.hf import HFEngine
+
+    return HFEngine.from_config(cfg_rollout, model, processor)
+
+
+def _vllm_engine(cfg_rollout, model, processor, adapter) -> RolloutEngine:
     if cfg_rollout.vllm.server_url:
         from mmrl.rollout.vllm_server import VLLMServerEngine
 
@@ -47,3 +53,7 @@ def make_engine(cfg_rollout, model, processor, adapter) -> RolloutEngine:
     from mmrl.rollout.vllm import VLLMEngine
 
     return VLLMEngine.from_config(cfg_rollout.vllm, model, processor, adapter)
+
+
+# The engine builder per rollout.backend; imported lazily (vLLM is an optional dependency).
+ENGINES = {"hf": _hf_engine, "vllm": _vllm_engine}

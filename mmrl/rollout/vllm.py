@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from mmrl.config_rules import WEIGHT_TRANSFER
+from mmrl.config_rules import WEIGHT_TRANSFER, resolve_weight_transfer
 from mmrl.models.forward import Generation
 from mmrl.rollout.vllm_io import (ban_fields, build_request, describe, eos_token_ids,
                                   media_pad_ids, to_generation)
@@ -74,6 +74,23 @@ def _preserve_process_state():
         random.setstate(states[2])
         if states[3] is not None:
             torch.cuda.set_rng_state_all(states[3])
+
+
+def _send_bytes(llm, state: dict) -> list:
+    from safetensors.torch import save
+
+    blob = save({k: v.contiguous().cpu() for k, v in state.items()})
+    return llm.collective_rpc("load_weights_bytes", args=(blob,))
+
+
+def _send_direct(llm, state: dict) -> list:
+    return llm.collective_rpc("load_weights_direct", args=(list(state.items()),))
+
+
+# How sync_weights hands the state to the workers, per weight_transfer (auto resolved by
+# config_rules); each returns the tensor count every worker read.
+_SENDERS = {"bytes": _send_bytes, "direct": _send_direct}
+_IN_PROCESS_ONLY = {"direct"}  # passes the tensors themselves: the worker must share the process
 
 
 def _is_cpu_platform() -> bool:
@@ -125,9 +142,8 @@ class VLLMEngine:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))
         self.in_process = (os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
                            and tensor_parallel_size == 1)
-        self.transfer = weight_transfer if weight_transfer != "auto" else (
-            "direct" if self.in_process else "bytes")
-        if self.transfer == "direct" and not self.in_process:
+        self.transfer = resolve_weight_transfer(weight_transfer, "colocated", self.in_process)
+        if self.transfer in _IN_PROCESS_ONLY and not self.in_process:
             raise ValueError("weight_transfer=direct needs an in-process engine "
                              "(VLLM_ENABLE_V1_MULTIPROCESSING=0, tensor_parallel_size=1)")
         self.adapter, self.processor = adapter, processor
@@ -256,13 +272,7 @@ class VLLMEngine:
         the old ones (prefix KV blocks, vision/audio encoder outputs)."""
         self._wake(["weights"])
         state = vllm_state_dict(model, self.adapter)
-        if self.transfer == "direct":
-            counts = self.llm.collective_rpc("load_weights_direct", args=(list(state.items()),))
-        else:
-            from safetensors.torch import save
-
-            blob = save({k: v.contiguous().cpu() for k, v in state.items()})
-            counts = self.llm.collective_rpc("load_weights_bytes", args=(blob,))
+        counts = _SENDERS[self.transfer](self.llm, state)
         if any(c != len(state) for c in counts):
             raise RuntimeError(f"weight sync: workers read {counts} tensors, sent {len(state)}")
         self._wake(["kv_cache"])

@@ -2,12 +2,12 @@
 and `python -m mmrl.rollout.vllm_server export`, which writes the checkpoint the server loads."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
-from mmrl.config_rules import WEIGHT_TRANSFER
+from mmrl.config_rules import WEIGHT_TRANSFER, resolve_weight_transfer
 from mmrl.models.forward import Generation
 from mmrl.rollout.vllm_io import ban_fields, describe, prompt_media, to_generation
 from mmrl.rollout.vllm_weights import export_for_vllm, vllm_state_dict
@@ -84,7 +84,7 @@ class VLLMServerEngine:
         if weight_transfer not in WEIGHT_TRANSFER["server"]:
             raise ValueError(f"server mode rollout.vllm.weight_transfer={weight_transfer!r}: use "
                              f"{' | '.join(WEIGHT_TRANSFER['server'])}")
-        self.transfer = "http" if weight_transfer == "auto" else weight_transfer
+        self.transfer = resolve_weight_transfer(weight_transfer, "server")
         self.transfer_port, self._comm = weight_transfer_port, None
         self.base_url = base_url.rstrip("/")
         self.adapter, self.processor, self.timeout = adapter, processor, timeout
@@ -182,19 +182,19 @@ class VLLMServerEngine:
     def sync_weights(self, model) -> None:
         """Push `model`'s weights (see `weight_transfer`), then reset the server's caches."""
         state = vllm_state_dict(model, self.adapter)
-        if self.transfer == "http":
-            import base64
-
-            from safetensors.torch import save
-
-            blob = save({k: v.detach().contiguous().cpu() for k, v in state.items()})
-            counts = self._rpc("load_weights_b64", base64.b64encode(blob).decode())
-        else:
-            counts = self._broadcast(state)
+        counts = self._broadcast(state) if self.transfer in _BROADCASTS else self._send_http(state)
         if any(int(c) != len(state) for c in counts):
             raise RuntimeError(f"weight sync: server workers read {counts} tensors, sent {len(state)}")
         self._post("/reset_prefix_cache")
         self._post("/reset_encoder_cache")
+
+    def _send_http(self, state: dict[str, torch.Tensor]) -> list:
+        import base64
+
+        from safetensors.torch import save
+
+        blob = save({k: v.detach().contiguous().cpu() for k, v in state.items()})
+        return self._rpc("load_weights_b64", base64.b64encode(blob).decode())
 
     def _join_weight_group(self) -> None:
         """Rendezvous with every server worker (ranks 0..W-1; this process is rank W)."""
@@ -208,14 +208,10 @@ class VLLMServerEngine:
                                   str(world), self.transfer)  # the workers block in the rendezvous until this process joins too
         group = StatelessProcessGroup.create(host=host, port=self.transfer_port, rank=workers,
                                              world_size=world)
-        if self.transfer == "nccl":
-            from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-            self._comm = PyNcclCommunicator(group, device=torch.cuda.current_device())
-        else:
-            self._comm = group
+        self._comm = _BROADCASTS[self.transfer].communicator(group)
         join.join()
-        if "error" in result:
-            raise RuntimeError(f"weight group rendezvous failed on the server: {result['error']}")
+        if "failed" in result:
+            raise RuntimeError(f"weight group rendezvous failed on the server: {result['failed']}")
         self._src = workers
 
     def _broadcast(self, state: dict[str, torch.Tensor]) -> list:
@@ -226,21 +222,38 @@ class VLLMServerEngine:
             self._join_weight_group()
         manifest = [(k, str(v.dtype).removeprefix("torch."), list(v.shape)) for k, v in state.items()]
         receive, result = _in_thread(self._rpc, "receive_weights", json.dumps(manifest))
-        device = torch.device("cuda", torch.cuda.current_device()) if self.transfer == "nccl" \
-            else torch.device("cpu")
+        device = _BROADCASTS[self.transfer].device()
         for tensor in state.values():
             self._comm.broadcast(tensor.detach().to(device).contiguous(), src=self._src)
         receive.join()
-        if "error" in result:
-            raise RuntimeError(f"weight broadcast failed on the server: {result['error']}")
+        if "failed" in result:
+            raise RuntimeError(f"weight broadcast failed on the server: {result['failed']}")
         return result["value"]
 
     def close(self) -> None:
         pass
 
 
+def _nccl_communicator(group):
+    from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+
+    return PyNcclCommunicator(group, device=torch.cuda.current_device())
+
+
+class _Broadcast(NamedTuple):
+    communicator: Callable  # the rendezvous group -> what broadcasts the tensors
+    device: Callable[[], torch.device]  # where the tensors go from
+
+
+# The weight_transfer values that broadcast to the workers (the rest, http, post the bytes).
+_BROADCASTS = {
+    "nccl": _Broadcast(_nccl_communicator, lambda: torch.device("cuda", torch.cuda.current_device())),
+    "store": _Broadcast(lambda group: group, lambda: torch.device("cpu")),
+}
+
+
 def _in_thread(fn, *args):
-    """Run `fn(*args)` in a started thread -> (thread, dict that gets "value" or "error")."""
+    """Run `fn(*args)` in a started thread -> (thread, dict that gets "value" or "failed")."""
     import threading
 
     result: dict = {}
@@ -249,7 +262,7 @@ def _in_thread(fn, *args):
         try:
             result["value"] = fn(*args)
         except Exception as e:  # re-raised by the caller after join
-            result["error"] = f"{type(e).__name__}: {e}"
+            result["failed"] = f"{type(e).__name__}: {e}"
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()

@@ -27,6 +27,17 @@ def _from_safetensors(blob: bytes) -> Iterator[tuple[str, torch.Tensor]]:
     yield from load(blob).items()
 
 
+def _nccl_communicator(group, worker):
+    from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+
+    return PyNcclCommunicator(group, device=worker.device)
+
+
+# What receives the broadcast weights over the rendezvous group, per transport (the server
+# engine's weight_transfer): NCCL on GPU, or the group's TCP store itself.
+_COMMUNICATORS = {"nccl": _nccl_communicator, "store": lambda group, worker: group}
+
+
 class WeightSync:
     """Worker mixin. Methods return small plain values: in multiprocess mode every argument and
     result crosses a process boundary through msgspec (tensors would arrive as nested lists,
@@ -82,13 +93,9 @@ class WeightSync:
         rank = int(getattr(self, "rank", 0))
         group = StatelessProcessGroup.create(host=host, port=int(port), rank=rank,
                                              world_size=int(world_size))
-        if transport == "nccl":
-            from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-            self._mmrl_comm = PyNcclCommunicator(group, device=self.device)
-        elif transport == "store":
-            self._mmrl_comm = group
-        else:
+        if transport not in _COMMUNICATORS:
             raise ValueError(f"weight transport {transport!r}: use nccl or store")
+        self._mmrl_comm = _COMMUNICATORS[transport](group, self)
         self._mmrl_src = int(world_size) - 1
         return rank
 

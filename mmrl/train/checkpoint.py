@@ -172,15 +172,19 @@ def load_state(ckpt: Path, rank: int = 0, world: int = 1) -> dict[str, Any]:
 
 def resolve_resume(resume: str, run_dir: Path) -> Path | None:
     """`none` -> None; `auto` -> newest complete checkpoint in run_dir (or None); else a path."""
-    if resume in ("none", "", None):
+    if resume is None:
         return None
-    if resume == "auto":
-        return latest(run_dir)
+    if resume in RESUME_KEYWORDS:
+        return RESUME_KEYWORDS[resume](run_dir)
     path = Path(resume)
     if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"train.resume={resume}: no {STATE_FILE} there; point it at a "
                                 f"checkpoints/step_NNNNNN dir or use resume=auto")
     return path
+
+
+# train.resume's keywords -> the checkpoint they resume from (None: start fresh); else a path.
+RESUME_KEYWORDS = {"none": lambda run_dir: None, "": lambda run_dir: None, "auto": latest}
 
 
 def _fsync_dir(path: Path) -> None:

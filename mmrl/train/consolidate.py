@@ -23,18 +23,27 @@ def sharded_kind(ckpt: Path) -> str | None:
     return None
 
 
+def _from_zero(ckpt: Path) -> dict[str, torch.Tensor]:
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    return get_fp32_state_dict_from_zero_checkpoint(str(ckpt / "deepspeed"), tag="shards")
+
+
+def _from_dcp(ckpt: Path) -> dict[str, torch.Tensor]:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    with tempfile.TemporaryDirectory() as tmp:
+        dcp_to_torch_save(str(ckpt / "dcp"), f"{tmp}/full.pt")
+        return torch.load(f"{tmp}/full.pt", map_location="cpu", weights_only=True)["model"]
+
+
+# The whole state dict per sharded layout (sharded_kind: the checkpoint's sub-directory)
+_FULL_STATE = {"deepspeed": _from_zero, "dcp": _from_dcp}
+
+
 def full_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
     """The model's whole state dict (float32 for ZeRO, the saved dtype for FSDP2)."""
     kind = sharded_kind(ckpt)
-    if kind == "deepspeed":
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-        return get_fp32_state_dict_from_zero_checkpoint(str(Path(ckpt) / "deepspeed"),
-                                                        tag="shards")
-    if kind == "dcp":
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-        with tempfile.TemporaryDirectory() as tmp:
-            dcp_to_torch_save(str(Path(ckpt) / "dcp"), f"{tmp}/full.pt")
-            return torch.load(f"{tmp}/full.pt", map_location="cpu", weights_only=True)["model"]
+    if kind in _FULL_STATE:
+        return _FULL_STATE[kind](Path(ckpt))
     raise ValueError(f"{ckpt} has no sharded weights (no deepspeed/ or dcp/ inside); it is "
                      f"already a Hugging Face model directory")
 

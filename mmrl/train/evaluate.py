@@ -52,7 +52,7 @@ def _decode_chunk(samples, adapter, processor, load, cfg) -> tuple[list[Sample],
                 feats.append(adapter.prompt_features(processor, s, **media))
             chunk.append(s)
         except MediaError:
-            if cfg.data.on_bad_sample != "skip":
+            if not cfg.data.skips_bad_samples:
                 raise
             failed += 1  # counted in the result's "failed"
     return chunk, feats, failed

@@ -15,6 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
     TimeRemainingColumn
 from rich.table import Table
 
+from mmrl import config_rules
+
 # Shown on the live line, in this order, when present.
 HEADLINE = [("reward/total_mean", "reward"), ("eval/accuracy", "acc"),
             ("completion/length_mean", "len"), ("time/step", "s/step")]
@@ -50,6 +52,12 @@ def _last_step(path: Path) -> int | None:
     return last
 
 
+# Per progress mode: (live bar, a line every log_every steps, messages and tables). "off" hides
+# the bar and step lines only; "silent" (non-main ranks) hides everything.
+PROGRESS_SHOWS = {"bar": (True, False, True), "lines": (False, True, True),
+                  "off": (False, False, True), "silent": (False, False, False)}
+
+
 class RunLogger:
     def __init__(self, run_dir: Path, *, tensorboard: bool = True, wandb: bool = False,
                  progress: str = "auto", log_every: int = 10, config: dict | None = None):
@@ -69,9 +77,8 @@ class RunLogger:
             self._tb = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=purge)
         if wandb:
             self._wandb = _start_wandb(self.run_dir, config)
-        self.mode = progress
-        if progress == "auto":
-            self.mode = "bar" if sys.stderr.isatty() else "lines"
+        mode = config_rules.resolve_progress(progress, tty=sys.stderr.isatty())
+        self.shows_bar, self.shows_lines, self.shows_messages = PROGRESS_SHOWS[mode]
         self.log_every = max(1, log_every)
         self._progress: Progress | None = None
         self._task = None
@@ -79,7 +86,7 @@ class RunLogger:
 
     # -- live display -------------------------------------------------------------------------
     def start(self, total: int, done: int = 0, description: str = "RL") -> None:
-        if self.mode != "bar":
+        if not self.shows_bar:
             return
         self._progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -94,8 +101,7 @@ class RunLogger:
             self._progress = None
 
     def print(self, msg: str) -> None:
-        # progress "off" hides the bar and step lines only; "silent" (non-main ranks) hides all.
-        if self.mode != "silent":
+        if self.shows_messages:
             self.console.print(msg)
 
     def warn(self, msg: str) -> None:
@@ -122,7 +128,7 @@ class RunLogger:
             self._wandb.log({k: v for k, v in row.items() if v is not None}, step=step)
         if self._progress is not None:
             self._progress.update(self._task, completed=step, info=self._headline(row))
-        elif self.mode == "lines" and (step % self.log_every == 0 or step == total or step == 1):
+        elif self.shows_lines and (step % self.log_every == 0 or step == total or step == 1):
             self.console.print(f"step {step}/{total or '?'}  {self._headline(row)}")
 
     def log_rollouts(self, step: int, rows: list[dict]) -> None:
@@ -132,7 +138,7 @@ class RunLogger:
         self._rollouts.flush()
 
     def summary_table(self, title: str, rows: list[tuple[str, str]]) -> None:
-        if self.mode == "silent":
+        if not self.shows_messages:
             return
         table = Table(title=title)
         table.add_column("metric")

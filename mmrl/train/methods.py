@@ -88,7 +88,8 @@ class HistoryFilter:
 
     def __init__(self, ac, dataset_size: int):
         self.history = algos.PromptHistory(ac.history_epochs)
-        self.mode, self.weight, self.dataset_size = ac.history_mode, ac.history_weight, dataset_size
+        self.skip, self.downweight = ac.history_skips, ac.history_downweights
+        self.weight, self.dataset_size = ac.history_weight, dataset_size
         self.stats: dict[str, int] = {}
 
     @classmethod
@@ -99,7 +100,7 @@ class HistoryFilter:
         """Mode skip: True when this prompt is filtered (counted; the caller draws another)."""
         h, stats = self.history, self.stats
         stats["drawn"] = stats.get("drawn", 0) + 1
-        if self.mode != "skip" or not h.filtered(sample.id):
+        if not self.skip or not h.filtered(sample.id):
             return False
         stats["skipped"] = stats.get("skipped", 0) + 1
         if stats["skipped"] > self.dataset_size:  # a whole pass within one step was filtered
@@ -114,7 +115,7 @@ class HistoryFilter:
 
     def advantages(self, adv: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
         """Mode downweight: advantages of filtered prompts' rows times history_weight."""
-        if self.mode != "downweight":
+        if not self.downweight:
             return adv
         w = self.history.row_weights([p.sample.id for p in batch.prompts], self.weight)
         return adv * w.to(adv.dtype)

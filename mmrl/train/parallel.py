@@ -34,6 +34,10 @@ _OWNED = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "trai
           "gradient_clipping")
 
 
+# DeepSpeed's precision section per model.dtype (float32: neither)
+_DS_PRECISION = {"bfloat16": "bf16", "float16": "fp16"}
+
+
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "false").lower() in ("1", "true", "yes")
 
@@ -43,8 +47,12 @@ def resolve(cfg: RunConfig) -> str:
     name = cfg.train.parallel
     if name not in STRATEGIES:
         raise ValueError(f"train.parallel={name!r}: use one of {', '.join(STRATEGIES)}")
-    if name != "auto":
+    if name in STRATEGY_CLASSES:
         return name
+    return _from_launcher(cfg)  # auto
+
+
+def _from_launcher(cfg: RunConfig) -> str:
     if _env_flag("ACCELERATE_USE_DEEPSPEED") or cfg.train.deepspeed_config:
         return "deepspeed"
     if _env_flag("ACCELERATE_USE_FSDP"):
@@ -57,10 +65,11 @@ def resolve(cfg: RunConfig) -> str:
 
 def make(cfg: RunConfig, info: dist.DistInfo) -> "DDP":
     name = resolve(cfg)
-    if name != "ddp" and cfg.sft.steps > 0:
+    cls = STRATEGY_CLASSES[name]
+    if not cls.runs_sft and cfg.sft.steps > 0:
         raise ValueError(f"sft.steps={cfg.sft.steps}: the SFT warm-up runs with train.parallel=ddp "
                          f"only; with {name}, start from an SFT checkpoint (model.path) instead")
-    strategy = {"ddp": DDP, "deepspeed": DeepSpeed, "fsdp2": FSDP2}[name](cfg, info)
+    strategy = cls(cfg, info)
     if strategy.shards_params and cfg.model.lora.r > 0:
         raise ValueError("model.lora with sharded parameters (ZeRO-3 / FSDP2) is not supported: "
                          "LoRA keeps the optimizer small, so use ddp or ZeRO-2 "
@@ -77,6 +86,7 @@ class DDP:
     # gathers): every rank must then run every module, media present or not (models/towers.py).
     every_module = False
     places_model = False  # True: `setup` moves the model to its device(s); else the trainer does
+    runs_sft = True  # the SFT warm-up (train/sft.py) steps a plain replicated model
 
     def __init__(self, cfg: RunConfig, info: dist.DistInfo):
         self.cfg, self.info = cfg, info
@@ -128,6 +138,7 @@ class DDP:
 class DeepSpeed(DDP):
     name = "deepspeed"
     places_model = True
+    runs_sft = False
 
     def __init__(self, cfg: RunConfig, info: dist.DistInfo):
         super().__init__(cfg, info)
@@ -262,11 +273,11 @@ def deepspeed_config(cfg: RunConfig, world: int, hidden_size: int | None = None)
                              f"({owned[key]} here, from train.micro_batch_size / "
                              f"train.max_grad_norm); write \"auto\"")
         config[key] = owned[key]
-    dtype = cfg.model.dtype
-    for key, wanted in (("bf16", "bfloat16"), ("fp16", "float16")):
+    precision = _DS_PRECISION.get(cfg.model.dtype)
+    for key in ("bf16", "fp16"):
         section = config.setdefault(key, {})
         if section.get("enabled", "auto") == "auto":
-            section["enabled"] = dtype == wanted
+            section["enabled"] = key == precision
     config.setdefault("zero_force_ds_cpu_optimizer", False)
     zero = config.get("zero_optimization", {})
     if hidden_size:  # ZeRO-3 keeps weights under 10 x width whole on every rank
@@ -290,6 +301,7 @@ def _fill_auto(config: dict) -> None:
 class FSDP2(DDP):
     name = "fsdp2"
     places_model = True
+    runs_sft = False
     shards_params = True
     every_module = True
     sharded_checkpoint = True
@@ -387,3 +399,6 @@ def shard_units(model) -> list[torch.nn.Module]:
         raise ValueError(f"{type(model).__name__} names no _no_split_modules to shard with FSDP2")
     return blocks + towers
 
+
+# The strategy class per concrete train.parallel value (auto resolves to one of them).
+STRATEGY_CLASSES = {"ddp": DDP, "deepspeed": DeepSpeed, "fsdp2": FSDP2}

@@ -24,7 +24,7 @@ class PromptSource:
     def __init__(self, cfg: RunConfig, dataset: Sequence[Sample], adapter, processor,
                  info: dist.DistInfo):
         self.dataset, self.adapter, self.processor, self.info = dataset, adapter, processor, info
-        self.cache_size, self.on_bad_sample = cfg.data.feature_cache, cfg.data.on_bad_sample
+        self.cache_size, self.skips_bad_samples = cfg.data.feature_cache, cfg.data.skips_bad_samples
         self.media_stats: dict[str, int] = {}  # e.g. audio_truncated, counted into metrics
         self.load_media = setup.media_loader(cfg, self.media_stats)
         self.sampler = setup.PromptSampler(len(dataset), cfg.train.seed, cfg.data.shuffle,
@@ -81,7 +81,7 @@ class PromptSource:
         return samples, feats
 
     def _skip(self, error: MediaError) -> None:
-        if self.on_bad_sample != "skip":
+        if not self.skips_bad_samples:
             raise MediaError(f"{error}\n(set data.on_bad_sample=skip to skip such samples "
                              f"and count them in metrics)") from None
         self.skipped += 1

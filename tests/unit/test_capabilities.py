@@ -22,3 +22,18 @@ def test_strategies_say_whether_they_place_the_model():
     assert parallel.DDP.places_model is False  # the learner moves the model to its device
     assert parallel.DeepSpeed.places_model is True  # deepspeed.initialize does
     assert parallel.FSDP2.places_model is True  # fully_shard does
+
+
+def test_strategies_say_whether_they_run_the_sft_warm_up():
+    # sft.py steps a plain replicated model; a sharded one would need its own SFT step.
+    assert parallel.DDP.runs_sft is True
+    assert parallel.DeepSpeed.runs_sft is False
+    assert parallel.FSDP2.runs_sft is False
+
+
+def test_adapters_say_their_image_factor():
+    """Image budgets round to patch size x merge: 16 px x 2 for Qwen3-VL, 14 px x 2 before."""
+    from mmrl.models import get_adapter
+
+    assert get_adapter("qwen3_vl").image_factor == 32
+    assert get_adapter("qwen2_5_vl").image_factor == get_adapter("qwen2_vl").image_factor == 28

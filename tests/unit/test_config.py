@@ -226,3 +226,15 @@ def test_mmrl_train_validates_before_building_anything(tmp_path):
         cli.main(["train", str(p)])
     assert str(e.value).startswith("config error: model.family:"), str(e.value)
     assert not (tmp_path / "run").exists()
+
+
+def test_auto_values_resolve_in_the_config_rules():
+    from mmrl.config_rules import resolve_progress, resolve_weight_transfer
+
+    assert resolve_weight_transfer("auto", "colocated", in_process=True) == "direct"
+    assert resolve_weight_transfer("auto", "colocated", in_process=False) == "bytes"
+    assert resolve_weight_transfer("auto", "server") == "http"
+    assert resolve_weight_transfer("store", "server") == "store"
+    assert resolve_progress("auto", tty=True) == "bar"
+    assert resolve_progress("auto", tty=False) == "lines"
+    assert resolve_progress("off", tty=True) == "off"
