@@ -50,7 +50,8 @@ def _detection(r: dict) -> dict:
 
 
 def _video_r1(r: dict) -> dict:
-    return {"problem_id": r["id"], "problem": _question(r), "data_type": "video",
+    # Video-R1 keeps the question and its options apart; its template lists the options.
+    return {"problem_id": r["id"], "problem": _question(r).split("\n")[0], "data_type": "video",
             "problem_type": "multiple choice", "options": r["options"], "path": r["videos"][0],
             "solution": f"<answer>{r['solution']}</answer>"}
 

@@ -248,3 +248,27 @@ def check_scorable(specs, samples, max_new_tokens: int = 1024, sample_size: int 
                          "on nothing: " + "; ".join(format_scorability(dead))
                          + f" (checked {min(len(samples), sample_size)} records; see `mmrl data "
                            f"inspect FILE --config CONFIG`)")
+
+
+# ----------------------------------------------------------------------------- answer budget ----
+def answer_budget(samples, tokenizer, target: str, max_new_tokens: int,
+                  sample_size: int = 256) -> dict | None:
+    """Whether the gold answers, written as `target` (sft.target, e.g. "<answer>{solution}</answer>")
+    plus end-of-sequence, fit in `max_new_tokens`. A completion cut at the budget has no closing
+    tag, so a record whose gold answer does not fit can never score: the run silently loses it
+    (a 3-label answer of 21 tokens under a budget of 16 did exactly that). None when all fit, else
+    {"over", "of", "longest"} over up to `sample_size` records spread over the data set."""
+    if not isinstance(samples, list):
+        samples = samples[:min(len(samples), LAZY_CHECK_ROWS)]
+    picked = samples[::max(1, len(samples) // sample_size)][:sample_size]
+    lengths = [len(tokenizer(target.format(solution=s.solution), add_special_tokens=False)
+                   ["input_ids"]) + 1 for s in picked if s.solution is not None]
+    over = sum(n > max_new_tokens for n in lengths)
+    return {"over": over, "of": len(lengths), "longest": max(lengths)} if over else None
+
+
+def format_answer_budget(found: dict, max_new_tokens: int) -> str:
+    return (f"rollout.max_new_tokens {max_new_tokens} cuts the gold answer of {found['over']} of "
+            f"{found['of']} records (longest {found['longest']} tokens with sft.target and "
+            f"end-of-sequence): those can never score; raise rollout.max_new_tokens to at least "
+            f"{found['longest']}")

@@ -27,7 +27,7 @@ import torch
 
 from mmrl import algos
 from mmrl.config import RunConfig, save as save_config
-from mmrl.data.inspect import check_scorable
+from mmrl.data.inspect import answer_budget, check_scorable, format_answer_budget
 from mmrl.models import get_adapter
 from mmrl.train import checkpoint, dist, methods, parallel, setup
 from mmrl.train.checkpointer import Checkpointer
@@ -67,6 +67,10 @@ class Trainer:
             config=asdict(cfg))
         if main:
             save_config(cfg, self.run_dir / "config.yaml")
+            cut = answer_budget(train_set, self.learner.processor.tokenizer, cfg.sft.target,
+                                cfg.rollout.max_new_tokens)
+            if cut:
+                self.log.warn(format_answer_budget(cut, cfg.rollout.max_new_tokens))
         self.checkpointer = Checkpointer(self.run_dir, cfg.train, self.info, self.log)
         # Saved with the rest: run.py's stage results (SFT, accuracy before RL) and the
         # algorithms' carried values (the adaptive KL-in-reward coefficient).

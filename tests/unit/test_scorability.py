@@ -74,3 +74,23 @@ def test_mmrl_train_stops_before_building_the_model(tmp_path, capsys):
                    f"qwen2_5_vl}}}}\nlog: {{run_dir: {tmp_path / 'run'}}}\n")
     assert cli.main(["train", str(cfg)]) != 0
     assert "iou: 0 of 3 records scorable (no image_size)" in capsys.readouterr().err
+
+
+def test_answer_budget_names_gold_answers_the_rollout_budget_cuts():
+    # The classification learning row once ran with max_new_tokens 16: every 3-label gold answer
+    # ("<answer>circle, square, triangle</answer>" + eos = 21 tiny-tokenizer tokens) was cut
+    # before its closing tag, so those records never scored and RL drifted to 1-2 labels.
+    from mmrl.data.inspect import answer_budget, format_answer_budget
+    from mmrl.models.tiny_tokenizer import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    samples = [Sample(id=str(i), messages=[], solution=s, task="vqa")
+               for i, s in enumerate(["circle", "circle, square", "circle, square, triangle"])]
+    target = "<answer>{solution}</answer>"
+    longest = len(tok(target.format(solution="circle, square, triangle"),
+                      add_special_tokens=False)["input_ids"]) + 1
+    assert longest == 21
+    cut = answer_budget(samples, tok, target, 16)
+    assert cut == {"over": 1, "of": 3, "longest": 21}
+    assert "raise rollout.max_new_tokens to at least 21" in format_answer_budget(cut, 16)
+    assert answer_budget(samples, tok, target, 21) is None
