@@ -16,6 +16,7 @@ from functools import lru_cache
 from typing import Any, Callable, Iterable, Sequence
 
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+_TAG_START = ANSWER_OPEN[:-1]  # "<answer": an opening tag, even one mangled after its name
 
 # Decimal numbers only: no "nan"/"inf" on purpose (a model must not answer "inf" and match a
 # tolerance). Thousands commas are accepted in a whole answer ("1,024") but not when scanning text,
@@ -45,7 +46,11 @@ def completion_text(completion: Any) -> str:
 
 
 def extract_answer(text: Any) -> str:
-    """The stripped text of the last `<answer>...</answer>` block, else the whole text stripped.
+    """The stripped text of the last `<answer>...</answer>` block, else the whole text stripped
+    (the anchors' fallback for a model that answers plainly), but "" when the text holds a tag
+    of a block that never closes: an answer cut at the token budget, or tags broken in sampling.
+    Scoring those as plain text paid label words sprayed into garbage (a tiny classifier learned
+    to write "<answer>circle, trian>sirc, square, s tri" and never close the tag).
 
     Blocks are matched like `re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)` (leftmost,
     shortest, non-overlapping) but with `str.find`, so adversarial inputs stay linear-time.
@@ -67,6 +72,8 @@ def extract_answer(text: Any) -> str:
         if end < 0:
             break
         last, pos = text[start + len(ANSWER_OPEN):end], end + len(ANSWER_CLOSE)
+    if last is None and (_TAG_START in text or ANSWER_CLOSE[:-1] in text):
+        return ""
     return (text if last is None else last).strip()
 
 

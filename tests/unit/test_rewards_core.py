@@ -119,8 +119,23 @@ def test_extract_answer_is_linear_on_adversarial_input():
 
     text = "<answer>" * 200_000 + "x"
     start = time.perf_counter()
-    assert extract_answer(text) == text.strip()
+    assert extract_answer(text) == ""  # opened, never closed: no answer
     assert time.perf_counter() - start < 0.5
+
+
+@pytest.mark.parametrize("text", [
+    "<answer>circle, trian>sirc, square, s tri",      # cut at the token budget
+    "<answerivle, square, sriangle,ale</answer>circle",  # opening tag broken in sampling
+    "circle, square</answer>",                          # closing tag with no opening one
+])
+def test_an_answer_block_that_never_closes_is_no_answer(text):
+    from rewards import get_reward
+    assert extract_answer(text) == ""
+    assert get_reward("jaccard")([text], ["square, triangle"]) == [0.0]
+
+
+def test_plain_answers_without_tags_still_count():  # the anchors' fallback
+    assert extract_answer(" square, triangle ") == "square, triangle"
 
 
 def test_numbers():
