@@ -76,7 +76,8 @@ _SPLIT = {"n_train": 1000, "n_eval": 100}
 ANCHORS: dict[str, tuple[str, dict, str, Callable[[dict], dict]]] = {
     "counting": ("counting", {}, "r1v", _counting),
     "vqa": ("counting", {"choices": True}, "easyr1", _easyr1),
-    "classification": ("classification", _SPLIT, "easyr1", _easyr1),
+    # 1-2 shapes: listing all three without looking scores Jaccard 1/2, not 2/3.
+    "classification": ("classification", {**_SPLIT, "max_shapes": 2}, "easyr1", _easyr1),
     # 84 px on a 3x3 grid of 28-px cells: one visual token per cell (Qwen merges 28-px squares).
     "detection": ("detection", {**_SPLIT, "size": 84, "cells": 3, "min_side": 16, "max_side": 24},
                   "vlm_r1", _detection),

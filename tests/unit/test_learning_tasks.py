@@ -111,6 +111,8 @@ def test_learning_table_py_renders_table_and_plot_from_results(tmp_path):
     md = (tmp_path / "docs" / "learning.md").read_text()
     # WER is shown as 1 - reward: 0.60 -> 0.40
     assert "| asr | asr | WER | 1 | 0.60 | 0.40 | 0.70 | – | 40/150 | 100 s | 2.00 | meets |" in md
+    # Findings are shown for the rows measured only.
+    assert f"- **asr**: {learning_table.FINDINGS['asr']}" in md and "**detection**" not in md
     assert (tmp_path / "docs" / "learning.png").stat().st_size > 1000
 
 
