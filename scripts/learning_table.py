@@ -43,9 +43,18 @@ METHODS: dict[str, tuple[str, list[str]]] = {
         "rewards=[{name: majority_vote, weight: 1.0, params: {min_agreement: 0.5}},"
         " {name: format, weight: 0.1, params: {think: false}}]"]),
     "vqa+history_skip": ("vqa", ["algo.history_epochs=2", "algo.history_mode=skip"]),
+    # No-Thinking-CLS-RL / TON: half the prompts ask for thinking, half forbid it.
+    "counting+think_hybrid": ("counting", [
+        "data.think_hybrid=0.5", "rewards=[{name: count, weight: 1.0},"
+        " {name: think_format, weight: 0.1}]"]),
     "temporal_grounding+gt_guidance": ("temporal_grounding", ["algo.gt_threshold=0.5"]),
     "video_qa+tgrpo": ("video_qa", ["algo.tgrpo_alpha=0.3"]),
 }
+# Each method's own logged rate (metrics.jsonl), averaged over the run's steps.
+RATES = {"counting+majority_vote": "label_free/majority_wrong", "vqa+history_skip":
+         "history/kept_frac", "counting+think_hybrid": "think/think",
+         "temporal_grounding+gt_guidance": "gt_guidance/fired_frac",
+         "video_qa+tgrpo": "tgrpo/win_frac"}
 for _name, (_base, _extra) in METHODS.items():
     ROWS[_name] = (ROWS[_base][0], ROWS[_base][1] + _extra)
 # What was found about rows that did not learn at first: faults fixed (each with a test) and what
@@ -129,6 +138,12 @@ def _curve(run_dir: Path) -> list[tuple[int, float]]:
     return points
 
 
+def _rate(run_dir: Path, key: str | None) -> float | None:
+    values = [m[key] for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+              if key and isinstance(m.get(key), (int, float)) and math.isfinite(m[key])]
+    return sum(values) / len(values) if values else None
+
+
 def run_row(row: str, seed: int, data_root: Path, runs_root: Path) -> dict:
     recipe, extra = ROWS[row]
     run_dir = runs_root / f"{row.replace('+', '_')}_s{seed}"
@@ -150,6 +165,7 @@ def run_row(row: str, seed: int, data_root: Path, runs_root: Path) -> dict:
             "before": summary.get("accuracy_before_rl"), "after": summary.get("accuracy_after_rl"),
             "shuffled": summary.get("accuracy_shuffled_images"), "chance": summary.get("chance"),
             "sft_steps": (summary.get("sft") or {}).get("steps"), "rl_steps": summary.get("steps"),
+            "rate": _rate(run_dir, RATES.get(row)),
             "curve": [(0, summary.get("accuracy_before_rl"))] + _curve(run_dir)}
 
 
@@ -173,13 +189,14 @@ def methods_table(results: list[dict]) -> list[str]:
     lines = ["", "## The seeds' methods against plain GRPO", "",
              "Each method is its recipe row with the method's keys on (README, *Methods from the "
              "papers*); `bash scripts/learning_table.sh --rows methods` runs them. *after* is the "
-             "held-out metric after RL; *diff* is method minus plain GRPO on the same seed.", "",
+             "held-out metric after RL; *diff* is method minus plain GRPO on the same seed; *rate* "
+             "is the method's own logged rate, averaged over steps and seeds.", "",
              "| method row | plain row | metric | seeds | plain after | method after | diff | "
-             "mean diff |", "|---|---|---|---|---|---|---|---|"]
+             "mean diff | rate | plain wall | method wall |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, (base, _) in METHODS.items():
         seeds = sorted(s for (row, s) in ok if row == name and (base, s) in ok)
         if not seeds:
-            lines.append(f"| {name} | {base} | – | – | – | – | – | not measured |")
+            lines.append(f"| {name} | {base} | – | – | – | – | – | not measured | – | – | – |")
             continue
         metric = ok[(name, seeds[0])]["metric"]
         plain = [ok[(base, s)]["after"] for s in seeds]
@@ -192,8 +209,19 @@ def methods_table(results: list[dict]) -> list[str]:
         lines.append(f"| {name} | {base} | {SHOWN.get(metric, (metric,))[0]} | "
                      f"{', '.join(map(str, seeds))} | {show(plain)} | {show(meth)} | "
                      f"{' / '.join(f'{d:+.2f}' for d in diffs)} | "
-                     f"{sum(diffs) / len(diffs):+.2f} |")
+                     f"{sum(diffs) / len(diffs):+.2f} | {_rate_text(name, [ok[(name, s)] for s in seeds])}"
+                     f" | {_mean_wall([ok[(base, s)] for s in seeds])} | "
+                     f"{_mean_wall([ok[(name, s)] for s in seeds])} |")
     return lines
+
+
+def _rate_text(name: str, runs: list[dict]) -> str:
+    rates = [r["rate"] for r in runs if r.get("rate") is not None]
+    return f"{RATES[name]} {sum(rates) / len(rates):.2f}" if rates else "–"
+
+
+def _mean_wall(runs: list[dict]) -> str:
+    return f"{sum(r['wall_s'] for r in runs) / len(runs):.0f} s"
 
 
 def findings(results: list[dict]) -> list[str]:

@@ -127,3 +127,16 @@ def test_every_learn_layer_validates_on_the_converted_task(recipe):
     assert cfg.model.path == "tiny" and cfg.data.format == "mmrl" and cfg.eval.shuffled_images
     assert cfg.eval.metric_reward in {r.name for r in cfg.rewards}
     assert recipe in learning_table.ROWS
+
+
+def test_methods_table_compares_seed_by_seed_with_the_methods_rate():
+    def res(row, seed, after, rate=None, wall=60.0):
+        return dict(row=row, recipe="counting", seed=seed, metric="count", after=after,
+                    rate=rate, wall_s=wall)
+    results = [res("counting", 0, 0.8), res("counting", 1, 0.6), res("counting", 2, 0.5),
+               res("counting+majority_vote", 0, 0.7, 0.2, 80.0),
+               res("counting+majority_vote", 1, 0.9, 0.4, 100.0)]
+    text = "\n".join(learning_table.methods_table(results))
+    assert ("| counting+majority_vote | counting | accuracy | 0, 1 | 0.80 / 0.60 | 0.70 / 0.90 | "
+            "-0.10 / +0.30 | +0.10 | label_free/majority_wrong 0.30 | 60 s | 90 s |") in text
+    assert "| vqa+history_skip | vqa | – | – | – | – | – | not measured | – | – | – |" in text
