@@ -12,7 +12,7 @@ P~2048 G=16 (attention memory: the varlen path must grow as P^2 + G*C*(P+C), bel
 from __future__ import annotations
 
 from mmrl.bench.common import tiny_vl
-from mmrl.bench.update import LAYOUTS, UpdateCase, measure_memory
+from mmrl.bench.update import LAYOUTS, measure_cell
 
 CELLS = ((1024, 8, False), (1024, 8, True), (1024, 16, False), (2048, 16, False))
 QUICK_CELLS = ((64, 2, False), (64, 2, True), (64, 3, False))
@@ -26,13 +26,11 @@ def bench_kernels(*, family: str = "qwen2_5_vl", cells=CELLS, completion_tokens:
     bundle = model_bundle or tiny_vl(family, max_image_tokens=max(c[0] for c in cells) * 2)
     rows = []
     for k, (prompt, group, uneven) in enumerate(cells):
-        case = UpdateCase(*bundle, prompt_tokens=prompt, group=group,
-                          completion_tokens=completion_tokens, uneven=uneven)
-        row = {"uneven": uneven, **case.measure(trials, micro_batch, warmup=1 if k == 0 else 0)}
-        if memory:
-            row["memory_mb"] = {layout: measure_memory(
-                layout, family=family, prompt_tokens=prompt, group=group, uneven=uneven,
-                completion_tokens=completion_tokens, micro_batch=micro_batch) for layout in LAYOUTS}
+        row = {"uneven": uneven,
+               **measure_cell(bundle, family=family, prompt_tokens=prompt, group=group,
+                              completion_tokens=completion_tokens, trials=trials,
+                              micro_batch=micro_batch, memory=memory, uneven=uneven,
+                              warmup=1 if k == 0 else 0)}
         rows.append(row)
         log(f"  P={row['prompt_tokens']:5d} G={group:3d}{' ragged' if uneven else ''}: "
             f"naive {row['naive']['median_s']:.2f} s, shared x{row['speedup']:.2f}, "

@@ -173,21 +173,31 @@ class UpdateCase:
         }
 
 
+def measure_cell(bundle, *, family: str, prompt_tokens: int, group: int, completion_tokens: int,
+                 trials: int, micro_batch: int, memory: bool, warmup: int = 1,
+                 uneven: bool = False) -> dict:
+    """One cell: interleaved trials of the layouts (+ each layout's peak RSS growth in a fresh
+    process when `memory`)."""
+    case = UpdateCase(*bundle, prompt_tokens=prompt_tokens, group=group,
+                      completion_tokens=completion_tokens, uneven=uneven)
+    row = case.measure(trials, micro_batch, warmup=warmup)
+    if memory:
+        row["memory_mb"] = {layout: measure_memory(
+            layout, family=family, prompt_tokens=prompt_tokens, group=group, uneven=uneven,
+            completion_tokens=completion_tokens, micro_batch=micro_batch) for layout in LAYOUTS}
+    return row
+
+
 def bench_update(*, family: str = "qwen2_5_vl", prompt_tokens: int = 1024, group: int = 8,
                  completion_tokens: int = 64, trials: int = 5, micro_batch: int = 8,
                  model_bundle=None, memory: bool = True) -> dict:
     """Benchmark 1: one configuration, naive vs shared, interleaved trials (+ peak RSS growth
     of each layout in a fresh process)."""
-    adapter, model, processor = model_bundle or tiny_vl(family)
-    case = UpdateCase(adapter, model, processor, prompt_tokens=prompt_tokens, group=group,
-                      completion_tokens=completion_tokens)
-    out = {"family": family, "micro_batch": micro_batch, "trials": trials,
-           **case.measure(trials, micro_batch)}
-    if memory:
-        out["memory_mb"] = {layout: measure_memory(
-            layout, family=family, prompt_tokens=prompt_tokens, group=group,
-            completion_tokens=completion_tokens, micro_batch=micro_batch) for layout in LAYOUTS}
-    return out
+    return {"family": family, "micro_batch": micro_batch, "trials": trials,
+            **measure_cell(model_bundle or tiny_vl(family), family=family,
+                           prompt_tokens=prompt_tokens, group=group,
+                           completion_tokens=completion_tokens, trials=trials,
+                           micro_batch=micro_batch, memory=memory)}
 
 
 def bench_scaling(*, family: str = "qwen2_5_vl", prompt_sizes=(256, 512, 1024, 2048),
@@ -199,14 +209,11 @@ def bench_scaling(*, family: str = "qwen2_5_vl", prompt_sizes=(256, 512, 1024, 2
     rows = []
     configs = [(p, base_group) for p in prompt_sizes] + [(base_prompt, g) for g in groups if g != base_group]
     for k, (p, g) in enumerate(configs):
-        case = UpdateCase(*bundle, prompt_tokens=p, group=g, completion_tokens=completion_tokens)
         # One warm-up round for the process (first-call allocations), not per cell.
         row = {"sweep": "P" if g == base_group else "G",
-               **case.measure(trials, micro_batch, warmup=1 if k == 0 else 0)}
-        if memory:
-            row["memory_mb"] = {layout: measure_memory(
-                layout, family=family, prompt_tokens=p, group=g,
-                completion_tokens=completion_tokens, micro_batch=micro_batch) for layout in LAYOUTS}
+               **measure_cell(bundle, family=family, prompt_tokens=p, group=g,
+                              completion_tokens=completion_tokens, trials=trials,
+                              micro_batch=micro_batch, memory=memory, warmup=1 if k == 0 else 0)}
         rows.append(row)
         log(f"  P={row['prompt_tokens']:5d} G={g:3d}: naive {row['naive']['median_s']:.3f} s, "
             f"shared {row['shared']['median_s']:.3f} s, x{row['speedup']:.2f}, "
