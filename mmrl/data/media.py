@@ -9,9 +9,8 @@ The Qwen rules come from qwen-vl-utils, as in the anchors' and users' scripts: i
 (`smart_resize`, `fetch_image`), the frames a video shows and their rate (`smart_nframes`,
 `calculate_video_frame_range`). Decoding stays here: on CPU there is no torchaudio/torchcodec
 (their wheels are CUDA-linked, docs/install-notes.md) and torchvision has no video reader, so
-the library's readers would fail. Video: decord with PyAV as the fallback. Audio: soundfile for
-wav/flac/ogg, PyAV for everything else (mp3, m4a, a video's track: qwen-omni-utils needs the
-ffmpeg program there), resampled with soxr as librosa does in qwen-omni-utils.
+the library's readers would fail. Video: decord with PyAV as the fallback. Audio: mmrl.data.audio
+(re-exported here as `load_audio`).
 """
 from __future__ import annotations
 
@@ -24,22 +23,18 @@ from typing import Any, Callable, Protocol
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from mmrl.types import AUDIO_SAMPLING_RATE, Sample
+from mmrl.data.audio import load_audio
+from mmrl.data.media_errors import MediaError, check_file as _check_file, fail as _fail
+from mmrl.types import Sample
 from rewards.boxes import smart_resize
 
 PIXEL_FACTOR = 28  # Qwen-VL: 14 px patches merged 2x2 -> sides are multiples of 28
 TEMPORAL_PATCH = 2  # Qwen-VL: 2 frames per temporal patch -> even frame counts
 DEFAULT_FPS = 2.0
-RESAMPLE_MARGIN = 0.1  # s read past a head cut, so the resampler's filter sees what follows it
-SOUNDFILE_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".aiff", ".aif"}
 VIDEO_BACKENDS = ("auto", "decord", "pyav")
 # Sample.fields keys that override video decoding per record -> load_video keyword.
 VIDEO_FIELD_OVERRIDES = {"video_start": "start", "video_end": "end", "fps": "fps",
                          "nframes": "nframes", "max_frames": "max_frames"}
-
-
-class MediaError(RuntimeError):
-    """A media file that cannot be decoded; the message names record source and file path."""
 
 
 @contextmanager
@@ -55,17 +50,6 @@ def processor_errors(sample: Sample):
                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 
 
-def _fail(source: str, what: str, path: str, reason: str) -> MediaError:
-    where = f"{source}: " if source else ""
-    return MediaError(f"{where}{what} {path}: {reason}")
-
-
-def _check_file(path: str, what: str, source: str) -> None:
-    p = Path(path)
-    if not p.is_file():
-        raise _fail(source, what, path, "file not found")
-    if p.stat().st_size == 0:
-        raise _fail(source, what, path, "file is empty (0 bytes)")
 
 
 # ------------------------------------------------------------------------------------ images ----
@@ -376,128 +360,6 @@ _VIDEO_DECODERS = {
     "decord": lambda: (_decode_decord,),
     "pyav": lambda: (_decode_pyav,),
 }
-
-# ------------------------------------------------------------------------------------- audio ----
-
-# Per `truncate` (data.audio_truncate), whether audio over max_seconds keeps its start (else raises).
-AUDIO_KEEPS_HEAD = {"error": False, "head": True}
-
-
-def load_audio(path: str, *, sr: int = AUDIO_SAMPLING_RATE, max_seconds: float | None = None,
-               truncate: str = "error", source: str = "", cache: "DecodeCache | None" = None,
-               stats: dict | None = None) -> np.ndarray:
-    """Mono float32 waveform at `sr` Hz (channels averaged, resampled with soxr).
-
-    Duration policy when `max_seconds` is set: truncate="error" raises MediaError for longer audio;
-    truncate="head" keeps the first max_seconds and counts it in `stats["audio_truncated"]` (pass
-    a dict to collect the count). Reads wav/flac/ogg with soundfile, anything else with PyAV
-    (mp3, m4a, the audio track of a video).
-    """
-    if truncate not in AUDIO_KEEPS_HEAD:
-        raise ValueError(f"load_audio: truncate must be 'error' or 'head', got {truncate!r}")
-    if sr <= 0 or (max_seconds is not None and not max_seconds > 0):
-        raise ValueError(f"load_audio: need sr > 0 and max_seconds > 0 (got {sr}, {max_seconds})")
-    _check_file(path, "audio", source)
-    params = {"sr": int(sr), "max_seconds": max_seconds, "truncate": truncate}
-
-    def decode() -> tuple[np.ndarray, bool]:
-        return _decode_audio(path, int(sr), max_seconds, AUDIO_KEEPS_HEAD[truncate], source)
-
-    audio, truncated = decode() if cache is None else cache.audio(path, params, decode)
-    if truncated and stats is not None:
-        stats["audio_truncated"] = stats.get("audio_truncated", 0) + 1
-    return audio
-
-
-def _decode_audio(path: str, sr: int, max_seconds: float | None, keep_head: bool,
-                  source: str) -> tuple[np.ndarray, bool]:
-    limit = None if max_seconds is None else max_seconds  # seconds
-    x = native = None
-    errors = []
-    if Path(path).suffix.lower() in SOUNDFILE_SUFFIXES:
-        try:
-            x, native = _read_soundfile(path, limit, keep_head)
-        except _TooLong as e:
-            raise _fail(source, "audio", path, str(e)) from None
-        except Exception as e:  # soundfile.LibsndfileError, RuntimeError: try FFmpeg instead
-            errors.append(f"soundfile: {e}")
-    if x is None:
-        try:
-            x, native = _read_pyav(path, limit, keep_head)
-        except _TooLong as e:
-            raise _fail(source, "audio", path, str(e)) from None
-        except _NoAudio:
-            raise _fail(source, "audio", path, "the file has no audio track") from None
-        except Exception as e:
-            errors.append(f"pyav: {str(e).strip()[:300]}")
-            raise _fail(source, "cannot decode audio", path, "; ".join(errors)) from None
-    if x.size == 0:
-        raise _fail(source, "audio", path, "no audio samples (zero-length audio)")
-    truncated = limit is not None and x.shape[0] > limit * native
-    if native != sr:
-        import soxr
-
-        x = soxr.resample(x, native, sr)
-    if limit is not None:  # without keep_head this only drops resampling round-off
-        x = x[:int(round(limit * sr))]
-    return np.ascontiguousarray(x, dtype=np.float32), bool(truncated)
-
-
-class _TooLong(Exception):
-    pass
-
-
-class _NoAudio(Exception):
-    pass
-
-
-def _too_long(seconds: float, limit: float) -> _TooLong:
-    return _TooLong(f"audio is {seconds:.2f} s, longer than max_seconds={limit:g} "
-                    f"(set truncate='head' to keep the first {limit:g} s)")
-
-
-def _read_soundfile(path: str, limit: float | None, keep_head: bool) -> tuple[np.ndarray, int]:
-    import soundfile as sf
-
-    info = sf.info(path)
-    frames = -1
-    if limit is not None and info.frames > limit * info.samplerate:
-        if not keep_head:
-            raise _too_long(info.frames / info.samplerate, limit)
-        frames = int(math.ceil((limit + RESAMPLE_MARGIN) * info.samplerate))
-    x, native = sf.read(path, frames=frames, dtype="float32", always_2d=True)
-    return x.mean(axis=1), int(native)
-
-
-def _read_pyav(path: str, limit: float | None, keep_head: bool) -> tuple[np.ndarray, int]:
-    import av
-
-    chunks, total = [], 0
-    with av.open(path) as container:
-        if not container.streams.audio:
-            raise _NoAudio()
-        stream = container.streams.audio[0]
-        native = int(stream.sample_rate or stream.codec_context.sample_rate)
-        resampler = None
-        for frame in container.decode(stream):
-            if resampler is None:  # planar float, native rate and layout: we average channels
-                resampler = av.AudioResampler(format="fltp", layout=frame.layout.name,
-                                              rate=frame.sample_rate)
-            for out in resampler.resample(frame):
-                arr = out.to_ndarray()  # [channels, n]
-                chunks.append(arr.mean(axis=0))
-                total += arr.shape[1]
-            if limit is not None and total > limit * native:
-                if not keep_head:
-                    raise _too_long(total / native, limit)  # at least this long
-                if total > (limit + RESAMPLE_MARGIN) * native:
-                    break
-        if resampler is not None:
-            for out in resampler.resample(None):
-                chunks.append(out.to_ndarray().mean(axis=0))
-    x = np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
-    return x, native
-
 
 # ----------------------------------------------------------------------------------- samples ----
 

@@ -4,7 +4,7 @@ import os
 import numpy as np
 import pytest
 
-from mmrl.data import media
+from mmrl.data import audio as audio_mod, media
 from mmrl.data.cache import MediaCache
 from mmrl.data.media import MediaError, load_audio, load_media, load_video
 from mmrl.data.synthetic_av import write_mp4, write_wav
@@ -23,7 +23,7 @@ def files(tmp_path):
 def calls(monkeypatch):
     """Count real decodes by wrapping the two decoders the loaders call."""
     counts = {"video": 0, "audio": 0}
-    real_video, real_audio = media._decode_video, media._decode_audio
+    real_video, real_audio = media._decode_video, audio_mod._decode_audio
 
     def video(*a, **k):
         counts["video"] += 1
@@ -34,7 +34,7 @@ def calls(monkeypatch):
         return real_audio(*a, **k)
 
     monkeypatch.setattr(media, "_decode_video", video)
-    monkeypatch.setattr(media, "_decode_audio", audio)
+    monkeypatch.setattr(audio_mod, "_decode_audio", audio)
     return counts
 
 

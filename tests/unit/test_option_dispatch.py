@@ -108,7 +108,7 @@ def test_every_allowlisted_comparison_still_exists():
 def test_every_dispatch_table_covers_its_option():
     """A value added to a Literal without its entry in the table would fail only when used."""
     from mmrl import algos
-    from mmrl.data import media
+    from mmrl.data import audio
     from mmrl.rollout import base
     from mmrl.train import checkpoint, logging, parallel, setup
 
@@ -116,7 +116,7 @@ def test_every_dispatch_table_covers_its_option():
     assert set(base.ENGINES) == set(c(config.Backend))
     assert set(setup.LR_SCHEDULES) == set(c(config.LRSchedule))
     assert set(setup.DTYPES) == set(c(config.DType))
-    assert set(media.AUDIO_KEEPS_HEAD) == set(c(config.AudioTruncate))
+    assert set(audio.AUDIO_KEEPS_HEAD) == set(c(config.AudioTruncate))
     assert set(parallel.STRATEGY_CLASSES) | {"auto"} == set(c(config.Parallel))
     assert set(logging.PROGRESS_SHOWS) | {"auto"} == set(c(config.Progress)) | {"silent"}
     assert {"none", "auto"} <= set(checkpoint.RESUME_KEYWORDS)

@@ -1,0 +1,21 @@
+"""The error every media loader raises, and the checks they share (mmrl.data.media, .audio)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class MediaError(RuntimeError):
+    """A media file that cannot be decoded; the message names record source and file path."""
+
+
+def fail(source: str, what: str, path: str, reason: str) -> MediaError:
+    where = f"{source}: " if source else ""
+    return MediaError(f"{where}{what} {path}: {reason}")
+
+
+def check_file(path: str, what: str, source: str) -> None:
+    p = Path(path)
+    if not p.is_file():
+        raise fail(source, what, path, "file not found")
+    if p.stat().st_size == 0:
+        raise fail(source, what, path, "file is empty (0 bytes)")
