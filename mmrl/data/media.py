@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import numpy as np
@@ -48,8 +47,6 @@ def processor_errors(sample: Sample):
         media = ", ".join([*sample.images, *sample.videos, *sample.audios]) or "no media"
         raise MediaError(f"{sample.source}: the processor rejected the sample ({media}): "
                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
-
-
 
 
 # ------------------------------------------------------------------------------------ images ----
