@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -38,7 +39,12 @@ ROWS: dict[str, tuple[str, list[str]]] = {
         "first run with `min_agreement: 0.5` (seed 0): after the 50-step warm-up, 8 samples at "
         "temperature 1 seldom agreed, so the vote scored None, the 0.1 format reward alone drove "
         "RL, the policy wrote ever more varied tokens inside well-formed tags, and accuracy fell "
-        "0.46 -> 0.00 (majority wrong 0.99). The row now uses TTRL's plain majority (0.0)."),
+        "0.46 -> 0.00 (majority wrong 0.99). With TTRL's plain majority (0.0) the policy "
+        "settles on a constant answer (0.46 -> 0.26 = shuffled, majority wrong 0.76): at this "
+        "scale the vote does not replace the label."),
+    "vqa+history_skip": (
+        "the filter never fired in 150 steps (kept fraction 1.0), with k = 2 and with k = 1: a "
+        "null comparison; why no group was filtered on its second draw is still to find."),
     "counting_qwen3_vl": ("counting", ["model.family=qwen3_vl"]),
 }
 # The seeds' methods (README "Methods from the papers"), each a row on top of a recipe row and
@@ -108,7 +114,12 @@ FINDINGS: dict[str, str] = {
         "first run with `min_agreement: 0.5` (seed 0): after the 50-step warm-up, 8 samples at "
         "temperature 1 seldom agreed, so the vote scored None, the 0.1 format reward alone drove "
         "RL, the policy wrote ever more varied tokens inside well-formed tags, and accuracy fell "
-        "0.46 -> 0.00 (majority wrong 0.99). The row now uses TTRL's plain majority (0.0)."),
+        "0.46 -> 0.00 (majority wrong 0.99). With TTRL's plain majority (0.0) the policy "
+        "settles on a constant answer (0.46 -> 0.26 = shuffled, majority wrong 0.76): at this "
+        "scale the vote does not replace the label."),
+    "vqa+history_skip": (
+        "the filter never fired in 150 steps (kept fraction 1.0), with k = 2 and with k = 1: a "
+        "null comparison; why no group was filtered on its second draw is still to find."),
     "counting_qwen3_vl": (
         "learns from its images (shuffled 0.24) but the warm-up overshoots its stop criterion "
         "(0.67 at its first check above 0.5), leaving RL less than 0.15 of room on seed 0."),
@@ -167,7 +178,8 @@ def _rate(run_dir: Path, key: str | None) -> float | None:
 def run_row(row: str, seed: int, data_root: Path, runs_root: Path) -> dict:
     recipe, extra = ROWS[row]
     run_dir = runs_root / f"{row.replace('+', '_')}_s{seed}"
-    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(run_dir, ignore_errors=True)  # measured again: the new run replaces the old
+    run_dir.mkdir(parents=True)
     log = run_dir.parent / f"{run_dir.name}.log"
     log.write_text("")
     train, evalf = prepare(recipe, data_root, log)
