@@ -35,16 +35,6 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "audio_qa": ("audio_qa", []),
     "captioning": ("captioning", []),
     "counting_qwen2_vl": ("counting", ["model.family=qwen2_vl"]),
-    "counting+majority_vote": (
-        "first run with `min_agreement: 0.5` (seed 0): after the 50-step warm-up, 8 samples at "
-        "temperature 1 seldom agreed, so the vote scored None, the 0.1 format reward alone drove "
-        "RL, the policy wrote ever more varied tokens inside well-formed tags, and accuracy fell "
-        "0.46 -> 0.00 (majority wrong 0.99). With TTRL's plain majority (0.0) the policy "
-        "settles on a constant answer (0.46 -> 0.26 = shuffled, majority wrong 0.76): at this "
-        "scale the vote does not replace the label."),
-    "vqa+history_skip": (
-        "the filter never fired in 150 steps (kept fraction 1.0), with k = 2 and with k = 1: a "
-        "null comparison; why no group was filtered on its second draw is still to find."),
     "counting_qwen3_vl": ("counting", ["model.family=qwen3_vl"]),
 }
 # The seeds' methods (README "Methods from the papers"), each a row on top of a recipe row and
