@@ -341,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict] = json.loads(results_file.read_text()) if results_file.exists() else []
     results_file.parent.mkdir(parents=True, exist_ok=True)
     if args.render_only:
+        results.sort(key=lambda r: (list(ROWS).index(r["row"]) if r["row"] in ROWS else len(ROWS),
+                                    r["seed"]))
         plot(results, out / "learning.png")
         write_markdown(results, out / "learning.md", out / "learning.png")
         return 0
