@@ -70,8 +70,8 @@ FINDINGS: dict[str, str] = {
         "now warns at start with the length to set). (2) A never-closed `<answer>` block was "
         "scored as plain text, so the policy learned to spray label words into garbage for "
         "Jaccard 0.2 while held-out Jaccard fell from 0.54 to 0.16 (now no answer). (3) The "
-        "warm-up lr 1e-3 was too high for the vision path: a direct probe (plain transformers "
-        "training, no mmrl code) of the tiny Qwen2.5-VL on one-shape images stayed at chance for "
+        "warm-up lr 1e-3 was too high for the vision path: a direct probe "
+        "(`scripts/probe_vision_lr.py`: plain transformers training, no mmrl code) of the tiny Qwen2.5-VL on one-shape images stayed at chance for "
         "300 steps at 1e-3, for colour and for shape; at 1e-4 colour reached 0.99, at 3e-4 shape "
         "0.82 (every row that must read its media now warms up at 3e-4). The task also allowed "
         "1-3 of 3 shapes, so listing all three scored 2/3 without looking; it now has 1-2. Now "
@@ -86,7 +86,8 @@ FINDINGS: dict[str, str] = {
     "asr": (
         "`max_new_tokens` 14 cut 2% of the transcripts (fixed). At warm-up lr 3e-4 the model reads "
         "the audio (reward 0.38, shuffled 0.13; at 1e-3 it had not), but RL lowers the held-out "
-        "metric: greedy transcripts shrink to one word. Tried on seed 0, all still lower: RL lr "
+        "metric: greedy transcripts shrink to one word. Tried on seed 0 (`mmrl train "
+        "recipes/asr/config.yaml recipes/asr/learn.yaml` plus the override), all still lower: RL lr "
         "5e-5 (0.27), temperature 0.7 (0.31), KL beta 0.04 (0.26), Dr.GRPO (0.19). Open."),
     "detection": (
         "at warm-up lr 1e-3 (300 steps) held-out mIoU stayed at the level of guessing a cell "
@@ -160,8 +161,10 @@ def _curve(run_dir: Path) -> list[tuple[int, float]]:
 
 
 def _rate(run_dir: Path, key: str | None) -> float | None:
+    if key is None:
+        return None
     values = [m[key] for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-              if key and isinstance(m.get(key), (int, float)) and math.isfinite(m[key])]
+              if isinstance(m.get(key), (int, float)) and math.isfinite(m[key])]
     return sum(values) / len(values) if values else None
 
 
@@ -319,6 +322,10 @@ def plot(results: list[dict], png: Path) -> None:
     plt.close(fig)
 
 
+def _order(r: dict) -> tuple[int, int]:
+    return (list(ROWS).index(r["row"]) if r["row"] in ROWS else len(ROWS), r["seed"])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--rows", default=",".join(ROWS),
@@ -341,8 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict] = json.loads(results_file.read_text()) if results_file.exists() else []
     results_file.parent.mkdir(parents=True, exist_ok=True)
     if args.render_only:
-        results.sort(key=lambda r: (list(ROWS).index(r["row"]) if r["row"] in ROWS else len(ROWS),
-                                    r["seed"]))
+        results.sort(key=_order)
         plot(results, out / "learning.png")
         write_markdown(results, out / "learning.md", out / "learning.png")
         return 0
@@ -356,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
                        "error": str(e).splitlines()[0][:120]}
                 print(e, file=sys.stderr)
             results = [r for r in results if (r["row"], r["seed"]) != (row, seed)] + [res]
-            results.sort(key=lambda r: (list(ROWS).index(r["row"]), r["seed"]))
+            results.sort(key=_order)
             print(f"[learning] {json.dumps({k: v for k, v in res.items() if k != 'curve'})}",
                   flush=True)
             results_file.write_text(json.dumps(results, indent=1))
