@@ -125,3 +125,12 @@ def test_bench_data_load_streams_what_it_draws(tmp_path):
     assert res["stream"]["records"] == res["eager"]["records"] == 1200
     # Streaming decoded only the drawn images; reading whole wrote every distinct one (256).
     assert 1 <= res["stream"]["images_written"] <= 8 and res["eager"]["images_written"] == 256
+
+
+def test_probe_vision_lr_learns_colour_at_1e4():
+    # The learning table's finding in one short run: at lr 1e-4 the tiny Qwen2.5-VL reads colour.
+    proc = _run([sys.executable, SCRIPTS / "probe_vision_lr.py", "--what", "colour", "--lr", "1e-4",
+                 "--steps", "100"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = [line for line in proc.stdout.splitlines() if line.startswith("step 100")][0]
+    assert float(last.split("val accuracy")[1]) >= 0.9, proc.stdout
