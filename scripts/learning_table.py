@@ -36,6 +36,9 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "captioning": ("captioning", []),
     "counting_qwen2_vl": ("counting", ["model.family=qwen2_vl"]),
     "counting_qwen3_vl": ("counting", ["model.family=qwen3_vl"]),
+    # 200 training prompts: 150 steps x 8 prompts are 6 passes, so a prompt's history (which
+    # spans passes) has visits to remember; the plain row for history filtering.
+    "vqa_200": ("vqa", ["data.max_samples=200"]),
 }
 # The seeds' methods (README "Methods from the papers"), each a row on top of a recipe row and
 # compared with it seed by seed: method row -> (plain GRPO row, overrides).
@@ -45,8 +48,9 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "counting+majority_vote": ("counting", [
         "rewards=[{name: majority_vote, weight: 1.0, params: {min_agreement: 0.0}},"
         " {name: format, weight: 0.1, params: {think: false}}]"]),
-    # One uninformative group is enough to skip: the 150-step run sees most prompts once or twice.
-    "vqa+history_skip": ("vqa", ["algo.history_epochs=1", "algo.history_mode=skip"]),
+    # One uninformative group is enough to skip (k = 1), on the 200-prompt row: with the 1000
+    # prompts of the vqa row a 150-step run drew most prompts once, and the filter never fired.
+    "vqa+history_skip": ("vqa_200", ["algo.history_epochs=1", "algo.history_mode=skip"]),
     # No-Thinking-CLS-RL / TON: half the prompts ask for thinking, half forbid it.
     "counting+think_hybrid": ("counting", [
         "data.think_hybrid=0.5", "rewards=[{name: count, weight: 1.0},"
@@ -85,10 +89,17 @@ FINDINGS: dict[str, str] = {
         "collapses onto such fragments (after = shuffled). Open."),
     "asr": (
         "`max_new_tokens` 14 cut 2% of the transcripts (fixed). At warm-up lr 3e-4 the model reads "
-        "the audio (reward 0.38, shuffled 0.13; at 1e-3 it had not), but RL lowers the held-out "
-        "metric: greedy transcripts shrink to one word. Tried on seed 0 (`mmrl train "
-        "recipes/asr/config.yaml recipes/asr/learn.yaml` plus the override), all still lower: RL lr "
-        "5e-5 (0.27), temperature 0.7 (0.31), KL beta 0.04 (0.26), Dr.GRPO (0.19). Open."),
+        "the audio (reward 0.40, shuffled 0.08; at 1e-3 it had not), but RL at temperature 1 "
+        "lowered the held-out metric (reward 0.40 -> 0.15, every greedy answer \"zero two\" by "
+        "step 50). The trainer was right: its logprobs matched the sampler's to 3e-6 on every "
+        "step. The samples were not: after a short warm-up the tiny model's tail over 151k "
+        "tokens is fat, sampled transcripts at temperature 1 were mostly junk (\"zer\ufffdtwo\", "
+        "sampled reward 0.08 while greedy scored 0.40), and RL optimised that sampled policy from "
+        "0.08 while greedy fell to meet it. Ruled out on seed 0: the format reward (without it "
+        "0.17), negative advantages (positive-only, 0.24), top-k 10 (0.17), top-p 0.9 (0.25), a "
+        "longer warm-up (0.63 -> 0.29), lr 5e-5, KL 0.04, Dr.GRPO. At temperature 0.5 samples are "
+        "greedy plus its plausible alternatives (sampled reward 0.36 at step 1) and RL raises "
+        "greedy; with lr 1e-4 (2e-4 dipped) and 400 steps the row learns (learn.yaml)."),
     "detection": (
         "at warm-up lr 1e-3 (300 steps) held-out mIoU stayed at the level of guessing a cell "
         "(about 0.07), on Qwen2.5-VL and on Qwen3-VL (whose vision tower adds absolute position "
@@ -109,8 +120,12 @@ FINDINGS: dict[str, str] = {
         "settles on a constant answer (0.46 -> 0.26 = shuffled, majority wrong 0.76): at this "
         "scale the vote does not replace the label."),
     "vqa+history_skip": (
-        "the filter never fired in 150 steps (kept fraction 1.0), with k = 2 and with k = 1: a "
-        "null comparison; why no group was filtered on its second draw is still to find."),
+        "on the 1000-prompt vqa row the filter never fired (kept fraction 1.0, with k = 2 and "
+        "k = 1): 150 steps x 8 prompts drew each prompt about once, and a history needs a second "
+        "visit. The row now trains on 200 prompts (6 passes), against the same 200-prompt plain "
+        "row. Running it showed a second fault: a skipped prompt was never drawn again, so once "
+        "every prompt was solved the run had nothing left to draw; a skip now counts as the "
+        "prompt's rest (drawn again next pass)."),
     "counting_qwen3_vl": (
         "learns from its images (shuffled 0.24) but the warm-up overshoots its stop criterion "
         "(0.67 at its first check above 0.5), leaving RL less than 0.15 of room on seed 0."),
@@ -335,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default=str(ROOT / "data" / "learning"))
     p.add_argument("--runs", default=str(ROOT / "runs" / "learning"))
     p.add_argument("--render-only", action="store_true",
-                   help="rewrite learning.md and the plot from the runs' results.json")
+                   help="rewrite learning.md and the plot from learning_results.json")
     args = p.parse_args(argv)
     rows = [x for r in args.rows.split(",") if r for x in GROUPS.get(r, [r])]
     unknown = [r for r in rows if r not in ROWS]
@@ -343,10 +358,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"learning_table: unknown rows {unknown}; known: {', '.join(ROWS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results_file = Path(args.runs) / "results.json"
-    # Rows run in separate invocations add up: a (row, seed) measured again replaces the old one.
+    # Kept next to learning.md (and committed with it): rows run in separate invocations, or in
+    # another session, add up; a (row, seed) measured again replaces the old one.
+    results_file = out / "learning_results.json"
     results: list[dict] = json.loads(results_file.read_text()) if results_file.exists() else []
-    results_file.parent.mkdir(parents=True, exist_ok=True)
     if args.render_only:
         results.sort(key=_order)
         plot(results, out / "learning.png")

@@ -101,14 +101,14 @@ def test_learning_table_sh_names_unknown_rows():
 
 
 def test_learning_table_py_renders_table_and_plot_from_results(tmp_path):
-    runs = tmp_path / "runs"
-    runs.mkdir()
+    docs = tmp_path / "docs"
+    docs.mkdir()
     row = dict(row="asr", recipe="asr", seed=1, sft_steps=40, rl_steps=150, load=2.0,
                curve=[[0, 0.4], [50, 0.5], [150, 0.6]], **_row(metric="wer", before=0.4,
                                                                after=0.6, shuffled=0.3, chance=None))
-    (runs / "results.json").write_text(json.dumps([row]))
+    (docs / "learning_results.json").write_text(json.dumps([row]))
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "learning_table.py"),
-                           "--render-only", "--runs", str(runs), "--out", str(tmp_path / "docs")],
+                           "--render-only", "--out", str(docs)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     md = (tmp_path / "docs" / "learning.md").read_text()
@@ -142,4 +142,4 @@ def test_methods_table_compares_seed_by_seed_with_the_methods_rate():
     text = "\n".join(learning_table.methods_table(results))
     assert ("| counting+majority_vote | counting | accuracy | 0, 1 | 0.80 / 0.60 | 0.70 / 0.90 | "
             "-0.10 / +0.30 | +0.10 | label_free/majority_wrong 0.30 | 60 s | 90 s |") in text
-    assert "| vqa+history_skip | vqa | – | – | – | – | – | not measured | – | – | – |" in text
+    assert "| vqa+history_skip | vqa_200 | – | – | – | – | – | not measured | – | – | – |" in text
