@@ -176,6 +176,11 @@ class PromptHistory:
         h = self.flags.get(str(key), [])
         return len(h) == self.k and all(h)
 
+    def rest(self, key: str) -> None:
+        """A skipped visit: the oldest flag is dropped, so the prompt, filtered now, is drawn
+        again on its next pass and filtered again only by a new uninformative group."""
+        self.flags[str(key)] = self.flags.get(str(key), [])[1:]
+
     def row_weights(self, keys: Sequence[str], weight: float) -> Tensor:
         """Float[N]: ``weight`` for rows of filtered prompts, 1.0 elsewhere (mode downweight)."""
         return torch.tensor([weight if self.filtered(k) else 1.0 for k in keys], dtype=torch.float32)

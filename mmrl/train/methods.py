@@ -86,28 +86,26 @@ class HistoryFilter:
     none of their samples on their last k visits; such prompts are skipped when drawn (mode skip)
     or their advantages scaled by history_weight (mode downweight)."""
 
-    def __init__(self, ac, dataset_size: int):
+    def __init__(self, ac):
         self.history = algos.PromptHistory(ac.history_epochs)
         self.skip, self.downweight = ac.history_skips, ac.history_downweights
-        self.weight, self.dataset_size = ac.history_weight, dataset_size
+        self.weight = ac.history_weight
         self.stats: dict[str, int] = {}
 
     @classmethod
-    def make(cls, ac, dataset_size: int) -> "HistoryFilter | None":
-        return cls(ac, dataset_size) if ac.history_epochs > 0 else None
+    def make(cls, ac) -> "HistoryFilter | None":
+        return cls(ac) if ac.history_epochs > 0 else None
 
     def skips(self, sample: Sample) -> bool:
-        """Mode skip: True when this prompt is filtered (counted; the caller draws another)."""
-        h, stats = self.history, self.stats
+        """Mode skip: True when this prompt is filtered (counted; the caller draws another). The
+        skip is the prompt's rest: it is drawn again on its next pass (PromptHistory.rest), so a
+        run whose every prompt is solved still has prompts to draw."""
+        stats = self.stats
         stats["drawn"] = stats.get("drawn", 0) + 1
-        if not self.skip or not h.filtered(sample.id):
+        if not self.skip or not self.history.filtered(sample.id):
             return False
         stats["skipped"] = stats.get("skipped", 0) + 1
-        if stats["skipped"] > self.dataset_size:  # a whole pass within one step was filtered
-            raise RuntimeError(f"algo.history_epochs={h.k}: every training prompt was solved by "
-                               f"all or none of its samples on its last {h.k} visits; nothing is "
-                               f"left to train on (use history_mode=downweight or a harder/easier "
-                               f"dataset)")
+        self.history.rest(sample.id)
         return True
 
     def observe(self, batch: RolloutBatch, scores: torch.Tensor) -> None:

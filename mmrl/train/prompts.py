@@ -30,7 +30,7 @@ class PromptSource:
         self.sampler = setup.PromptSampler(len(dataset), cfg.train.seed, cfg.data.shuffle,
                                            blocks=getattr(dataset, "blocks", None))
         self.data_cfg, self.seed = cfg.data, cfg.train.seed
-        self.history = HistoryFilter.make(cfg.algo, len(dataset))
+        self.history = HistoryFilter.make(cfg.algo)
         self.skipped = 0
         self._features: OrderedDict[int, PromptFeatures] = OrderedDict()
 

@@ -73,6 +73,21 @@ def test_history_filters_after_k_uninformative_visits_only():
     assert not h.filtered("easy")
 
 
+def test_history_rest_readmits_a_skipped_prompt_on_its_next_pass():
+    h = algos.PromptHistory(k=2)
+    for _ in range(2):
+        _visit(h, {"easy": [1., 1.]})
+        h.commit()
+    assert h.filtered("easy")
+    h.rest("easy")  # skipped this pass: drawn again next pass
+    assert not h.filtered("easy") and h.flags["easy"] == [True]
+    _visit(h, {"easy": [1., 1.]})  # still uninformative: filtered again at once
+    h.commit()
+    assert h.filtered("easy")
+    h.rest("never-seen")
+    assert not h.filtered("never-seen")
+
+
 def test_history_state_roundtrip():
     h = algos.PromptHistory(k=1)
     _visit(h, {"a": [1., 1.], "b": [0., 1.]})
