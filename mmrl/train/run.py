@@ -52,6 +52,36 @@ class _CtrlC:
             signal.signal(signal.SIGINT, self._old)
 
 
+class SampledVsGreedy:
+    """Warns once when the rollouts' metric reward over the first `steps` RL steps sits far below
+    what greedy decoding scored before RL (at least `gap` lower and under half of it). RL
+    optimises the sampled policy; with a fat-tailed policy (a small or briefly warmed-up model at
+    temperature 1) the samples are mostly junk, and the held-out greedy metric can fall to meet
+    them (docs/learning.md, asr)."""
+
+    def __init__(self, metric: str, greedy: float | None, temperature: float, warn,
+                 steps: int = 10, gap: float = 0.15):
+        self.key, self.greedy, self.temperature, self.warn = f"reward/{metric}_mean", greedy, \
+            temperature, warn
+        self.steps, self.gap, self.seen = steps, gap, []
+
+    def observe(self, metrics: dict) -> None:
+        if not isinstance(self.greedy, (int, float)) or self.greedy != self.greedy:  # none / NaN
+            return
+        if self.key not in metrics or len(self.seen) >= self.steps:
+            return
+        self.seen.append(float(metrics[self.key]))
+        if len(self.seen) < self.steps:
+            return
+        sampled = sum(self.seen) / len(self.seen)
+        if self.greedy - sampled >= self.gap and sampled < 0.5 * self.greedy:
+            self.warn(f"rollouts at temperature {self.temperature:g} score {sampled:.2f} on "
+                      f"{self.key[7:-5]} over the first {self.steps} steps, where greedy decoding "
+                      f"scored {self.greedy:.2f} before RL: RL learns from the samples, and the "
+                      f"greedy metric may fall toward them. If eval/accuracy falls, lower "
+                      f"rollout.temperature (e.g. 0.5) or warm up longer (sft.steps)")
+
+
 def resume_command(cfg: RunConfig) -> str:
     """The command line that continues this run (the CLI's own arguments when run through it)."""
     args = sys.argv[1:] if sys.argv[1:2] == ["train"] else ["train", "CONFIG"]
@@ -93,10 +123,13 @@ def train(cfg: RunConfig) -> dict:
             summary["accuracy_before_rl"] = summary["eval_before_rl"]["accuracy"]
             log.print(f"accuracy before RL: {summary['accuracy_before_rl']:.3f}")
         trainer.enable_reference()
+        # A resumed run's policy is no longer the one measured before RL: no comparison.
+        gap = SampledVsGreedy(cfg.eval.metric_reward, summary.get("accuracy_before_rl")
+                              if trainer.step == 0 else None, cfg.rollout.temperature, log.warn)
         log.start(total=tc.steps, done=trainer.step)
         with _CtrlC() as ctrl_c:
             while trainer.step < tc.steps:
-                _rl_step(trainer, run_eval if evals else None)
+                gap.observe(_rl_step(trainer, run_eval if evals else None))
                 if _all_ranks(learner.info, ctrl_c.requested):
                     log.stop()
                     trainer.save()
@@ -133,9 +166,9 @@ def train(cfg: RunConfig) -> dict:
     return summary
 
 
-def _rl_step(trainer: Trainer, run_eval) -> None:
+def _rl_step(trainer: Trainer, run_eval) -> dict:
     """One step, its periodic evaluation (`run_eval`, None without an eval set), its log line,
-    the non-finite guard and the periodic checkpoint."""
+    the non-finite guard and the periodic checkpoint -> the step's metrics."""
     tc = trainer.cfg.train
     metrics = trainer.train_step()
     if tc.eval_every and run_eval is not None and trainer.step % tc.eval_every == 0:
@@ -152,6 +185,7 @@ def _rl_step(trainer: Trainer, run_eval) -> None:
             f"train.resume=auto")
     if tc.save_every and trainer.step % tc.save_every == 0 and trainer.step < tc.steps:
         trainer.save()
+    return metrics
 
 
 def _all_ranks(info: dist.DistInfo, flag: bool) -> bool:

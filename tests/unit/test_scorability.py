@@ -94,3 +94,43 @@ def test_answer_budget_names_gold_answers_the_rollout_budget_cuts():
     assert cut == {"over": 1, "of": 3, "longest": 21}
     assert "raise rollout.max_new_tokens to at least 21" in format_answer_budget(cut, 16)
     assert answer_budget(samples, tok, target, 21) is None
+
+
+# ---------------------------------------------- sampled rollouts far below greedy decoding -----
+def _gap(greedy, per_step, **kw):
+    from mmrl.train.run import SampledVsGreedy
+
+    said = []
+    g = SampledVsGreedy("wer", greedy, 1.0, said.append, **kw)
+    for v in per_step:
+        g.observe({"reward/wer_mean": v, "reward/total_mean": 0.9})
+    return said
+
+
+def test_sampled_far_below_greedy_warns_once_with_both_numbers():
+    # the asr row at temperature 1: greedy 0.40 before RL, samples about 0.08
+    said = _gap(0.40, [0.05, 0.11] * 5 + [0.0] * 20)
+    assert len(said) == 1
+    assert "score 0.08 on wer over the first 10 steps" in said[0]
+    assert "scored 0.40 before RL" in said[0] and "rollout.temperature" in said[0]
+
+
+@pytest.mark.parametrize("greedy, sampled", [
+    (0.40, 0.36),          # temperature 0.5: samples near greedy
+    (0.20, 0.08),          # under half, but the gap is under 0.15
+    (0.40, 0.22),          # 0.18 lower, but more than half of greedy
+    (None, 0.0), (float("nan"), 0.0),  # no eval before RL, or a resumed run
+])
+def test_sampled_near_greedy_or_no_greedy_says_nothing(greedy, sampled):
+    assert _gap(greedy, [sampled] * 10) == []
+
+
+def test_sampled_vs_greedy_waits_for_its_steps_and_ignores_other_rewards():
+    assert _gap(0.9, [0.0] * 9) == []
+    assert _gap(0.9, [0.0] * 10, steps=10) != []
+    from mmrl.train.run import SampledVsGreedy
+    said = []
+    g = SampledVsGreedy("count", 0.9, 1.0, said.append)
+    for _ in range(20):
+        g.observe({"reward/wer_mean": 0.0})  # the metric reward is not trained on: no numbers
+    assert said == []
