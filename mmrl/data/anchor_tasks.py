@@ -13,6 +13,7 @@ of what is measured. Returns {"train", "eval", "format"}.
     temporal_grounding  time_r1    {"video", "duration", "timestamp", "sentence"}
     audio_qa            r1_aqa     {"audio_path", "question_text", "multi_choice", "answer": index}
     asr, captioning     easyr1     {"problem", "answer", "audios" | "images"}
+    audio_visual        easyr1     {"problem", "answer", "videos", "audios"}
 """
 from __future__ import annotations
 
@@ -89,6 +90,7 @@ ANCHORS: dict[str, tuple[str, dict, str, Callable[[dict], dict]]] = {
     "audio_qa": ("audio_qa", _SPLIT, "r1_aqa", _r1_aqa),
     "asr": ("asr", {**_SPLIT, "min_digits": 2, "max_digits": 3}, "easyr1", _easyr1),
     "captioning": ("captioning", _SPLIT, "easyr1", _easyr1),
+    "audio_visual": ("audio_visual", _SPLIT, "easyr1", _easyr1),
 }
 
 

@@ -1,7 +1,7 @@
 """Deterministic generators for tiny video / audio / image-grounding datasets (native schema).
 
 Registered into `mmrl.data.synthetic.GENERATORS`: video_qa, temporal_grounding, asr, audio_qa,
-detection, classification, captioning. Same arguments, same bytes (x264 runs single-threaded;
+audio_visual, detection, classification, captioning. Same arguments, same bytes (x264 runs single-threaded;
 wav/png carry no timestamps), and 64 samples take well under 5 s. Each returns
 {"train": path, "eval": path}, like `counting`.
 
@@ -249,6 +249,39 @@ def audio_qa(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed: in
                       + "\nAnswer with the option letter in <answer></answer>.",
             "solution": MC_LETTERS[count - 1], "options": options,
             "problem_type": "multiple choice", "duration": sum(len(p) for p in parts) / sr,
+        })
+    return write_split(out, records, n_train)
+
+
+@GENERATORS.register("audio_visual")
+def audio_visual(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed: int = 0,
+                 size: int = 56, square: int = 24, n_frames: int = 8, fps: int = 4,
+                 sr: int = 16000) -> dict[str, str]:
+    """A clip of a red or blue square with a soundtrack of one or two beeps (AAC in the mp4, which
+    the record lists as its video and as its audio); "What colour, how many beeps?" as a 4-way
+    multiple choice: only the frames tell the colour and only the sound the count."""
+    out = Path(out_dir)
+    (out / "videos").mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    colours, counts = ("red", "blue"), ("one beep", "two beeps")
+    options = mc_options([f"{c}, {n}" for c in colours for n in counts])
+    records = []
+    for i in range(n_train + n_eval):
+        colour, beeps = rng.randrange(2), rng.randrange(2)
+        x, y = rng.randint(0, size - square), rng.randint(0, size - square)
+        frames = np.full((n_frames, size, size, 3), 235, np.uint8)
+        frames[:, y:y + square, x:x + square] = COLORS[colours[colour]]
+        parts = [_silence(0.1, sr)]
+        for _ in range(beeps + 1):
+            parts += [_tone((rng.choice((500, 1000)),), 0.15, sr), _silence(0.2, sr)]
+        video = f"videos/{i:05d}.mp4"
+        write_mp4(out / video, frames, fps, audio=np.concatenate(parts), sr=sr)
+        records.append({
+            "id": f"av-{i:05d}", "task": "audio_visual", "videos": [video], "audios": [video],
+            "prompt": "What colour is the square, and how many beeps are there?\n"
+                      + "\n".join(options) + "\nAnswer with the option letter in <answer></answer>.",
+            "solution": MC_LETTERS[2 * colour + beeps], "options": options,
+            "problem_type": "multiple choice", "duration": n_frames / fps,
         })
     return write_split(out, records, n_train)
 
