@@ -1,8 +1,8 @@
 """Deterministic generators for tiny video / audio / image-grounding datasets (native schema).
 
 Registered into `mmrl.data.synthetic.GENERATORS`: video_qa, temporal_grounding, asr, audio_qa,
-audio_visual, detection, classification, captioning. Same arguments, same bytes (x264 runs single-threaded;
-wav/png carry no timestamps), and 64 samples take well under 5 s. Each returns
+audio_visual, detection, classification, captioning. Same arguments, same bytes (x264 runs
+single-threaded; wav/png carry no timestamps), and 64 samples take well under 5 s. Each returns
 {"train": path, "eval": path}, like `counting`.
 
 The media writers (`write_mp4`, `write_wav`, `write_audio`) are public: tests build their assets

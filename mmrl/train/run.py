@@ -61,8 +61,8 @@ class SampledVsGreedy:
 
     def __init__(self, metric: str, greedy: float | None, temperature: float, warn,
                  steps: int = 10, gap: float = 0.15):
-        self.key, self.greedy, self.temperature, self.warn = f"reward/{metric}_mean", greedy, \
-            temperature, warn
+        self.metric, self.key = metric, f"reward/{metric}_mean"
+        self.greedy, self.temperature, self.warn = greedy, temperature, warn
         self.steps, self.gap, self.seen = steps, gap, []
 
     def observe(self, metrics: dict) -> None:
@@ -76,7 +76,7 @@ class SampledVsGreedy:
         sampled = sum(self.seen) / len(self.seen)
         if self.greedy - sampled >= self.gap and sampled < 0.5 * self.greedy:
             self.warn(f"rollouts at temperature {self.temperature:g} score {sampled:.2f} on "
-                      f"{self.key[7:-5]} over the first {self.steps} steps, where greedy decoding "
+                      f"{self.metric} over the first {self.steps} steps, where greedy decoding "
                       f"scored {self.greedy:.2f} before RL: RL learns from the samples, and the "
                       f"greedy metric may fall toward them. If eval/accuracy falls, lower "
                       f"rollout.temperature (e.g. 0.5) or warm up longer (sft.steps)")
