@@ -118,7 +118,7 @@ FINDINGS: dict[str, str] = {
         "at temperature 1 the warm-up met its stop criterion (0.35) with a near-constant segment "
         "and after RL the prediction ignored the video (after = shuffled = 0.37). With the asr "
         "fix (temperature 0.5, lr 1e-4, 350 steps) and the warm-up stopping at 0.5, RL raises "
-        "mIoU on every seed (0.47 / 0.64 / 0.60 -> 0.76 / 0.82 / 0.84; shuffled 0.22-0.33)."),
+        "mIoU on every seed (0.47 / 0.64 / 0.60 -> 0.76 / 0.82 / 0.83; shuffled 0.22-0.33)."),
     "video_qa": (
         "motion direction needs both where and when; the warm-up stays at chance (0.27) for 450 "
         "steps at 3e-4 as it did at 1e-3. The prompt also listed the options twice (fixed: "
@@ -132,7 +132,7 @@ FINDINGS: dict[str, str] = {
         "majority wrong 0.76), and at rollout temperature 0.5 too (seed 0: 0.46 -> 0.20, majority "
         "wrong 0.75): at this scale the vote does not replace the label."),
     "temporal_grounding+gt_guidance": (
-        "helps on every seed: mIoU 0.90 / 0.95 / 0.97 against plain GRPO's 0.76 / 0.82 / 0.84 "
+        "helps on every seed: mIoU 0.90 / 0.95 / 0.97 against plain GRPO's 0.76 / 0.82 / 0.83 "
         "(+0.13 to +0.14), at no extra wall time; the ground-truth segment replaced a rollout "
         "in 9% / 4% / 3% of the groups (those whose best sample scored under 0.5), mostly "
         "early in RL."),
