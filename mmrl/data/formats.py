@@ -21,36 +21,29 @@ Video-R1's problem_type map onto it (ACCU_METHOD_TASKS, PROBLEM_TASKS). Box answ
 `image_size` = [w, h] from the image header, which box rewards need for model coordinates.
 
 Normalisation: `<answer>` wrappers are stripped; multiple-choice solutions become one letter
-(from a letter, a 0-based index, or the option's text); boxes and segments become number lists (whole numbers stay ints).
+(from a letter, a 0-based index, or the option's text); boxes and segments become number lists
+(whole numbers stay ints).
 Media placeholders (<image>, <video>, <audio>) in the text mark where each item goes; items with
 no placeholder go first. Embedded media (HF/parquet image bytes, PIL images) are written once to
-a content-addressed folder (`EMBEDDED_DIR`). The answer format is appended to the question when
-the text does not already ask for <answer> tags. Malformed records raise RecordError naming
-file:line.
+a content-addressed folder (record_parts.embedded_dir; `convert` writes them next to its output).
+The answer format is appended to the question when the text does not already ask for <answer>
+tags. Malformed records raise RecordError naming file:line. The record parts every adapter reads
+(text, media references, options, numbers) are in record_parts.py.
 """
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
-from mmrl.data.schema import FORMATS, MEDIA_KINDS, RecordError, iter_records
+from mmrl.data.record_parts import (answer_letter, check_dict, embedding_into, fail,
+                                      is_boxes, lettered_options, make_sample, media_ref,
+                                      media_refs, numbers, passthrough, text_of, unwrap,
+                                      with_hint, with_image_size)
+from mmrl.data.schema import FORMATS, MEDIA_KINDS, iter_records
 from mmrl.types import Sample
 
-EMBEDDED_DIR = Path(os.environ.get("MMRL_EMBEDDED_DIR", Path.home() / ".cache" / "mmrl" / "embedded"))
-PLACEHOLDER = re.compile(r"<(image|video|audio)>")
-ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
-LETTER = re.compile(r"[\(\[]?\s*([A-Za-z])\s*[\)\]]?\s*[.:]?")
-OPTION_PREFIX = re.compile(r"\s*[\(\[]?([A-Z])[\)\].:]\s*")
-BOX_KEY = re.compile(r"[\"'](?:Position|bbox_2d|bbox)[\"']\s*:\s*\[")  # Visual-RFT / Qwen JSON boxes
-# Keys that load_media reads as decode overrides: an anchor's same-named column may mean something
-# else, so it is renamed (source_<key>). Time-R1's video_start/video_end are kept on purpose by
-# its adapter: they are the clip window, cut at decode time.
-OVERRIDE_KEYS = {"video_start", "video_end", "fps", "nframes", "max_frames"}
 # VLM-R1 accu_reward_method -> task (others, e.g. "math", "yes_no", are the task as they are;
 # "default" derives it from the answer).
 ACCU_METHOD_TASKS = {"iou": "detection", "od": "detection", "od_ap": "detection",
@@ -67,275 +60,61 @@ HINTS = {
 }
 TIME_HINT = "Answer with <answer>start to end</answer> in seconds."
 
-
-# ---------------------------------------------------------------------------- shared helpers ----
-
-def _fail(source: str, msg: str) -> RecordError:
-    return RecordError(f"{source}: {msg}")
-
-
-def _text(record: dict, keys: tuple[str, ...], source: str, what: str) -> str:
-    for key in keys:
-        value = record.get(key)
-        if isinstance(value, str) and value.strip():
-            return value
-        if value is not None and not isinstance(value, str):
-            raise _fail(source, f"{key!r} must be a string, got {type(value).__name__}")
-    raise _fail(source, f"missing {what} (one of {', '.join(map(repr, keys))})")
-
-
-def _embedded(data: bytes, suffix: str) -> str:
-    EMBEDDED_DIR.mkdir(parents=True, exist_ok=True)
-    path = EMBEDDED_DIR / f"{hashlib.sha256(data).hexdigest()[:32]}{suffix}"
-    if not path.exists():
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    return str(path)
-
-
-def _media_ref(value: Any, base: Path, source: str, key: str) -> str:
-    """A path (relative to the data file), {"path", "bytes"} (HF / parquet) or a PIL image."""
-    if isinstance(value, str) and value.strip():
-        return value if Path(value).is_absolute() else str(base / value)
-    if isinstance(value, dict):
-        if value.get("bytes"):
-            return _embedded(bytes(value["bytes"]), Path(value.get("path") or "x.png").suffix or ".png")
-        if isinstance(value.get("path"), str):
-            return _media_ref(value["path"], base, source, key)
-    if isinstance(value, (bytes, bytearray)):
-        return _embedded(bytes(value), ".png")
-    if hasattr(value, "save") and hasattr(value, "size"):  # PIL image from `datasets`
-        buf = io.BytesIO()
-        value.save(buf, format="PNG")
-        return _embedded(buf.getvalue(), ".png")
-    raise _fail(source, f"{key!r}: expected a path, {{'bytes'|'path'}} or an image, got {value!r:.80}")
-
-
-def _media(record: dict, keys: tuple[str, ...], base: Path, source: str) -> list[str]:
-    for key in keys:
-        value = record.get(key)
-        if value is None or value == [] or value == "":
-            continue
-        items = value if isinstance(value, list) else [value]
-        return [_media_ref(v, base, source, key) for v in items]
-    return []
-
-
-def _content(text: str, counts: dict[str, int], source: str) -> list[dict]:
-    """Chat content with media items where the text has placeholders; the rest go first."""
-    found = {kind: 0 for kind in ("image", "video", "audio")}
-    parts: list[dict] = []
-    pos = 0
-    for m in PLACEHOLDER.finditer(text):
-        if text[pos:m.start()].strip():
-            parts.append({"type": "text", "text": text[pos:m.start()].strip()})
-        parts.append({"type": m.group(1)})
-        found[m.group(1)] += 1
-        pos = m.end()
-    if text[pos:].strip():
-        parts.append({"type": "text", "text": text[pos:].strip()})
-    lead = []
-    for kind in ("image", "video", "audio"):
-        n = counts.get(kind + "s", 0)
-        if found[kind] > n:
-            raise _fail(source, f"the text has {found[kind]} <{kind}> placeholder(s) but the record "
-                                f"lists {n} {kind}(s)")
-        lead += [{"type": kind}] * (n - found[kind])
-    if not any(p["type"] == "text" for p in parts):
-        raise _fail(source, "empty question text")
-    return lead + parts
-
-
-def _with_hint(text: str, hint: str | None) -> str:
-    if not hint or "<answer>" in text.lower():
-        return text
-    return f"{text.rstrip()}\n{hint}"
-
-
-def _unwrap(value: Any) -> Any:
-    if isinstance(value, str):
-        m = ANSWER_TAG.search(value)
-        return (m.group(1) if m else value).strip()
-    return value
-
-
-def _options(value: Any, source: str) -> list[str]:
-    """Options as "A. text" lines (kept as they are when already lettered)."""
-    if isinstance(value, dict):
-        value = [f"{k}. {v}" for k, v in value.items()]
-    if not isinstance(value, list) or not value or len(value) > 26:
-        raise _fail(source, f"options must be a non-empty list (<= 26), got {value!r:.80}")
-    out = []
-    for i, opt in enumerate(value):
-        text = str(opt).strip()
-        out.append(text if OPTION_PREFIX.match(text) else f"{chr(65 + i)}. {text}")
-    return out
-
-
-def _option_text(option: str) -> str:
-    m = OPTION_PREFIX.match(option)
-    return (option[m.end():] if m else option).strip().lower()
-
-
-def _letter(answer: Any, options: list[str], source: str) -> str:
-    """A multiple-choice answer -> letter: "B", "(b)", "B. cat", 1 (0-based index) or "cat"."""
-    n = len(options)
-    if isinstance(answer, bool):
-        raise _fail(source, f"multiple-choice answer must be a letter, index or option, got {answer}")
-    if isinstance(answer, int):
-        if not 0 <= answer < n:
-            raise _fail(source, f"answer index {answer} is outside the {n} options")
-        return chr(65 + answer)
-    text = str(_unwrap(answer)).strip()
-    m = LETTER.fullmatch(text) or OPTION_PREFIX.match(text)
-    if m and m.group(1).upper() in [chr(65 + i) for i in range(n)]:
-        return m.group(1).upper()
-    for i, opt in enumerate(options):
-        if text.lower() == _option_text(opt):
-            return chr(65 + i)
-    raise _fail(source, f"answer {text!r:.40} is not a letter of, or one of, the {n} options")
-
-
-def _floats(value: Any, n: int | None, source: str, what: str) -> list[float] | None:
-    """A list of numbers from a list or its JSON/"a to b" text; None when it is not one."""
-    if isinstance(value, str):
-        text = _unwrap(value)
-        try:
-            value = json.loads(text)
-        except (json.JSONDecodeError, ValueError):
-            parts = re.split(r"\s*(?:to|,)\s*", text.strip("[]() "))
-            try:
-                value = [float(p) for p in parts if p]
-            except ValueError:
-                return None
-    if (isinstance(value, list) and value and all(isinstance(v, (int, float))
-                                                   and not isinstance(v, bool) for v in value)):
-        if n is not None and len(value) != n:
-            raise _fail(source, f"{what} must have {n} numbers, got {value!r:.80}")
-        # Whole numbers stay whole ("[4, 35, 22, 53]", as the anchors write pixel boxes): the
-        # solution is also the SFT target, and "4.0" costs two tokens that say nothing.
-        return [int(v) if float(v).is_integer() else float(v) for v in value]
-    return None
-
-
-def _passthrough(record: dict, used: set[str]) -> dict:
-    """The record's other JSON-safe columns as Sample.fields (override-like keys renamed)."""
-    out = {}
-    for key, value in record.items():
-        if key in used or value is None:
-            continue
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError):
-            continue  # images / bytes in other columns: not fields
-        out[f"source_{key}" if key in OVERRIDE_KEYS else key] = value
-    return out
-
-
-def _sample(record: dict, source: str, *, text: str, media: dict[str, list[str]], solution: Any,
-            task: str, fields: dict, id_keys: tuple[str, ...] = ("id",),
-            record_task: bool = True) -> Sample:
-    content = _content(text, {k: len(v) for k, v in media.items()}, source)
-    ident = next((record[k] for k in id_keys if record.get(k) not in (None, "")), source)
-    return Sample(id=str(ident), messages=[{"role": "user", "content": content}],
-                  solution=solution,
-                  task=str((record.get("task") if record_task else None) or task),
-                  images=media.get("images", []), videos=media.get("videos", []),
-                  audios=media.get("audios", []), fields=fields, source=source)
-
-
-def image_size(path: str) -> list[int] | None:
-    """[width, height] as `load_image` will see it (EXIF rotation applied), from the file header
-    only; None when the file does not open (inspect and training report that file themselves)."""
-    from PIL import Image
-
-    try:
-        with Image.open(path) as im:
-            w, h = im.size
-            if im.getexif().get(0x0112) in (5, 6, 7, 8):  # rotated by 90 degrees on load
-                w, h = h, w
-            return [int(w), int(h)]
-    except Exception:  # noqa: BLE001 - PIL raises many types; a bad file is reported elsewhere
-        return None
-
-
-def _box_fields(fields: dict, solution: Any, images: list[str]) -> dict:
-    """Box answers need the image size to map model coordinates (iou coords=qwen2_5_vl ...)."""
-    if _is_boxes(solution) and len(images) == 1 and "image_size" not in fields:
-        size = image_size(images[0])
-        if size is not None:
-            fields["image_size"] = size
-    return fields
-
-
-def _is_boxes(solution: Any) -> bool:
-    if isinstance(solution, list):
-        return len(solution) == 4 or any(isinstance(b, (list, dict)) for b in solution)
-    return isinstance(solution, str) and bool(BOX_KEY.search(solution))
-
-
-def _check_dict(record: Any, source: str) -> dict:
-    if not isinstance(record, dict):
-        raise _fail(source, f"a record must be a JSON object, got {type(record).__name__}")
-    return record
-
-
 # ---------------------------------------------------------------------------------- adapters ----
 
 @FORMATS.register("vlm_r1")
 def vlm_r1(record: Any, source: str, base_dir: Path) -> Sample:
     """LLaVA conversations: the first human turn is the question, the next gpt turn the answer.
     A 4-number answer is a box (task "detection"), anything else stays text (task "vqa")."""
-    record = _check_dict(record, source)
+    record = check_dict(record, source)
     turns = record.get("conversations")
     if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
-        raise _fail(source, "'conversations' must be a list of {from, value} turns")
+        raise fail(source, "'conversations' must be a list of {from, value} turns")
     human = next((i for i, t in enumerate(turns) if t.get("from") in ("human", "user")), None)
     if human is None or not isinstance(turns[human].get("value"), str):
-        raise _fail(source, "no human turn with a 'value' string in 'conversations'")
+        raise fail(source, "no human turn with a 'value' string in 'conversations'")
     gpt = next((t for t in turns[human + 1:] if t.get("from") in ("gpt", "assistant")), None)
     if gpt is None or gpt.get("value") in (None, ""):
-        raise _fail(source, "no gpt turn (the answer) after the question in 'conversations'")
-    box = _floats(gpt["value"], None, source, "box")
-    solution = box if box is not None and len(box) == 4 else _unwrap(str(gpt["value"]))
-    media = {"images": _media(record, ("image", "images"), base_dir, source),
-             "videos": _media(record, ("video", "videos"), base_dir, source)}
-    fields = _passthrough(record, {"id", "task", "conversations", "image", "images", "video",
+        raise fail(source, "no gpt turn (the answer) after the question in 'conversations'")
+    box = numbers(gpt["value"], None, source, "box")
+    solution = box if box is not None and len(box) == 4 else unwrap(str(gpt["value"]))
+    media = {"images": media_refs(record, ("image", "images"), base_dir, source),
+             "videos": media_refs(record, ("video", "videos"), base_dir, source)}
+    fields = passthrough(record, {"id", "task", "conversations", "image", "images", "video",
                                    "videos"})
     # VLM-R1's per-record reward choice is the task that `rewards[].tasks` routes on.
     route = ACCU_METHOD_TASKS.get(record.get("accu_reward_method"), record.get("accu_reward_method"))
     task = str(route) if route else ("detection" if isinstance(solution, list) else "vqa")
-    return _sample(record, source, text=turns[human]["value"], media=media, solution=solution,
-                   task=task, fields=_box_fields(fields, solution, media["images"]))
+    return make_sample(record, source, text=turns[human]["value"], media=media, solution=solution,
+                   task=task, fields=with_image_size(fields, solution, media["images"]))
 
 
 def _r1v_like(record: Any, source: str, base_dir: Path) -> Sample:
     """R1-V / EasyR1 rows: question in 'problem' (or 'prompt'/'question'; EasyR1's <image> marks
     where images go), answer in 'answer' or 'solution' (<answer> tags stripped; a 4-number answer
     is a box), media in 'images'/'image', 'videos'/'video', 'audios'/'audio'."""
-    record = _check_dict(record, source)
-    text = _text(record, ("problem", "prompt", "question"), source, "question")
+    record = check_dict(record, source)
+    text = text_of(record, ("problem", "prompt", "question"), source, "question")
     if record.get("answer") is not None:
         raw = record["answer"]
     elif record.get("solution") is not None:
         raw = record["solution"]
     else:
-        raise _fail(source, "missing 'answer' or 'solution'")
-    box = _floats(raw, None, source, "box") if not isinstance(raw, (int, float)) else None
-    solution = box if box is not None and len(box) == 4 else _unwrap(raw)
+        raise fail(source, "missing 'answer' or 'solution'")
+    box = numbers(raw, None, source, "box") if not isinstance(raw, (int, float)) else None
+    solution = box if box is not None and len(box) == 4 else unwrap(raw)
     if isinstance(solution, (int, float)) and not isinstance(solution, bool):
         solution = str(solution)
-    media = {"images": _media(record, ("images", "image"), base_dir, source),
-             "videos": _media(record, ("videos", "video"), base_dir, source),
-             "audios": _media(record, ("audios", "audio"), base_dir, source)}
-    boxes = _is_boxes(solution)  # a box, or Visual-RFT's [{"Position": [...], ...}] list
+    media = {"images": media_refs(record, ("images", "image"), base_dir, source),
+             "videos": media_refs(record, ("videos", "video"), base_dir, source),
+             "audios": media_refs(record, ("audios", "audio"), base_dir, source)}
+    boxes = is_boxes(solution)  # a box, or Visual-RFT's [{"Position": [...], ...}] list
     task = "detection" if boxes else ("video_qa" if media["videos"] else "vqa")
-    fields = _passthrough(record, {"id", "task", "problem", "prompt", "question", "answer",
+    fields = passthrough(record, {"id", "task", "problem", "prompt", "question", "answer",
                                    "solution", "images", "image", "videos", "video", "audios",
                                    "audio"})
-    return _sample(record, source, text=text, media=media, solution=solution, task=task,
-                   fields=_box_fields(fields, solution, media["images"]))
+    return make_sample(record, source, text=text, media=media, solution=solution, task=task,
+                   fields=with_image_size(fields, solution, media["images"]))
 
 
 FORMATS.add("r1v", _r1v_like)
@@ -346,31 +125,31 @@ FORMATS.add("easyr1", _r1v_like)
 def video_r1(record: Any, source: str, base_dir: Path) -> Sample:
     """Video-R1 rows: data_type picks image or video for 'path'; multiple choice gets its options
     listed under the question and a letter solution; the type's answer format is appended."""
-    record = _check_dict(record, source)
-    problem = _text(record, ("problem", "question"), source, "question")
+    record = check_dict(record, source)
+    problem = text_of(record, ("problem", "question"), source, "question")
     ptype = record.get("problem_type") or "free-form"
     dtype = record.get("data_type") or ("video" if record.get("video") else "image")
     if dtype not in ("image", "video"):
-        raise _fail(source, f"data_type must be 'image' or 'video', got {dtype!r}")
+        raise fail(source, f"data_type must be 'image' or 'video', got {dtype!r}")
     if ptype not in PROBLEM_TASKS:
-        raise _fail(source, f"problem_type must be one of {sorted(PROBLEM_TASKS)}, got {ptype!r}")
+        raise fail(source, f"problem_type must be one of {sorted(PROBLEM_TASKS)}, got {ptype!r}")
     if record.get("solution") is None:
-        raise _fail(source, "missing 'solution'")
-    fields = _passthrough(record, {"problem", "question", "solution", "path", "image", "video",
+        raise fail(source, "missing 'solution'")
+    fields = passthrough(record, {"problem", "question", "solution", "path", "image", "video",
                                    "options", "task", "id", "problem_id"})
     fields.update(problem_type=ptype, data_type=dtype)
     if ptype == "multiple choice":
-        options = _options(record.get("options"), source)
-        solution = _letter(record["solution"], options, source)
+        options = lettered_options(record.get("options"), source)
+        solution = answer_letter(record["solution"], options, source)
         problem = f"{problem.rstrip()}\nOptions:\n" + "\n".join(options)
         fields["options"] = options
     else:
-        solution = str(_unwrap(record["solution"]))
+        solution = str(unwrap(record["solution"]))
     key = "videos" if dtype == "video" else "images"
-    media = {key: _media(record, ("path", dtype), base_dir, source)}
+    media = {key: media_refs(record, ("path", dtype), base_dir, source)}
     if not media[key]:
-        raise _fail(source, f"missing 'path' to the {dtype}")
-    return _sample(record, source, text=_with_hint(problem, HINTS.get(ptype, HINTS["free-form"])),
+        raise fail(source, f"missing 'path' to the {dtype}")
+    return make_sample(record, source, text=with_hint(problem, HINTS.get(ptype, HINTS["free-form"])),
                    media=media, solution=solution, task=PROBLEM_TASKS[ptype], fields=fields,
                    id_keys=("id", "problem_id"))
 
@@ -381,26 +160,26 @@ def r1_aqa(record: Any, source: str, base_dir: Path) -> Sample:
     index, 'audio_path'; MMAU style: 'question', 'choices', 'answer' = option text or letter.
     AVQA questions say "video" while only the audio is given: like R1-AQA, the prompt says
     "audio" for dataset_name AVQA."""
-    record = _check_dict(record, source)
-    question = _text(record, ("question_text", "question"), source, "question")
+    record = check_dict(record, source)
+    question = text_of(record, ("question_text", "question"), source, "question")
     if record.get("dataset_name") == "AVQA":
         question = question.replace("video", "audio")
     choices = next((record[k] for k in ("multi_choice", "choices", "options") if record.get(k)), None)
-    options = _options(choices, source)
+    options = lettered_options(choices, source)
     if record.get("answer") is None:
-        raise _fail(source, "missing 'answer'")
-    solution = _letter(record["answer"], options, source)
-    audios = _media(record, ("audio_path", "audio_id", "audio", "audios"), base_dir, source)
+        raise fail(source, "missing 'answer'")
+    solution = answer_letter(record["answer"], options, source)
+    audios = media_refs(record, ("audio_path", "audio_id", "audio", "audios"), base_dir, source)
     if not audios:
-        raise _fail(source, "missing 'audio_path' (or 'audio_id', 'audio')")
+        raise fail(source, "missing 'audio_path' (or 'audio_id', 'audio')")
     text = f"{question.rstrip()}\n" + "\n".join(options)
-    fields = _passthrough(record, {"id", "task", "question_text", "question", "multi_choice",
+    fields = passthrough(record, {"id", "task", "question_text", "question", "multi_choice",
                                    "choices", "options", "answer", "audio_path", "audio_id",
                                    "audio", "audios"})
     fields.update(options=options, problem_type="multiple choice")
     if record.get("task") is not None:  # MMAU's sound/music/speech: kept, but not the route
         fields["source_task"] = record["task"]
-    return _sample(record, source, text=_with_hint(text, HINTS["multiple choice"]),
+    return make_sample(record, source, text=with_hint(text, HINTS["multiple choice"]),
                    media={"audios": audios}, solution=solution, task="audio_qa", fields=fields,
                    record_task=False)
 
@@ -416,42 +195,42 @@ def time_r1(record: Any, source: str, base_dir: Path) -> Sample:
     load_media decodes only that window, and the segment is shifted into clip time (the model
     sees the clip from 0 s); 'duration' becomes the clip's length (source_duration keeps the
     video's)."""
-    record = _check_dict(record, source)
+    record = check_dict(record, source)
     raw = record.get("timestamp", record.get("timestamps"))
     if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], list):
         raw = raw[0]
-    seg = _floats(raw, 2, source, "timestamp") if raw is not None else None
+    seg = numbers(raw, 2, source, "timestamp") if raw is not None else None
     if seg is None:
-        raise _fail(source, f"'timestamp' must be [start, end] in seconds, got {raw!r:.80}")
+        raise fail(source, f"'timestamp' must be [start, end] in seconds, got {raw!r:.80}")
     sentences = record.get("sentences")
     if isinstance(sentences, list) and len(sentences) == 1 and not record.get("sentence"):
         record = {**record, "sentence": sentences[0]}
-    query = _text(record, ("sentence", "query", "caption"), source, "event description")
+    query = text_of(record, ("sentence", "query", "caption"), source, "event description")
     duration = _positive(record.get("duration"), "duration", source)
     if seg[0] < 0 or seg[1] < seg[0] or (duration is not None and seg[0] >= duration):
-        raise _fail(source, f"timestamp {seg} is not a segment inside the video "
+        raise fail(source, f"timestamp {seg} is not a segment inside the video "
                             f"(duration {duration})")
-    fields = _passthrough(record, {"id", "task", "video", "video_path", "path", "videos",
+    fields = passthrough(record, {"id", "task", "video", "video_path", "path", "videos",
                                    "video_id", "timestamp", "timestamps", "sentence", "sentences",
                                    "query", "caption", "video_start", "video_end"})
     seg, clip = _clip(record, seg, duration, source)
     fields.update(clip)
-    videos = _media(record, ("video", "video_path", "path", "videos"), base_dir, source)
+    videos = media_refs(record, ("video", "video_path", "path", "videos"), base_dir, source)
     if not videos and isinstance(record.get("video_id"), str):
         vid = record["video_id"]
-        videos = [_media_ref(vid if Path(vid).suffix else f"{vid}.mp4", base_dir, source,
+        videos = [media_ref(vid if Path(vid).suffix else f"{vid}.mp4", base_dir, source,
                              "video_id")]
     if not videos:
-        raise _fail(source, "missing 'video'")
+        raise fail(source, "missing 'video'")
     text = f'When does "{query.strip().rstrip(".")}" happen in the video? {TIME_HINT}'
-    return _sample(record, source, text=text, media={"videos": videos}, solution=seg,
+    return make_sample(record, source, text=text, media={"videos": videos}, solution=seg,
                    task="temporal_grounding", fields=fields, id_keys=("id", "qid"))
 
 
 def _positive(value: Any, key: str, source: str, zero: bool = False) -> float | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                               or value < 0 or (value == 0 and not zero)):
-        raise _fail(source, f"{key!r} must be a {'non-negative' if zero else 'positive'} number, "
+        raise fail(source, f"{key!r} must be a {'non-negative' if zero else 'positive'} number, "
                             f"got {value!r}")
     return value
 
@@ -470,12 +249,12 @@ def _clip(record: dict, seg: list[float], duration: float | None,
     start = float(_positive(start, "video_start", source, zero=True) or 0.0)
     end = _positive(end, "video_end", source) or duration
     if end is None or end <= start:
-        raise _fail(source, f"video_end {end} must be a time after video_start {start}")
+        raise fail(source, f"video_end {end} must be a time after video_start {start}")
     length = end - start
     if duration is not None and abs(duration - length) <= 0.01 * length + 0.05:
         return seg, {"source_video_start": start, "source_video_end": float(end)}  # already cut
     if seg[0] < start or seg[1] > end + 1e-6:
-        raise _fail(source, f"timestamp {seg} is outside the clip [{start}, {end}] "
+        raise fail(source, f"timestamp {seg} is outside the clip [{start}, {end}] "
                             f"(video_start/video_end)")
     out = {"video_start": start, "video_end": float(end), "duration": round(length, 6)}
     if duration is not None:
@@ -512,23 +291,20 @@ def convert(fmt: str, in_path: str | Path, out_path: str | Path, *,
     "./dataset/..." paths are relative to its repository root instead). Embedded media go to
     `embedded_dir` (default: <out stem>_media next to the output). Stops at the first malformed
     record (RecordError names it) and then writes nothing. Returns {"records", "out", "by_task"}."""
-    global EMBEDDED_DIR
     adapt = FORMATS.get(fmt)
     in_path, out_path = Path(in_path), Path(out_path)
     base = Path(media_root) if media_root else (in_path if in_path.is_dir() else in_path.parent)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    saved = EMBEDDED_DIR
-    EMBEDDED_DIR = Path(embedded_dir) if embedded_dir else out_path.parent / f"{out_path.stem}_media"
+    embedded = Path(embedded_dir) if embedded_dir else out_path.parent / f"{out_path.stem}_media"
     by_task: dict[str, int] = {}
     tmp = out_path.with_name(f"{out_path.name}.tmp")
     try:
-        with tmp.open("w") as f:
+        with embedding_into(embedded), tmp.open("w") as f:
             for record, source in iter_records(in_path):
                 sample = adapt(record, source, base)
                 by_task[sample.task] = by_task.get(sample.task, 0) + 1
                 f.write(json.dumps(sample_to_record(sample, out_path.parent)) + "\n")
         os.replace(tmp, out_path)
     finally:
-        EMBEDDED_DIR = saved
         tmp.unlink(missing_ok=True)
     return {"records": sum(by_task.values()), "out": str(out_path), "by_task": by_task}

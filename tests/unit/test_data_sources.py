@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from mmrl.data import formats
+from mmrl.data import formats  # noqa: F401  (registers the adapters)
 from mmrl.data.detect import detect_format
 from mmrl.data.schema import LazySamples, load_samples
 from mmrl.data.sources import ParquetTable, open_table
@@ -41,7 +41,7 @@ def write_shards(root, rows_per_shard=(5, 7), row_group_size=3):
 
 @pytest.fixture
 def embedded(tmp_path, monkeypatch):
-    monkeypatch.setattr(formats, "EMBEDDED_DIR", tmp_path / "embedded")
+    monkeypatch.setenv("MMRL_EMBEDDED_DIR", str(tmp_path / "embedded"))
     return tmp_path / "embedded"
 
 

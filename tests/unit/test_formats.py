@@ -62,7 +62,7 @@ def test_r1v_answer_tags_stripped():
 
 
 def test_easyr1_images_inline_and_embedded_bytes(tmp_path, monkeypatch):
-    monkeypatch.setattr(formats, "EMBEDDED_DIR", tmp_path / "emb")
+    monkeypatch.setenv("MMRL_EMBEDDED_DIR", str(tmp_path / "emb"))
     buf = io.BytesIO()
     Image.new("RGB", (4, 4), (1, 2, 3)).save(buf, format="PNG")
     record = {"problem": "Find x in <image> given <image>.", "answer": 12,
@@ -73,6 +73,25 @@ def test_easyr1_images_inline_and_embedded_bytes(tmp_path, monkeypatch):
     assert emb.parent == tmp_path / "emb" and emb.read_bytes() == buf.getvalue()
     assert adapt("easyr1", record).images[0] == s.images[0]  # content-addressed: written once
     assert s.images[1] == "/data/set/geo/2.png"
+
+
+def test_convert_writes_embedded_media_next_to_its_output_and_only_there(tmp_path, monkeypatch):
+    monkeypatch.setenv("MMRL_EMBEDDED_DIR", str(tmp_path / "default"))
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), (9, 8, 7)).save(buf, format="PNG")
+    src = tmp_path / "in.parquet"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"problem": ["<image>How many?"], "answer": ["2"],
+                             "images": [[{"bytes": buf.getvalue(), "path": "a.png"}]]}), src)
+    convert("easyr1", src, tmp_path / "out" / "train.jsonl")
+    written = json.loads((tmp_path / "out" / "train.jsonl").read_text())["images"][0]
+    assert (tmp_path / "out" / written).parent == tmp_path / "out" / "train_media"
+    assert (tmp_path / "out" / written).read_bytes() == buf.getvalue()
+    # The folder was the conversion's only: an adapter called afterwards uses the default again.
+    s = adapt("easyr1", {"problem": "<image>How many?", "answer": "2",
+                         "images": [{"bytes": buf.getvalue(), "path": None}]})
+    assert Path(s.images[0]).parent == tmp_path / "default"
 
 
 def test_easyr1_video_record():
