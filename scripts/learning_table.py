@@ -22,6 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from learning_findings import FINDINGS  # noqa: E402  (rendered under the table)
 
 # row -> (recipe, extra overrides). The metric is the recipe's eval.metric_reward.
 ROWS: dict[str, tuple[str, list[str]]] = {
@@ -40,7 +43,13 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     # 200 training prompts: 150 steps x 8 prompts are 6 passes, so a prompt's history (which
     # spans passes) has visits to remember; the plain row for history filtering.
     "vqa_200": ("vqa", ["data.max_samples=200"]),
+    # A pretext task (README "Methods from the papers", 5): `mmrl data generate rotation` on a
+    # folder of photo-like scenes (PRETEXT), trained with the vqa recipe's accuracy reward.
+    "rotation": ("vqa", []),
 }
+# Rows whose data is a pretext task built from a folder of unlabelled images, as a user runs it
+# (`mmrl data generate TASK OUT source=FOLDER`), instead of the recipe's anchor task.
+PRETEXT = {"rotation": ["size=56", "n_train=600", "n_eval=100"]}
 # The seeds' methods (README "Methods from the papers"), each a row on top of a recipe row and
 # compared with it seed by seed: method row -> (plain GRPO row, overrides).
 METHODS: dict[str, tuple[str, list[str]]] = {
@@ -66,104 +75,6 @@ RATES = {"counting+majority_vote": "label_free/majority_wrong", "vqa+history_ski
          "video_qa+tgrpo": "tgrpo/win_frac"}
 for _name, (_base, _extra) in METHODS.items():
     ROWS[_name] = (ROWS[_base][0], ROWS[_base][1] + _extra)
-# What was found about rows that did not learn at first: faults fixed (each with a test) and what
-# still holds a row back. Rendered under the table for the rows measured.
-FINDINGS: dict[str, str] = {
-    "classification": (
-        "three faults, fixed. (1) `rollout.max_new_tokens` 16 cut every three-label answer (21 "
-        "tokens) before its closing tag, 36% of the records: they could never score (the trainer "
-        "now warns at start with the length to set). (2) A never-closed `<answer>` block was "
-        "scored as plain text, so the policy learned to spray label words into garbage for "
-        "Jaccard 0.2 while held-out Jaccard fell from 0.54 to 0.16 (now no answer). (3) The "
-        "warm-up lr 1e-3 was too high for the vision path: a direct probe "
-        "(`scripts/probe_vision_lr.py`: plain transformers training, no mmrl code) of the tiny Qwen2.5-VL on one-shape images stayed at chance for "
-        "300 steps at 1e-3, for colour and for shape; at 1e-4 colour reached 0.99, at 3e-4 shape "
-        "0.82 (every row that must read its media now warms up at 3e-4). The task also allowed "
-        "1-3 of 3 shapes, so listing all three scored 2/3 without looking; it now has 1-2. Now "
-        "the warm-up reads the image (0.70, shuffled 0.37), but RL lowers it: Jaccard's partial "
-        "credit pays an unsure policy more for naming two shapes, and after RL every held-out "
-        "answer names two. At RL lr 5e-5 it stays flat (0.70 -> 0.69); with the asr fix "
-        "(temperature 0.5, lr 1e-4, 400 steps) also flat (0.71 -> 0.68): at 0.5 the policy is "
-        "near-deterministic (entropy 0.02 nats a token), so groups rarely differ. Open."),
-    "captioning": (
-        "`max_new_tokens` 20 cut 22% of the reference captions (fixed, with the warning above). "
-        "At temperature 1 the warm-up stopped at val BLEU 0.3 before sampled captions were well "
-        "formed, and RL collapsed onto tagless fragments (after = shuffled = 0.18). With the asr "
-        "fix (temperature 0.5, lr 1e-4, 400 steps) and the warm-up stopping at 0.5 it reads the "
-        "image (0.48, shuffled 0.22) and RL holds it (0.50) but does not raise it: at 0.5 the "
-        "samples' entropy is 0.2 nats a token and falls to 0.06, so groups seldom differ in the "
-        "colour or shape word that decides BLEU (seed 0). Open."),
-    "asr": (
-        "`max_new_tokens` 14 cut 2% of the transcripts (fixed). At warm-up lr 3e-4 the model reads "
-        "the audio (reward 0.40, shuffled 0.08; at 1e-3 it had not), but RL at temperature 1 "
-        "lowered the held-out metric (reward 0.40 -> 0.15, every greedy answer \"zero two\" by "
-        "step 50). The trainer was right: its logprobs matched the sampler's to 3e-6 on every "
-        "step. The samples were not: after a short warm-up the tiny model's tail over 151k "
-        "tokens is fat, sampled transcripts at temperature 1 were mostly junk (\"zer\ufffdtwo\", "
-        "sampled reward 0.08 while greedy scored 0.40), and RL optimised that sampled policy from "
-        "0.08 while greedy fell to meet it. Ruled out on seed 0: the format reward (without it "
-        "0.17), negative advantages (positive-only, 0.24), top-k 10 (0.17), top-p 0.9 (0.25), a "
-        "longer warm-up (0.63 -> 0.29), lr 5e-5, KL 0.04, Dr.GRPO. At temperature 0.5 samples are "
-        "greedy plus its plausible alternatives (sampled reward 0.36 at step 1) and RL raises "
-        "greedy; with lr 1e-4 (2e-4 dipped) and 400 steps the row learns (learn.yaml)."),
-    "detection": (
-        "at warm-up lr 1e-3 (300 steps) held-out mIoU stayed at the level of guessing a cell "
-        "(about 0.07), on Qwen2.5-VL and on Qwen3-VL (whose vision tower adds absolute position "
-        "embeddings). At 3e-4 for 600 steps it localises: mIoU 0.36 before RL, shuffled images "
-        "0.09. RL at temperature 1 halved it; with the asr fix (temperature 0.5, lr 1e-4) it "
-        "held 0.28-0.32 for 300 steps, then the reward collapsed (gradient norm 1.5 -> 7.7) onto "
-        "boxes past the image edge (x2 = 279 on an 84-px image) and mIoU fell to 0.06 (seed 0). "
-        "Open."),
-    "temporal_grounding": (
-        "at temperature 1 the warm-up met its stop criterion (0.35) with a near-constant segment "
-        "and after RL the prediction ignored the video (after = shuffled = 0.37). With the asr "
-        "fix (temperature 0.5, lr 1e-4, 350 steps) and the warm-up stopping at 0.5, RL raises "
-        "mIoU on every seed (0.47 / 0.64 / 0.60 -> 0.76 / 0.82 / 0.83; shuffled 0.22-0.33)."),
-    "video_qa": (
-        "motion direction needs both where and when; the warm-up stays at chance (0.27) for 450 "
-        "steps at 3e-4 as it did at 1e-3. The prompt also listed the options twice (fixed: "
-        "Video-R1 keeps them apart)."),
-    "counting+majority_vote": (
-        "first run with `min_agreement: 0.5` (seed 0): after the 50-step warm-up, 8 samples at "
-        "temperature 1 seldom agreed, so the vote scored None, the 0.1 format reward alone drove "
-        "RL, the policy wrote ever more varied tokens inside well-formed tags, and accuracy fell "
-        "0.46 -> 0.00 (majority wrong 0.99). With TTRL's plain majority (0.0) the policy "
-        "settles on a constant answer on every seed (0.46 -> 0.26 / 0.29 / 0.29 = shuffled, "
-        "majority wrong 0.76), and at rollout temperature 0.5 too (seed 0: 0.46 -> 0.20, majority "
-        "wrong 0.75): at this scale the vote does not replace the label."),
-    "temporal_grounding+gt_guidance": (
-        "helps on every seed: mIoU 0.90 / 0.95 / 0.97 against plain GRPO's 0.76 / 0.82 / 0.83 "
-        "(+0.13 to +0.14), at no extra wall time; the ground-truth segment replaced a rollout "
-        "in 9% / 4% / 3% of the groups (those whose best sample scored under 0.5), mostly "
-        "early in RL."),
-    "counting+think_hybrid": (
-        "the think share stayed 0.00 on every seed: the warm-up imitates `<answer>N</answer>` "
-        "(sft.target), so the policy never opens a `<think>` block even on the half of the "
-        "prompts that ask for one, and the hybrid comparison is between two no-think runs. "
-        "TON trains from a model that already reasons; here the warm-up would need a think "
-        "target for those prompts. On seed 2 the warm-up with the hybrid prompts never reached "
-        "its stop criterion (150 steps, 0.29) and RL did not move it."),
-    "vqa+history_skip": (
-        "on the 1000-prompt vqa row the filter never fired (kept fraction 1.0, with k = 2 and "
-        "k = 1): 150 steps x 8 prompts drew each prompt about once, and a history needs a second "
-        "visit. The row now trains on 200 prompts (6 passes), against the same 200-prompt plain "
-        "row: the filter fires, but seldom (kept fraction 0.98-0.99), because groups sampled at "
-        "temperature 1 are seldom all right or all wrong (sampled accuracy 0.08-0.55 while "
-        "greedy went 0.46 -> 0.75); it saves 1-2% of the rollouts and does not change the metric "
-        "beyond seed noise. Found on reading the code for this: a skipped prompt was never drawn "
-        "again, so once every prompt was solved a run would have had nothing left to draw; a skip "
-        "now counts as the prompt's rest (drawn again next pass; tests/unit/test_methods.py)."),
-    "audio_visual": (
-        "built this session (Qwen2.5-Omni's thinker, a 2 s mp4 whose frames give the colour and "
-        "whose soundtrack the beep count). With the old settings (temperature 1, lr 2e-4) the "
-        "trainer's new warning fired at step 10: samples scored 0.00 while greedy scored 0.83 "
-        "before RL; RL took greedy down to 0.29. At temperature 0.5 and lr 1e-4, with the "
-        "warm-up checked every 2 steps (its val accuracy jumps from 0 to 0.78 within 10 steps "
-        "once the answer format is learned), it learns on every seed (shuffled media 0.23-0.31)."),
-    "counting_qwen3_vl": (
-        "learns from its images (shuffled 0.24) but the warm-up overshoots its stop criterion "
-        "(0.67 at its first check above 0.5), leaving RL less than 0.15 of room on seed 0."),
-}
 GROUPS = {"recipes": [r for r in ROWS if r not in METHODS], "methods": list(METHODS)}
 # How the metric reward is shown: WER is 1 - the `wer` reward, so lower is better.
 SHOWN = {"wer": ("WER", lambda v: 1.0 - v), "iou": ("mIoU", None), "tiou": ("mIoU", None),
@@ -182,6 +93,20 @@ def _mmrl(args: list[str], log: Path) -> None:
     if proc.returncode:
         tail = "".join(log.read_text().splitlines(True)[-15:])
         raise RuntimeError(f"mmrl {' '.join(args[:2])} failed (rc {proc.returncode}); {log}:\n{tail}")
+
+
+def prepare_pretext(task: str, data_root: Path, log: Path) -> tuple[Path, Path]:
+    """A pretext task from a folder of unlabelled photo-like scenes (synthetic.paint_scenes),
+    written by `mmrl data generate TASK OUT source=FOLDER`. Deterministic, cached."""
+    from mmrl.data.synthetic import paint_scenes
+
+    out = data_root / task
+    if not (out / "eval.jsonl").exists():
+        n = sum(int(a.split("=")[1]) for a in PRETEXT[task] if a.startswith("n_"))
+        paint_scenes(data_root / "photos", n=n)  # one photo per record: held-out photos unseen
+        _mmrl(["data", "generate", task, str(out), f"source={data_root / 'photos'}",
+               *PRETEXT[task]], log)
+    return out / "train.jsonl", out / "eval.jsonl"
 
 
 def prepare(recipe: str, data_root: Path, log: Path) -> tuple[Path, Path]:
@@ -224,7 +149,8 @@ def run_row(row: str, seed: int, data_root: Path, runs_root: Path) -> dict:
     run_dir.mkdir(parents=True)
     log = run_dir.parent / f"{run_dir.name}.log"
     log.write_text("")
-    train, evalf = prepare(recipe, data_root, log)
+    train, evalf = (prepare_pretext(row, data_root, log) if row in PRETEXT
+                    else prepare(recipe, data_root, log))
     cfg = [f"recipes/{recipe}/config.yaml", f"recipes/{recipe}/learn.yaml"]
     started = time.perf_counter()
     _mmrl(["train", *cfg, f"data.train={train}", f"data.eval={evalf}", f"train.seed={seed}",
@@ -286,7 +212,25 @@ def methods_table(results: list[dict]) -> list[str]:
                      f"{sum(diffs) / len(diffs):+.2f} | {_rate_text(name, [ok[(name, s)] for s in seeds])}"
                      f" | {_mean_wall([ok[(base, s)] for s in seeds])} | "
                      f"{_mean_wall([ok[(name, s)] for s in seeds])} |")
-    return lines
+    return lines + pretext_lines(ok)
+
+
+def pretext_lines(ok: dict) -> list[str]:
+    """Pretext tasks have no plain-GRPO row to compare with (without the generator there are no
+    labels to train on): their evidence is their own row, before and after RL."""
+    lines = []
+    for row in PRETEXT:
+        runs = [ok[k] for k in sorted(ok) if k[0] == row]
+        if runs:
+            show = lambda key: " / ".join(_fmt(r[key], r["metric"]) for r in runs)  # noqa: E731
+            lines.append(
+                f"- **Pretext task `{row}`** (row `{row}` above): GRPO on `mmrl data generate "
+                f"{row} OUT source=FOLDER` from a folder of unlabelled photo-like scenes, seeds "
+                f"{', '.join(str(r['seed']) for r in runs)}: held-out accuracy {show('before')} "
+                f"after the warm-up -> {show('after')} after RL; shuffled images {show('shuffled')}"
+                f"; {_mean_wall(runs)} a run. It has no plain-GRPO counterpart: without the "
+                f"generator there are no labels. Transfer to a downstream task is not measured.")
+    return [""] + lines if lines else []
 
 
 def _rate_text(name: str, runs: list[dict]) -> str:

@@ -62,3 +62,31 @@ def counting(out_dir: str | Path, n_train: int = 2000, n_eval: int = 200, seed: 
     write_jsonl(out / "eval.jsonl", records[n_train:])
     return {"train": str(out / "train.jsonl"), "eval": str(out / "eval.jsonl")}
 
+
+
+def paint_scenes(folder: str | Path, n: int = 240, seed: int = 0, size: int = 112) -> list[Path]:
+    """`n` outdoor scenes with an up (sky above a horizon, a sun in the sky, a tree standing on
+    the ground): a stand-in for a folder of the user's own photos, which the `rotation` pretext
+    task needs (a photo's orientation must be visible). PNG, deterministic."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    paths = []
+    for i in range(n):
+        im = Image.new("RGB", (size, size))
+        draw = ImageDraw.Draw(im)
+        horizon = rng.randint(size // 2, size * 7 // 10)
+        draw.rectangle([0, 0, size, horizon], fill=(rng.randint(80, 140), rng.randint(150, 200),
+                                                    rng.randint(220, 255)))
+        draw.rectangle([0, horizon, size, size], fill=(rng.randint(40, 100),
+                                                       rng.randint(120, 170), rng.randint(30, 70)))
+        r = rng.randint(size // 14, size // 8)
+        cx, cy = rng.randint(r, size - r), rng.randint(r, max(r, horizon // 2))
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=(255, 220, 60))
+        tx, h = rng.randint(size // 8, size * 7 // 8), size // 6
+        draw.rectangle([tx - 2, horizon - h, tx + 2, horizon + size // 20], fill=(110, 70, 30))
+        draw.ellipse([tx - size // 10, horizon - h - size // 8, tx + size // 10,
+                      horizon - h + size // 16], fill=(20, 90, 20))
+        paths.append(folder / f"photo_{i:04d}.png")
+        im.save(paths[-1])
+    return paths

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mmrl.data import anchor_tasks
@@ -143,3 +144,28 @@ def test_methods_table_compares_seed_by_seed_with_the_methods_rate():
     assert ("| counting+majority_vote | counting | accuracy | 0, 1 | 0.80 / 0.60 | 0.70 / 0.90 | "
             "-0.10 / +0.30 | +0.10 | label_free/majority_wrong 0.30 | 60 s | 90 s |") in text
     assert "| vqa+history_skip | vqa_200 | – | – | – | – | – | not measured | – | – | – |" in text
+
+
+def test_findings_in_learning_findings_py_name_known_rows():
+    text = (ROOT / "scripts" / "learning_findings.py").read_text()
+    assert "FINDINGS" in text and set(learning_table.FINDINGS) <= set(learning_table.ROWS)
+
+
+def test_pretext_row_is_rotation_of_unseen_photos_generated_by_the_cli(tmp_path, monkeypatch):
+    from PIL import Image
+
+    monkeypatch.setitem(learning_table.PRETEXT, "rotation", ["size=56", "n_train=6",
+                                                             "n_eval=2"])
+    log = tmp_path / "log.txt"
+    train, evalf = learning_table.prepare_pretext("rotation", tmp_path / "data", log)
+    records = [json.loads(x) for f in (train, evalf) for x in f.read_text().splitlines()]
+    assert len(records) == 8 and len({r["source"] for r in records}) == 8  # one photo each
+    for r in records:
+        shown = np.asarray(Image.open(train.parent / r["images"][0]), dtype=float)
+        photo = Image.open(r["source"]).convert("RGB").resize((56, 56))
+        k = "ABCD".index(r["solution"])
+        assert r["options"][k].endswith(f"{90 * k} degrees")
+        # The image is the photo turned by the answer's angle, clockwise, and by no other.
+        errs = [np.abs(shown - np.asarray(photo.rotate(-90 * j), dtype=float)).mean()
+                for j in range(4)]
+        assert int(np.argmin(errs)) == k and errs[k] < 1.0
