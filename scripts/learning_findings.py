@@ -45,11 +45,18 @@ FINDINGS: dict[str, str] = {
     "detection": (
         "at warm-up lr 1e-3 (300 steps) held-out mIoU stayed at the level of guessing a cell "
         "(about 0.07), on Qwen2.5-VL and on Qwen3-VL (whose vision tower adds absolute position "
-        "embeddings). At 3e-4 for 600 steps it localises: mIoU 0.36 before RL, shuffled images "
-        "0.09. RL at temperature 1 halved it; with the asr fix (temperature 0.5, lr 1e-4) it "
-        "held 0.28-0.32 for 300 steps, then the reward collapsed (gradient norm 1.5 -> 7.7) onto "
-        "boxes past the image edge (x2 = 279 on an 84-px image) and mIoU fell to 0.06 (seed 0). "
-        "Open."),
+        "embeddings). At 3e-4 for 600 steps it localises the objects: mIoU 0.35 before RL, "
+        "shuffled images 0.09; with 2-3 objects a scene, that is about picking one of them. RL "
+        "with the `iou` reward collapsed (temperature 1: 0.19; 0.5 and lr 1e-4: 0.06 after 400 "
+        "steps) because the policy learned to hedge: a box spanning a whole row of cells "
+        "([3, 33, 279, 56] on an 84-px image) scores IoU 0.07 wherever the square sits in that "
+        "row, a precise box in the wrong cell scores 0, so in groups that missed, the hedge got "
+        "the top advantage (+0.7 against -1.2). Dr.GRPO's unscaled advantages did not stop it "
+        "(0.11). Trained on matched IoU >= 0.5 (the `detection` reward, mIoU still the metric) "
+        "the collapse is gone: 0.35 -> 0.31 at temperature 0.7, 0.30 at 1.0, over 300 steps; the "
+        "hedge scores 0 now. RL still does not raise it: it would have to teach which object is "
+        "the red square, and the rollouts show groups agreeing on one cell (zero-std groups "
+        "25-60%). Open."),
     "temporal_grounding": (
         "at temperature 1 the warm-up met its stop criterion (0.35) with a near-constant segment "
         "and after RL the prediction ignored the video (after = shuffled = 0.37). With the asr "
