@@ -228,6 +228,9 @@ class SFTConfig:
 
     steps: int = 0  # 0 = off (maximum steps when stop_accuracy is set)
     target: str = "<answer>{solution}</answer>"  # completion to imitate, formatted per sample
+    # With data.think_hybrid: the completion for samples asked to think, e.g. "<think>I count
+    # them.</think><answer>{solution}</answer>" (None: `target` for every sample).
+    think_target: Optional[str] = None
     val_samples: int = 64  # held out of the SFT draws to decide when to stop
     lr: float = 1e-3
     batch_size: int = 32

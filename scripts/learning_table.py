@@ -61,10 +61,13 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     # One uninformative group is enough to skip (k = 1), on the 200-prompt row: with the 1000
     # prompts of the vqa row a 150-step run drew most prompts once, and the filter never fired.
     "vqa+history_skip": ("vqa_200", ["algo.history_epochs=1", "algo.history_mode=skip"]),
-    # No-Thinking-CLS-RL / TON: half the prompts ask for thinking, half forbid it.
+    # No-Thinking-CLS-RL / TON: half the prompts ask for thinking, half forbid it; the warm-up
+    # imitates a (fixed) think block where asked, or the policy never opens one.
     "counting+think_hybrid": ("counting", [
         "data.think_hybrid=0.5", "rewards=[{name: count, weight: 1.0},"
-        " {name: think_format, weight: 0.1}]"]),
+        " {name: think_format, weight: 0.1}]",
+        "sft.think_target='<think>I count the red squares.</think><answer>{solution}</answer>'",
+        "rollout.max_new_tokens=24"]),
     "temporal_grounding+gt_guidance": ("temporal_grounding", ["algo.gt_threshold=0.5"]),
     # Video order: temporal grounding needs it (when is the square visible), and its row learns;
     # video_qa (motion direction) sits at chance. The first reward, tiou, is T-GRPO's accuracy.

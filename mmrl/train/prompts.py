@@ -75,7 +75,8 @@ class PromptSource:
         for idx in indices:
             try:
                 feats.append(self.features(self.dataset[idx], idx))
-                samples.append(self.dataset[idx])
+                # As its features were made: with the think/no-think mode it was asked in.
+                samples.append(hybrid_sample(self.data_cfg, self.seed, self.dataset[idx]))
             except MediaError as e:
                 self._skip(e)
         return samples, feats

@@ -19,8 +19,16 @@ from mmrl.train.logging import RunLogger
 from mmrl.train.prompts import PromptSource
 
 
-def _targets(target: str, tokenizer, pad_id: int, samples) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = [tokenizer(target.format(solution=s.solution), add_special_tokens=False)
+def target_text(sc, sample) -> str:
+    """The completion to imitate: `sft.think_target` for a sample the think/no-think hybrid asked
+    to think (when set), else `sft.target`."""
+    asked_to_think = sample.fields.get("think_mode") == "think"
+    target = sc.think_target if sc.think_target and asked_to_think else sc.target
+    return target.format(solution=sample.solution)
+
+
+def _targets(sc, tokenizer, pad_id: int, samples) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = [tokenizer(target_text(sc, s), add_special_tokens=False)
             ["input_ids"] + [tokenizer.eos_token_id] for s in samples]
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -46,7 +54,7 @@ def sft_warmup(cfg: RunConfig, learner: Learner, prompts: PromptSource, log: Run
         samples, feats = prompts.load(idx)  # bad media: skipped and counted, or an error
         if not samples:
             raise MediaError(f"SFT warm-up: none of the {len(idx)} samples drawn could be loaded")
-        ids, mask = _targets(sc.target, learner.processor.tokenizer, learner.pad_id, samples)
+        ids, mask = _targets(sc, learner.processor.tokenizer, learner.pad_id, samples)
         model.train()
         inputs = collate(feats, ids, mask, learner.pad_id)
         logp = completion_logprobs(model, {k: v.to(device) if torch.is_tensor(v) else v

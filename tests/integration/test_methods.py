@@ -196,6 +196,23 @@ def test_think_hybrid_asks_both_modes_and_logs_their_shares(tiny_yaml, tmp_path)
     t.log.close()
 
 
+def test_sft_warm_up_imitates_the_think_target_where_the_hybrid_asked_to_think(tiny_yaml,
+                                                                                 tmp_path):
+    from mmrl.train.sft import target_text
+    t = _trainer(tiny_yaml, tmp_path, "data.think_hybrid=0.5",
+                 "sft.think_target='<think>I count.</think><answer>{solution}</answer>'")
+    samples, feats = t.prompts.load(list(range(len(t.prompts.dataset))))
+    modes = [s.fields["think_mode"] for s in samples]
+    assert set(modes) == {"think", "no_think"}  # both modes among the 6 ids at share 0.5
+    tok = t.learner.processor.tokenizer
+    for s, f, mode in zip(samples, feats, modes):
+        want = t.cfg.data.think_instruction if mode == "think" else t.cfg.data.nothink_instruction
+        assert want in tok.decode(f.input_ids)  # the prompt asked what the target answers
+        assert target_text(t.cfg.sft, s) == (f"<think>I count.</think><answer>{s.solution}</answer>"
+                                             if mode == "think" else f"<answer>{s.solution}</answer>")
+    t.log.close()
+
+
 def test_history_is_saved_and_restored_with_the_prompt_source(tiny_yaml, tmp_path):
     over = ["algo.history_epochs=1", "algo.history_mode=skip", "train.save_every=1"]
     t = _trainer(tiny_yaml, tmp_path, *over)
