@@ -1,7 +1,7 @@
 """Learning-table tasks written in the anchor projects' own record formats.
 
 `anchor_<recipe>` draws the bundled synthetic task (media whose content alone decides the answer:
-counts, boxes, motion direction, when a square is visible, tone digits, beep counts) and writes
+counts, boxes, which colour comes first, when a square is visible, tone digits, beep counts) and writes
 its records as the recipe's anchor writes them, to `anchor_train.jsonl` / `anchor_eval.jsonl`;
 the learning table then runs `mmrl data convert --from FORMAT` on them, so the adapters are part
 of what is measured. Returns {"train", "eval", "format"}.
@@ -82,7 +82,9 @@ ANCHORS: dict[str, tuple[str, dict, str, Callable[[dict], dict]]] = {
     # 84 px on a 3x3 grid of 28-px cells: one visual token per cell (Qwen merges 28-px squares).
     "detection": ("detection", {**_SPLIT, "size": 84, "cells": 3, "min_side": 16, "max_side": 24},
                   "vlm_r1", _detection),
-    "video_qa": ("video_qa", _SPLIT, "video_r1", _video_r1),
+    # Which colour comes first: order decides it (both colours are in every clip). Motion
+    # direction stayed at chance through the warm-up (docs/learning.md).
+    "video_qa": ("video_qa", {**_SPLIT, "question": "first_colour"}, "video_r1", _video_r1),
     "temporal_grounding": ("temporal_grounding", {**_SPLIT, "fps": 2, "size": 56, "square": 20,
                                                   "min_seconds": 4, "max_seconds": 6,
                                                   "whole_seconds": True},

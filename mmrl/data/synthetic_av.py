@@ -128,38 +128,61 @@ def mc_options(choices) -> list[str]:
 
 @GENERATORS.register("video_qa")
 def video_qa(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed: int = 0,
-             size: int = 56, square: int = 14, n_frames: int = 8, fps: int = 4) -> dict[str, str]:
-    """Clips of a coloured square moving left/right/up/down on white; 4-way multiple choice
-    (Video-R1 style fields: problem_type, options, solution letter)."""
-    if square >= size or n_frames < 2:
-        raise ValueError("video_qa: need square < size and n_frames >= 2")
+             size: int = 56, square: int = 14, n_frames: int = 8, fps: int = 4,
+             question: str = "direction") -> dict[str, str]:
+    """4-way multiple-choice clips (Video-R1 style fields: problem_type, options, solution
+    letter). `question`:
+      "direction"     a coloured square moves left/right/up/down on white: which direction?
+      "first_colour"  a square of one colour, then (from a random frame on) one of another:
+                      which colour appears first? Both colours are in every clip, so without
+                      their order the best answer is a coin toss between the two.
+    """
+    if square >= size or n_frames < 2 or question not in ("direction", "first_colour"):
+        raise ValueError("video_qa: need square < size, n_frames >= 2 and question direction | "
+                         "first_colour")
     out = Path(out_dir)
     (out / "videos").mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    travel = size - square
-    question = "Which direction does the square move?"
-    options = mc_options(DIRECTIONS)
+    draw = _moving_square if question == "direction" else _colour_order
     records = []
     for i in range(n_train + n_eval):
-        d = rng.randrange(4)
-        color = COLORS[rng.choice(list(COLORS))]
-        across = rng.randint(0, travel)  # fixed coordinate perpendicular to the motion
-        frames = np.full((n_frames, size, size, 3), 255, np.uint8)
-        for k in range(n_frames):
-            along = round(k * travel / (n_frames - 1))
-            pos = travel - along if DIRECTIONS[d] in ("left", "up") else along
-            x, y = (pos, across) if DIRECTIONS[d] in ("left", "right") else (across, pos)
-            frames[k, y:y + square, x:x + square] = color
+        frames, text, choices, answer = draw(rng, size, square, n_frames)
         name = f"videos/{i:05d}.mp4"
         write_mp4(out / name, frames, fps)
+        options = mc_options(choices)
         records.append({
             "id": f"vqa-{i:05d}", "task": "video_qa", "videos": [name],
-            "prompt": f"{question}\n" + "\n".join(options)
+            "prompt": f"{text}\n" + "\n".join(options)
                       + "\nAnswer with the option letter in <answer></answer>.",
-            "solution": MC_LETTERS[d], "options": options, "problem_type": "multiple choice",
-            "duration": n_frames / fps,
+            "solution": MC_LETTERS[answer], "options": options,
+            "problem_type": "multiple choice", "duration": n_frames / fps,
         })
     return write_split(out, records, n_train)
+
+
+def _moving_square(rng: random.Random, size: int, square: int, n_frames: int):
+    d = rng.randrange(4)
+    color = COLORS[rng.choice(list(COLORS))]
+    travel = size - square
+    across = rng.randint(0, travel)  # fixed coordinate perpendicular to the motion
+    frames = np.full((n_frames, size, size, 3), 255, np.uint8)
+    for k in range(n_frames):
+        along = round(k * travel / (n_frames - 1))
+        pos = travel - along if DIRECTIONS[d] in ("left", "up") else along
+        x, y = (pos, across) if DIRECTIONS[d] in ("left", "right") else (across, pos)
+        frames[k, y:y + square, x:x + square] = color
+    return frames, "Which direction does the square move?", DIRECTIONS, d
+
+
+def _colour_order(rng: random.Random, size: int, square: int, n_frames: int):
+    names = list(COLORS)
+    first, second = rng.sample(range(len(names)), 2)
+    switch = rng.randint(1, n_frames - 1)  # first frame of the second colour
+    x, y = rng.randint(0, size - square), rng.randint(0, size - square)
+    frames = np.full((n_frames, size, size, 3), 255, np.uint8)
+    for k in range(n_frames):
+        frames[k, y:y + square, x:x + square] = COLORS[names[first if k < switch else second]]
+    return frames, "Which colour does the square have first?", names, first
 
 
 @GENERATORS.register("temporal_grounding")

@@ -58,6 +58,27 @@ def test_video_qa_square_moves_as_answered(generated):
         assert s.fields["problem_type"] == "multiple choice"
 
 
+def test_video_qa_first_colour_is_the_answer_and_both_colours_are_shown(tmp_path):
+    from mmrl.data.synthetic_av import COLORS
+
+    made = GENERATORS.get("video_qa")(tmp_path, seed=3, question="first_colour", n_train=12,
+                                      n_eval=2)
+    firsts = set()
+    for s in load_samples(made["train"]):
+        v = load_video(s.videos[0], nframes=8)
+
+        def colour(f):  # the named colour nearest to the square's mean pixel
+            px = f[np.abs(f.astype(int) - 255).sum(axis=2) > 150].mean(axis=0)
+            return min(COLORS, key=lambda c: np.abs(px - np.array(COLORS[c])).sum())
+        seen = [colour(f) for f in v.frames]
+        first = seen[0]
+        assert s.fields["options"]["ABCD".index(s.solution)] == f"{s.solution}. {first}"
+        # One switch, to another colour: the order, not the set of colours, is the answer.
+        assert len(set(seen)) == 2 and seen == sorted(seen, key=seen.index)
+        firsts.add(first)
+    assert len(firsts) >= 3  # the answer is not one colour
+
+
 def test_temporal_grounding_square_visible_exactly_in_segment(generated):
     for s in load_samples(generated["temporal_grounding"]["train"]):
         dur = s.fields["duration"]
