@@ -198,9 +198,18 @@ def test_think_hybrid_asks_both_modes_and_logs_their_shares(tiny_yaml, tmp_path)
 
 def test_sft_warm_up_imitates_the_think_target_where_the_hybrid_asked_to_think(tiny_yaml,
                                                                                  tmp_path):
+    from mmrl.train.methods import asks_nothink
     from mmrl.train.sft import target_text
     t = _trainer(tiny_yaml, tmp_path, "data.think_hybrid=0.5",
                  "sft.think_target='<think>I count.</think><answer>{solution}</answer>'")
+    # Held-out prompts are asked as training asks them (by id), with the same instruction.
+    from mmrl.train.setup import build_datasets
+    cfg = config.load(tiny_yaml, [f"log.run_dir={tmp_path}", "data.think_hybrid=0.5",
+                                  f"data.eval={t.cfg.data.train}"])
+    for s in build_datasets(cfg)[1]:
+        mode = "no_think" if asks_nothink(s.id, 0.5, t.cfg.train.seed) else "think"
+        want = t.cfg.data.nothink_instruction if mode == "no_think" else t.cfg.data.think_instruction
+        assert s.fields["think_mode"] == mode and s.messages[-1]["content"][-1]["text"].endswith(want)
     samples, feats = t.prompts.load(list(range(len(t.prompts.dataset))))
     modes = [s.fields["think_mode"] for s in samples]
     assert set(modes) == {"think", "no_think"}  # both modes among the 6 ids at share 0.5
