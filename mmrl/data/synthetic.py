@@ -63,7 +63,6 @@ def counting(out_dir: str | Path, n_train: int = 2000, n_eval: int = 200, seed: 
     return {"train": str(out / "train.jsonl"), "eval": str(out / "eval.jsonl")}
 
 
-
 def paint_scenes(folder: str | Path, n: int = 240, seed: int = 0, size: int = 112) -> list[Path]:
     """`n` outdoor scenes with an up (sky above a horizon, a sun in the sky, a tree standing on
     the ground): a stand-in for a folder of the user's own photos, which the `rotation` pretext
