@@ -38,7 +38,8 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "audio_qa": ("audio_qa", []),
     "captioning": ("captioning", []),
     "counting_qwen2_vl": ("counting", ["model.family=qwen2_vl"]),
-    # 300 RL steps: at 200, seed 0 (warmed up to 0.67) stopped at 0.75, three counts of four.
+    # 300 RL steps, tried for seed 0 (warmed up to 0.67), which stopped at 0.75 (three counts of
+    # four) after 200: it stays there after 300 too.
     "counting_qwen3_vl": ("counting", ["model.family=qwen3_vl", "train.steps=300"]),
     "audio_visual": ("audio_visual", []),  # Qwen2.5-Omni (thinker): video and audio
     # 200 training prompts: 150 steps x 8 prompts are 6 passes, so a prompt's history (which
