@@ -65,9 +65,16 @@ FINDINGS: dict[str, str] = {
         "fix (temperature 0.5, lr 1e-4, 350 steps) and the warm-up stopping at 0.5, RL raises "
         "mIoU on every seed (0.47 / 0.64 / 0.60 -> 0.76 / 0.82 / 0.83; shuffled 0.22-0.33)."),
     "video_qa": (
-        "motion direction needs both where and when; the warm-up stays at chance (0.27) for 450 "
-        "steps at 3e-4 as it did at 1e-3. The prompt also listed the options twice (fixed: "
-        "Video-R1 keeps them apart)."),
+        "the first task, motion direction (which way does the square move), needs both where "
+        "and when; its warm-up stayed at chance (0.27) for 450 steps at 3e-4 as at 1e-3. The "
+        "prompt also listed the options twice (fixed: Video-R1 keeps them apart). The task is "
+        "now the issue's own example of order, which colour the square has first (both colours "
+        "are in every clip, so without their order the best answer is a coin toss between two). "
+        "With a 14-px square and temperature 1 the warm-up still stayed at chance (0.27 -> "
+        "0.22); with a 24-px square and no think template the warm-up reads it (0.31, and 0.41 "
+        "on its own check), but at temperature 1 the samples scored 0.12 while greedy scored "
+        "0.31 (the trainer's warning fired) and RL reached 0.42. At temperature 0.5, lr 1e-4 and "
+        "300 steps (the asr fix) it learns (seed 0: 0.31 -> 0.99, shuffled 0.20)."),
     "temporal_grounding+tgrpo": (
         "a null at this scale: mIoU 0.76 / 0.82 / 0.79 against plain GRPO's 0.76 / 0.82 / 0.84 "
         "(the same final greedy segments on seeds 0 and 1, by different paths: 0.58 / 0.67 vs "
@@ -89,12 +96,16 @@ FINDINGS: dict[str, str] = {
         "in 9% / 4% / 3% of the groups (those whose best sample scored under 0.5), mostly "
         "early in RL."),
     "counting+think_hybrid": (
-        "the think share stayed 0.00 on every seed: the warm-up imitates `<answer>N</answer>` "
-        "(sft.target), so the policy never opens a `<think>` block even on the half of the "
-        "prompts that ask for one, and the hybrid comparison is between two no-think runs. "
-        "TON trains from a model that already reasons; here the warm-up would need a think "
-        "target for those prompts. On seed 2 the warm-up with the hybrid prompts never reached "
-        "its stop criterion (150 steps, 0.29) and RL did not move it."),
+        "first runs: the think share stayed 0.00 on every seed, because the warm-up imitated "
+        "`<answer>N</answer>` on every prompt, so the policy never opened a `<think>` block even "
+        "where asked, and the comparison was between two no-think runs. With `sft.think_target` "
+        "(new: a fixed think block on the prompts asked to think) the warm-up's stop check and "
+        "the held-out eval still used the bare prompts, where the model opened `<think>` and "
+        "stopped: val accuracy 0.00 for all 150 warm-up steps (fixed: they now ask each prompt "
+        "what training asks it). Now the policy thinks where asked (88% of those samples at the "
+        "end of seed 0) and never where told not to, and matches plain GRPO. The fixed think "
+        "text carries nothing, and RL wears it down to tokens like `</</</` that the format "
+        "reward still accepts (non-empty): at this scale thinking neither helps nor hurts."),
     "vqa+history_skip": (
         "on the 1000-prompt vqa row the filter never fired (kept fraction 1.0, with k = 2 and "
         "k = 1): 150 steps x 8 prompts drew each prompt about once, and a history needs a second "

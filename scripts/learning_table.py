@@ -71,15 +71,16 @@ METHODS: dict[str, tuple[str, list[str]]] = {
         "sft.think_target='<think>I count the red squares.</think><answer>{solution}</answer>'",
         "rollout.max_new_tokens=24"]),
     "temporal_grounding+gt_guidance": ("temporal_grounding", ["algo.gt_threshold=0.5"]),
-    # Video order: temporal grounding needs it (when is the square visible), and its row learns;
-    # video_qa (motion direction) sits at chance. The first reward, tiou, is T-GRPO's accuracy.
+    # Video order: temporal grounding needs it (when is the square visible; its first reward,
+    # tiou, is T-GRPO's accuracy), and so does video_qa's colour order.
     "temporal_grounding+tgrpo": ("temporal_grounding", ["algo.tgrpo_alpha=0.3"]),
+    "video_qa+tgrpo": ("video_qa", ["algo.tgrpo_alpha=0.3"]),  # which colour comes first
 }
 # Each method's own logged rate (metrics.jsonl), averaged over the run's steps.
 RATES = {"counting+majority_vote": "label_free/majority_wrong", "vqa+history_skip":
          "history/kept_frac", "counting+think_hybrid": "think/think",
          "temporal_grounding+gt_guidance": "gt_guidance/fired_frac",
-         "temporal_grounding+tgrpo": "tgrpo/win_frac"}
+         "temporal_grounding+tgrpo": "tgrpo/win_frac", "video_qa+tgrpo": "tgrpo/win_frac"}
 for _name, (_base, _extra) in METHODS.items():
     ROWS[_name] = (ROWS[_base][0], ROWS[_base][1] + _extra)
 GROUPS = {"recipes": [r for r in ROWS if r not in METHODS], "methods": list(METHODS)}

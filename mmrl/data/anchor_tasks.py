@@ -84,7 +84,8 @@ ANCHORS: dict[str, tuple[str, dict, str, Callable[[dict], dict]]] = {
                   "vlm_r1", _detection),
     # Which colour comes first: order decides it (both colours are in every clip). Motion
     # direction stayed at chance through the warm-up (docs/learning.md).
-    "video_qa": ("video_qa", {**_SPLIT, "question": "first_colour"}, "video_r1", _video_r1),
+    "video_qa": ("video_qa", {**_SPLIT, "question": "first_colour", "square": 24},
+                 "video_r1", _video_r1),
     "temporal_grounding": ("temporal_grounding", {**_SPLIT, "fps": 2, "size": 56, "square": 20,
                                                   "min_seconds": 4, "max_seconds": 6,
                                                   "whole_seconds": True},
