@@ -76,12 +76,18 @@ FINDINGS: dict[str, str] = {
         "0.31 (the trainer's warning fired) and RL reached 0.42. At temperature 0.5, lr 1e-4 and "
         "300 steps (the asr fix) it learns (seed 0: 0.31 -> 0.99, shuffled 0.20)."),
     "temporal_grounding+tgrpo": (
-        "a null at this scale: mIoU 0.76 / 0.82 / 0.79 against plain GRPO's 0.76 / 0.82 / 0.84 "
+        "a null at this scale: mIoU 0.76 / 0.82 / 0.79 against plain GRPO's 0.76 / 0.82 / 0.83 "
         "(the same final greedy segments on seeds 0 and 1, by different paths: 0.58 / 0.67 vs "
         "0.69 / 0.68 half-way). The shuffled group loses nearly always (win fraction 0.95-0.97), "
         "because the row already reads the order, so the bonus lands on most rows of most groups "
         "and moves them together; it only separates samples above tIoU 0.1 from those below. "
         "Cost: the video rollouts double, wall time 290 -> 400 s a run (+36%)."),
+    "video_qa+tgrpo": (
+        "on the colour-order row (where order alone answers) also a null: 1.00 on every seed "
+        "against plain GRPO's 0.99 / 1.00 / 0.97, because plain GRPO already solves it; the "
+        "ordered group beat the shuffled one in 89% of the groups. Cost: the video rollouts "
+        "double, 160 -> 192 s a run (+20%). A harder order task, where plain GRPO stalls, is "
+        "what would show whether the bonus helps."),
     "counting+majority_vote": (
         "first run with `min_agreement: 0.5` (seed 0): after the 50-step warm-up, 8 samples at "
         "temperature 1 seldom agreed, so the vote scored None, the 0.1 format reward alone drove "
