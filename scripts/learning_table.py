@@ -312,21 +312,40 @@ def write_markdown(results: list[dict], out: Path, png: Path | None) -> None:
 
 
 def plot(results: list[dict], png: Path) -> None:
+    """One panel a row, one line a seed: held-out metric reward over RL steps (dotted: shuffled
+    media after RL). Rows rebuilt from an older table have no curve: a straight line joins their
+    end points."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for r in results:
-        pts = [(s, v) for s, v in r.get("curve", []) if v is not None]
-        if pts:
-            ax.plot(*zip(*pts), marker=".", label=f"{r['row']} s{r['seed']} ({r['metric']})")
-    ax.set_xlabel("RL step (0 = after SFT warm-up)")
-    ax.set_ylabel("held-out metric reward")
-    ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=7, loc="lower right")
+    rows = list(dict.fromkeys(r["row"] for r in results if "error" not in r)) or ["(none)"]
+    cols = min(4, len(rows))
+    fig, axes = plt.subplots(math.ceil(len(rows) / cols), cols, squeeze=False, sharey=True,
+                             figsize=(3.2 * cols, 2.3 * math.ceil(len(rows) / cols)))
+    for ax, row in zip(axes.flat, rows):
+        runs = [r for r in results if r["row"] == row and "error" not in r]
+        for r in runs:
+            pts = [(s, v) for s, v in r.get("curve", []) if v is not None]
+            if pts and pts[-1][0] < (r.get("rl_steps") or 0) and r.get("after") is not None:
+                pts.append((r["rl_steps"], r["after"]))  # no curve kept: its end points
+            if pts:
+                line, = ax.plot(*zip(*pts), marker=".", label=f"s{r['seed']}")
+                if r.get("shuffled") is not None:
+                    ax.axhline(r["shuffled"], ls=":", lw=0.8, color=line.get_color())
+        metric = SHOWN.get(runs[0]["metric"], (runs[0]["metric"],))[0] if runs else ""
+        ax.set_title(f"{row} ({metric} reward)", fontsize=8)
+        ax.set_ylim(-0.02, 1.02)
+        ax.tick_params(labelsize=7)
+        if runs:
+            ax.legend(fontsize=6, loc="lower right")
+    for ax in list(axes.flat)[len(rows):]:
+        ax.axis("off")
+    fig.supxlabel("RL step (0 = after the SFT warm-up); dotted: shuffled media after RL",
+                  fontsize=8)
+    fig.supylabel("held-out metric reward", fontsize=8)
     fig.tight_layout()
-    fig.savefig(png, dpi=100)
+    fig.savefig(png, dpi=90)
     plt.close(fig)
 
 
