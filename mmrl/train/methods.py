@@ -4,7 +4,7 @@ Each function is called from one line of a stage of the loop (or of the part it 
 with the parts it needs; the decisions themselves are pure functions in mmrl/algos and rewards/.
 Every method is off unless its config key is set:
 
-    PromptSource.features  hybrid_sample            data.think_hybrid
+    setup.prepare_samples  hybrid_sample            data.think_hybrid
     PromptSource           HistoryFilter            algo.history_epochs (draw, observe, weight)
     Scorer.score           group ids for majority_vote rewards
     rollout stage          temporal_contrast, then inject_ground_truth   (after scoring)
@@ -47,7 +47,8 @@ def asks_nothink(sample_id: str, share: float, seed: int) -> bool:
 def hybrid_sample(d, seed: int, sample: Sample) -> Sample:
     """data.think_hybrid > 0: append the think or no-think instruction to the sample's last user
     text and record what was asked in its `think_mode` field (for the think_format reward and the
-    think shares). Training prompts only; evaluation keeps the dataset's prompts."""
+    think shares). Applied to training and held-out samples alike when they are prepared
+    (setup.prepare_samples), so each prompt is asked the same in both."""
     if d.think_hybrid <= 0:
         return sample
     mode = "no_think" if asks_nothink(sample.id, d.think_hybrid, seed) else "think"

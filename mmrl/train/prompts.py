@@ -2,8 +2,7 @@
 
 It owns the sampler (a resumable epoch-wise order), the media loader (decode budgets, disk
 cache, counted truncations), a bounded cache of processed prompts, and the bad-sample policy;
-with the methods on (mmrl/train/methods.py), the think / no-think instruction of each prompt and
-the prompt history that skips or down-weights prompts without signal. Its state (sampler position,
+with the methods on (mmrl/train/methods.py), the prompt history that skips or down-weights prompts without signal. Its state (sampler position,
 skip count, prompt history) is part of every checkpoint.
 """
 from __future__ import annotations
@@ -16,7 +15,7 @@ from mmrl.data.media import MediaError, processor_errors
 import torch
 
 from mmrl.train import dist, setup
-from mmrl.train.methods import HistoryFilter, hybrid_sample
+from mmrl.train.methods import HistoryFilter
 from mmrl.types import PromptFeatures, RolloutBatch, Sample
 
 
@@ -29,7 +28,6 @@ class PromptSource:
         self.load_media = setup.media_loader(cfg, self.media_stats)
         self.sampler = setup.PromptSampler(len(dataset), cfg.train.seed, cfg.data.shuffle,
                                            blocks=getattr(dataset, "blocks", None))
-        self.data_cfg, self.seed = cfg.data, cfg.train.seed
         self.history = HistoryFilter.make(cfg.algo)
         self.skipped = 0
         self._features: OrderedDict[int, PromptFeatures] = OrderedDict()
@@ -39,7 +37,6 @@ class PromptSource:
         if key is not None and key in self._features:
             self._features.move_to_end(key)
             return self._features[key]
-        sample = hybrid_sample(self.data_cfg, self.seed, sample)  # think / no-think (off: as is)
         media = self.load_media(sample)
         with processor_errors(sample):  # e.g. aspect ratio: a media error naming the record
             feats = self.adapter.prompt_features(self.processor, sample, **media)
@@ -75,8 +72,7 @@ class PromptSource:
         for idx in indices:
             try:
                 feats.append(self.features(self.dataset[idx], idx))
-                # As its features were made: with the think/no-think mode it was asked in.
-                samples.append(hybrid_sample(self.data_cfg, self.seed, self.dataset[idx]))
+                samples.append(self.dataset[idx])
             except MediaError as e:
                 self._skip(e)
         return samples, feats

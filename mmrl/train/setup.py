@@ -42,18 +42,15 @@ def build_datasets(cfg: RunConfig) -> tuple[list[Sample], list[Sample] | None]:
         synthetic.GENERATORS.get(d.generate)(out, **d.generate_kwargs)
     train = load_samples(d.train, d.format, d.max_samples)
     evals = load_samples(d.eval, d.format, cfg.eval.max_samples) if d.eval else None
-    # Held-out prompts ask what training asked (think or not, by the same hash of the id): a
-    # hybrid-trained model is measured in the modes it learned. Training prompts get theirs in
-    # PromptSource.features.
-    return (prepare_samples(train, cfg),
-            prepare_samples(evals, cfg, hybrid=True) if evals else None)
+    return prepare_samples(train, cfg), (prepare_samples(evals, cfg) if evals else None)
 
 
-def prepare_samples(samples, cfg: RunConfig, hybrid: bool = False):
-    """What the config adds to loaded samples: the prompt template, the resized image size the
-    box rewards need (data.image_min/max_pixels) and, with `hybrid`, the think / no-think
-    instruction of data.think_hybrid. Lazily read tables stay lazy: each sample is prepared when
-    drawn."""
+def prepare_samples(samples, cfg: RunConfig):
+    """What the config adds to loaded samples: the prompt template, the think / no-think
+    instruction of data.think_hybrid (by a hash of the id, so held-out prompts are asked what
+    training asks and a hybrid-trained model is measured in the modes it learned), and the resized
+    image size the box rewards need (data.image_min/max_pixels). Lazily read tables stay lazy:
+    each sample is prepared when drawn."""
     from mmrl.data.media import add_resized_sizes
     from mmrl.data.prompts import apply_template
     from mmrl.data.schema import LazySamples
@@ -64,8 +61,7 @@ def prepare_samples(samples, cfg: RunConfig, hybrid: bool = False):
     def prepare(sample: Sample) -> Sample:
         if d.prompt_template:
             sample = apply_template(sample, d.prompt_template)
-        if hybrid:
-            sample = hybrid_sample(d, cfg.train.seed, sample)
+        sample = hybrid_sample(d, cfg.train.seed, sample)  # off: as it is
         add_resized_sizes([sample], d.image_min_pixels, d.image_max_pixels, image_factor(cfg))
         return sample
 

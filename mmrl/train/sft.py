@@ -16,7 +16,6 @@ from mmrl.train import dist
 from mmrl.train.evaluate import evaluate
 from mmrl.train.learner import Learner
 from mmrl.train.logging import RunLogger
-from mmrl.train.methods import hybrid_sample
 from mmrl.train.prompts import PromptSource
 
 
@@ -45,8 +44,7 @@ def sft_warmup(cfg: RunConfig, learner: Learner, prompts: PromptSource, log: Run
     `sft.val_samples` held out for the stopping criterion) -> {"steps", "val_accuracy", "history"}."""
     sc, model, data, device = cfg.sft, learner.model, prompts.dataset, learner.device
     n_val = min(sc.val_samples, len(data) // 4)
-    # Held out as the training draws are asked (the think / no-think hybrid's instruction).
-    val = [hybrid_sample(cfg.data, cfg.train.seed, s) for s in data[:n_val]]
+    val = data[:n_val]
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=sc.lr)
     gen = torch.Generator().manual_seed(cfg.train.seed + 1)
     history, acc, step = [], float("nan"), 0
