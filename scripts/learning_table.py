@@ -51,7 +51,7 @@ ROWS: dict[str, tuple[str, list[str]]] = {
 }
 # Rows whose data is a pretext task built from a folder of unlabelled images, as a user runs it
 # (`mmrl data generate TASK OUT source=FOLDER`), instead of the recipe's anchor task.
-PRETEXT = {"rotation": ["size=56", "n_train=600", "n_eval=100"]}
+PRETEXT = {"rotation": {"size": 56, "n_train": 600, "n_eval": 100}}
 # The seeds' methods (README "Methods from the papers"), each a row on top of a recipe row and
 # compared with it seed by seed: method row -> (plain GRPO row, overrides).
 METHODS: dict[str, tuple[str, list[str]]] = {
@@ -110,10 +110,11 @@ def prepare_pretext(task: str, data_root: Path, log: Path) -> tuple[Path, Path]:
 
     out = data_root / task
     if not (out / "eval.jsonl").exists():
-        n = sum(int(a.split("=")[1]) for a in PRETEXT[task] if a.startswith("n_"))
-        paint_scenes(data_root / "photos", n=n)  # one photo per record: held-out photos unseen
+        args = PRETEXT[task]
+        # One photo per record: the held-out photos are unseen.
+        paint_scenes(data_root / "photos", n=args["n_train"] + args["n_eval"])
         _mmrl(["data", "generate", task, str(out), f"source={data_root / 'photos'}",
-               *PRETEXT[task]], log)
+               *(f"{k}={v}" for k, v in args.items())], log)
     return out / "train.jsonl", out / "eval.jsonl"
 
 

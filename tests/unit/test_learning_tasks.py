@@ -154,8 +154,8 @@ def test_findings_in_learning_findings_py_name_known_rows():
 def test_pretext_row_is_rotation_of_unseen_photos_generated_by_the_cli(tmp_path, monkeypatch):
     from PIL import Image
 
-    monkeypatch.setitem(learning_table.PRETEXT, "rotation", ["size=56", "n_train=6",
-                                                             "n_eval=2"])
+    monkeypatch.setitem(learning_table.PRETEXT, "rotation", {"size": 56, "n_train": 6,
+                                                             "n_eval": 2})
     log = tmp_path / "log.txt"
     train, evalf = learning_table.prepare_pretext("rotation", tmp_path / "data", log)
     records = [json.loads(x) for f in (train, evalf) for x in f.read_text().splitlines()]
