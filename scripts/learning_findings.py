@@ -20,8 +20,8 @@ FINDINGS: dict[str, str] = {
         "credit pays an unsure policy more for naming two shapes, and after RL every held-out "
         "answer names two. At RL lr 5e-5 it stays flat (0.70 -> 0.69); with the asr fix "
         "(temperature 0.5, lr 1e-4, 400 steps) also flat (0.71 -> 0.68): at 0.5 the policy is "
-        "near-deterministic (entropy 0.02 nats a token), so groups rarely differ; at 0.8 (lr "
-        "1e-4, 300 steps) it falls to 0.45, the held-out answers collapsing onto \"triangle\" "
+        "near-deterministic (entropy 0.02 nats a token), so groups rarely differ; at 0.8 "
+        "(`rollout.temperature=0.8 train.lr=1e-4 train.steps=300`) it falls to 0.45, the held-out answers collapsing onto \"triangle\" "
         "(77 of 100) while the sampled training reward rose to 0.83 at step 100. Open."),
     "captioning": (
         "`max_new_tokens` 20 cut 22% of the reference captions (fixed, with the warning above). "
@@ -30,7 +30,9 @@ FINDINGS: dict[str, str] = {
         "fix (temperature 0.5, lr 1e-4, 400 steps) and the warm-up stopping at 0.5 it reads the "
         "image (0.48, shuffled 0.22) and RL holds it (0.50) but does not raise it: at 0.5 the "
         "samples' entropy is 0.2 nats a token and falls to 0.06, so groups seldom differ in the "
-        "colour or shape word that decides BLEU (seed 0). Open."),
+        "colour or shape word that decides BLEU (seed 0). At temperature 0.8 also flat, 0.48 -> "
+        "0.49 (`rollout.temperature=0.8 train.lr=1e-4 train.steps=300 sft.stop_accuracy=0.5`). "
+        "Open."),
     "asr": (
         "`max_new_tokens` 14 cut 2% of the transcripts (fixed). At warm-up lr 3e-4 the model reads "
         "the audio (reward 0.40, shuffled 0.08; at 1e-3 it had not), but RL at temperature 1 "
@@ -49,13 +51,17 @@ FINDINGS: dict[str, str] = {
         "(about 0.07), on Qwen2.5-VL and on Qwen3-VL (whose vision tower adds absolute position "
         "embeddings). At 3e-4 for 600 steps it localises the objects: mIoU 0.35 before RL, "
         "shuffled images 0.09; with 2-3 objects a scene, that is about picking one of them. RL "
-        "with the `iou` reward collapsed (temperature 1: 0.19; 0.5 and lr 1e-4: 0.06 after 400 "
-        "steps) because the policy learned to hedge: a box spanning a whole row of cells "
+        "with the `iou` reward collapsed (temperature 1, lr 2e-4, 150 steps: 0.19; 0.5 and lr "
+        "1e-4: 0.06 after 400 steps) because the policy learned to hedge: a box spanning a "
+        "whole row of cells "
         "([3, 33, 279, 56] on an 84-px image) scores IoU 0.07 wherever the square sits in that "
         "row, a precise box in the wrong cell scores 0, so in groups that missed, the hedge got "
         "the top advantage (+0.7 against -1.2). Dr.GRPO's unscaled advantages did not stop it "
-        "(0.11). Trained on matched IoU >= 0.5 (the `detection` reward, mIoU still the metric) "
-        "the collapse is gone: 0.35 -> 0.31 at temperature 0.7, 0.30 at 1.0, over 300 steps; the "
+        "(0.11; `algo.preset=dr_grpo rollout.temperature=0.5 train.lr=2e-4`). These runs trained "
+        "on `rewards=[{name: iou, weight: 1.0, params: {coords: qwen2_5_vl}}, {name: format, "
+        "weight: 0.1, params: {think: false}}]`. Trained on matched IoU >= 0.5 (the `detection` "
+        "reward, mIoU still the metric; learn.yaml now) the collapse is gone: 0.35 -> 0.31 at "
+        "temperature 0.7, 0.30 at 1.0 (`rollout.temperature=1.0`), over 300 steps; the "
         "hedge scores 0 now. RL still does not raise it: it would have to teach which object is "
         "the red square, and the rollouts show groups agreeing on one cell (zero-std groups "
         "25-60%). Open."),
@@ -70,10 +76,11 @@ FINDINGS: dict[str, str] = {
         "prompt also listed the options twice (fixed: Video-R1 keeps them apart). The task is "
         "now the issue's own example of order, which colour the square has first (both colours "
         "are in every clip, so without their order the best answer is a coin toss between two). "
-        "With a 14-px square and temperature 1 the warm-up still stayed at chance (0.27 -> "
-        "0.22); with a 24-px square and no think template the warm-up reads it (0.31, and 0.41 "
-        "on its own check), but at temperature 1 the samples scored 0.12 while greedy scored "
-        "0.31 (the trainer's warning fired) and RL reached 0.42. At temperature 0.5, lr 1e-4 and "
+        "With a 14-px square (the anchor task's `square` then) and temperature 1 the warm-up "
+        "still stayed at chance (0.27 -> 0.22); with a 24-px square and no think template the "
+        "warm-up reads it (0.31, and 0.41 on its own check), but at temperature 1 "
+        "(`rollout.temperature=1.0 train.lr=2e-4 train.steps=150`) the samples scored 0.12 "
+        "while greedy scored 0.31 (the trainer's warning fired) and RL reached 0.42. At temperature 0.5, lr 1e-4 and "
         "300 steps (the asr fix) it learns (seed 0: 0.31 -> 0.99, shuffled 0.20)."),
     "temporal_grounding+tgrpo": (
         "a null at this scale: mIoU 0.76 / 0.82 / 0.79 against plain GRPO's 0.76 / 0.82 / 0.83 "

@@ -258,10 +258,11 @@ def findings(results: list[dict]) -> list[str]:
         return []
     lines = ["", "## What was found on the way, and why rows miss", "",
              "Numbers below for settings other than a row's own (seed 0) are the same run with "
-             "one override: after `bash scripts/learning_table.sh --rows R --seeds 0` has written "
+             "the overrides named in the text: after `bash scripts/learning_table.sh --rows R "
+             "--seeds 0` has written "
              "the data, `mmrl train recipes/R/config.yaml recipes/R/learn.yaml "
              "data.train=data/learning/R/converted/train.jsonl "
-             "data.eval=data/learning/R/converted/eval.jsonl train.seed=0 KEY=VALUE` (e.g. "
+             "data.eval=data/learning/R/converted/eval.jsonl train.seed=0 KEY=VALUE ...` (e.g. "
              "`rollout.temperature=1.0`, `algo.neg_weight=0`, `rollout.top_k=10`); the run's "
              "summary.json holds before / after / shuffled.", ""]
     return lines + [f"- **{r}**: {FINDINGS[r]}" for r in rows]
