@@ -35,7 +35,7 @@ def parse_set(value: Any) -> set[str]:
     return {item for item in map(_item, value) if item}
 
 
-def _jaccard_one(text: str, solution: Any) -> float:
+def _jaccard_one(text: str, solution: Any, threshold: float | None = None) -> float:
     answer = extract_answer(text)
     if not answer:
         return 0.0
@@ -44,19 +44,25 @@ def _jaccard_one(text: str, solution: Any) -> float:
     gold = parse_set(solution if is_collection else solution_text(solution))
     if not pred and not gold:
         return 1.0  # "[]" for "nothing applies" is right; an empty answer string returned 0 above
-    return len(pred & gold) / len(pred | gold)
+    overlap = len(pred & gold) / len(pred | gold)
+    return overlap if threshold is None else float(overlap >= threshold)
 
 
 @register("jaccard")
-def jaccard(completions: list, solution: list, *, tasks: Any = None,
-            **fields: Any) -> list[float | None]:
+def jaccard(completions: list, solution: list, *, threshold: float | None = None,
+            tasks: Any = None, **fields: Any) -> list[float | None]:
     """Set overlap |P ∩ G| / |P ∪ G| of answer items and solution items (case/space-normalised).
 
     Items are a JSON list or text split on commas, semicolons or newlines. Listing every class is
-    penalised by the union, so it never earns full credit.
+    penalised by the union, so it never earns full credit. `threshold` makes it 1/0 (1.0: the
+    exact set only, Visual-RFT's classification reward), so a hedge that names one extra class
+    earns nothing instead of partial credit.
 
     >>> jaccard(["<answer>cat, dog</answer>", "<answer>[\\"Dog\\"]</answer>",
     ...          "<answer>cat, dog, bird, fish</answer>"], [["cat", "dog"], "dog; cat", "cat"])
     [1.0, 0.5, 0.25]
+    >>> jaccard(["<answer>cat, dog</answer>", "<answer>cat</answer>"], ["cat, dog"] * 2, threshold=1.0)
+    [1.0, 0.0]
     """
-    return score_batch(_jaccard_one, completions, solution, fields, tasks=tasks)
+    return score_batch(_jaccard_one, completions, solution, fields, tasks=tasks,
+                       threshold=threshold)

@@ -75,7 +75,13 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     # tiou, is T-GRPO's accuracy), and so does video_qa's colour order.
     "temporal_grounding+tgrpo": ("temporal_grounding", ["algo.tgrpo_alpha=0.3"]),
     "video_qa+tgrpo": ("video_qa", ["algo.tgrpo_alpha=0.3"]),  # which colour comes first
+    # Spatial-SSRL / SSL4RL: RL on a pretext task first, then the task. The vqa row starts from
+    # the rotation row's final checkpoint of the same seed (STARTS_FROM) instead of the random
+    # tiny model; both rows answer with an option letter.
+    "vqa+rotation_pretext": ("vqa", []),
 }
+# Method rows that start from another row's final checkpoint (run first when missing).
+STARTS_FROM = {"vqa+rotation_pretext": "rotation"}
 # Each method's own logged rate (metrics.jsonl), averaged over the run's steps.
 RATES = {"counting+majority_vote": "label_free/majority_wrong", "vqa+history_skip":
          "history/kept_frac", "counting+think_hybrid": "think/think",
@@ -151,8 +157,22 @@ def _rate(run_dir: Path, key: str | None) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _final_checkpoint(row: str, seed: int, data_root: Path, runs_root: Path) -> Path:
+    """The last checkpoint of `row` at `seed`, running the row first when it has none."""
+    folder = runs_root / f"{row.replace('+', '_')}_s{seed}" / "checkpoints"
+    if not any(folder.glob("step_*")):
+        run_row(row, seed, data_root, runs_root)
+    found = sorted(folder.glob("step_*"))
+    if not found:
+        raise RuntimeError(f"{row} seed {seed} saved no checkpoint under {folder}")
+    return found[-1]
+
+
 def run_row(row: str, seed: int, data_root: Path, runs_root: Path) -> dict:
     recipe, extra = ROWS[row]
+    if row in STARTS_FROM:
+        start = _final_checkpoint(STARTS_FROM[row], seed, data_root, runs_root)
+        extra = extra + [f"model.path={start}"]
     run_dir = runs_root / f"{row.replace('+', '_')}_s{seed}"
     shutil.rmtree(run_dir, ignore_errors=True)  # measured again: the new run replaces the old
     run_dir.mkdir(parents=True)
@@ -238,7 +258,8 @@ def pretext_lines(ok: dict) -> list[str]:
                 f"{', '.join(str(r['seed']) for r in runs)}: held-out accuracy {show('before')} "
                 f"after the warm-up -> {show('after')} after RL; shuffled images {show('shuffled')}"
                 f"; {_mean_wall(runs)} a run. It has no plain-GRPO counterpart: without the "
-                f"generator there are no labels. Transfer to a downstream task is not measured.")
+                f"generator there are no labels; its transfer to the vqa task is the methods row "
+                f"`vqa+rotation_pretext` above.")
     return [""] + lines if lines else []
 
 

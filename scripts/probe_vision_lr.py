@@ -27,11 +27,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--family", default="qwen2_5_vl")
     p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--vision-lr", type=float, default=None,
+                   help="learning rate of the vision tower (default: --lr)")
+    p.add_argument("--tiny", action="append", default=[], metavar="KEY=INT",
+                   help="tiny() override, e.g. vision_hidden_size=128 (repeatable)")
     args = p.parse_args(argv)
     torch.manual_seed(0)
     rng = random.Random(0)
     pixels = 4096 if args.family == "qwen3_vl" else 3136
-    model, proc = get_adapter(args.family).tiny(seed=0, min_pixels=pixels, max_pixels=pixels)
+    tiny = {k: int(v) for k, v in (kv.split("=", 1) for kv in args.tiny)}
+    model, proc = get_adapter(args.family).tiny(seed=0, min_pixels=pixels, max_pixels=pixels, **tiny)
     colours = list(COLORS)
 
     def make(n):  # (image, class): colour classes fold 4 colours onto 3 words
@@ -53,7 +58,10 @@ def main(argv: list[str] | None = None) -> int:
                    padding=True)
         return model(**enc).logits[:, -1, :][:, words], torch.tensor([y for _, y in items])
 
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    vision = [p for n, p in model.named_parameters() if n.startswith("model.visual.")]
+    rest = [p for n, p in model.named_parameters() if not n.startswith("model.visual.")]
+    opt = torch.optim.AdamW([{"params": rest},
+                             {"params": vision, "lr": args.vision_lr or args.lr}], lr=args.lr)
     for step in range(1, args.steps + 1):
         model.train()
         out, y = logits([train[rng.randrange(len(train))] for _ in range(32)])
