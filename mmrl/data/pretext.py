@@ -103,7 +103,7 @@ def patch_jigsaw(out_dir: str | Path, source: str = "", n_train: int = 200, n_ev
     tile, n = size // grid, grid * grid
 
     def make(im, rng):
-        perm = frame_permutation(n, rng.randrange(2**31))
+        perm = rng.sample(range(n), n)  # the identity too: "in order" is an answer to find
         out = Image.new("RGB", (size, size))
         for pos, src in enumerate(perm):
             box = ((src % grid) * tile, (src // grid) * tile)
@@ -150,7 +150,9 @@ def temporal_jigsaw(out_dir: str | Path, source: str = "", n_train: int = 100, n
         src = files[i % len(files)]
         frames = _video_frames(src, clips * frames_per_clip, size)
         parts = np.split(frames[: clips * frames_per_clip], clips)
-        perm = frame_permutation(clips, rng.randrange(2**31))
+        # Any order, the identity included: with frame_permutation (never the identity, which
+        # T-GRPO needs) two clips were always "2,1", a constant answer needing no look.
+        perm = rng.sample(range(clips), clips)
         prompt = (f"This video was cut into {clips} equal clips, numbered 1 to {clips} in time "
                   f"order, and the clips were shuffled. For each clip shown, in order, give its "
                   f"original number, e.g. <answer>{','.join(str(k + 1) for k in range(clips))}"
@@ -165,22 +167,26 @@ def temporal_jigsaw(out_dir: str | Path, source: str = "", n_train: int = 100, n
 def clip_counting(out_dir: str | Path, source: str = "", n_train: int = 100, n_eval: int = 20,
                   seed: int = 0, max_clips: int = 4, frames_per_clip: int = 2, size: int = 56,
                   fps: int = 2) -> dict[str, str]:
-    """1..max_clips clips (max_clips >= 2), each from a different place (another video, or another part of the
-    same one), joined; the answer is the number of clips (reward: count)."""
+    """1..max_clips clips (max_clips >= 2), each from a different place (another video, or
+    another part of the same one), joined; the answer is the number of clips (reward: count).
+    Every video has max_clips x frames_per_clip frames, split into clips of near-equal length:
+    with a fixed length per clip the frame count (and the duration) gave the answer away."""
     if max_clips < 2:
         raise ValueError("clip_counting: max_clips must be >= 2")
+    total = max_clips * frames_per_clip
 
     def make(files, i, rng):
         n = rng.randint(1, max_clips)
         parts, prev = [], None
-        for _ in range(n):
+        for k in range(n):
+            length = total // n + (k < total % n)
             while True:  # neighbouring clips come from different places, or the cut is invisible
-                src, segment = files[rng.randrange(len(files))], rng.randrange(max_clips)
-                if (src, segment) != prev:
+                src, start = files[rng.randrange(len(files))], rng.randint(0, total - length)
+                if prev is None or (src != prev[0] if len(files) > 1
+                                    else abs(start - prev[1]) >= length):
                     break
-            prev = (src, segment)
-            frames = _video_frames(src, max_clips * frames_per_clip, size)
-            parts.append(frames[segment * frames_per_clip:(segment + 1) * frames_per_clip])
+            prev = (src, start)
+            parts.append(_video_frames(src, total, size)[start:start + length])
         prompt = ("This video joins several clips cut from different places. How many clips are "
                   "there? Answer with <answer>N</answer>.")
         return np.concatenate(parts), fps, {"task": "clip_counting", "prompt": prompt,
