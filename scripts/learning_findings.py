@@ -22,7 +22,22 @@ FINDINGS: dict[str, str] = {
         "(temperature 0.5, lr 1e-4, 400 steps) also flat (0.71 -> 0.68): at 0.5 the policy is "
         "near-deterministic (entropy 0.02 nats a token), so groups rarely differ; at 0.8 "
         "(`rollout.temperature=0.8 train.lr=1e-4 train.steps=300`) it falls to 0.45, the held-out answers collapsing onto \"triangle\" "
-        "(77 of 100) while the sampled training reward rose to 0.83 at step 100. Open."),
+        "(77 of 100) while the sampled training reward rose to 0.83 at step 100. That reward was "
+        "memorisation: the warm-up had drawn 530 x 32 samples from 1000 training records (17 "
+        "passes), so RL's prompts were ones the policy already knew. Two fixes: 10000 training "
+        "records (the warm-up now sees each about once), and RL on the exact set (`jaccard` "
+        "with `threshold: 1.0`, Visual-RFT's reward; plain Jaccard stays the metric at weight "
+        "0). Seed 0 at lr 1e-4: 0.67 -> 0.75 after 300 steps, 0.82 at 400, 0.78 at 600 (400 is "
+        "now the row's length, chosen on seed 0); lr 2e-4 fell 0.60 -> 0.36. With the row's "
+        "settings: 0.67 / 0.73 / 0.69 -> 0.82 / 0.72 / 0.83, seed 1 flat (its warm-up ran all 600 "
+        "steps to 0.73) and seed 2 0.01 short. What holds it back is reading shape: the "
+        "held-out errors are nearly all circle <-> square swaps (triangles are read), and the "
+        "probe needs about 800 supervised steps to name one shape at 0.95; neither a wider "
+        "(`--tiny vision_hidden_size=128 --tiny vision_intermediate_size=256`: 0.85 at 300 "
+        "steps, 0.79 default) or deeper tower (`--tiny vision_depth=4`: 0.61), nor a vision lr "
+        "of 1e-3 or 3e-3 (`--vision-lr`: 0.75, 0.72), nor 4x the pixels "
+        "(`model.tiny.min_pixels=12544 model.tiny.max_pixels=12544`: warm-up 0.59 after 410 "
+        "steps, then RL collapsed to 0.32) learns it faster."),
     "captioning": (
         "`max_new_tokens` 20 cut 22% of the reference captions (fixed, with the warning above). "
         "At temperature 1 the warm-up stopped at val BLEU 0.3 before sampled captions were well "
@@ -32,7 +47,17 @@ FINDINGS: dict[str, str] = {
         "samples' entropy is 0.2 nats a token and falls to 0.06, so groups seldom differ in the "
         "colour or shape word that decides BLEU (seed 0). At temperature 0.8 also flat, 0.48 -> "
         "0.49 (`rollout.temperature=0.8 train.lr=1e-4 train.steps=300 sft.stop_accuracy=0.5`). "
-        "Open."),
+        "Not memorisation (the classification fault): on 10000 training records (`\"n_train\": "
+        "10000` in `mmrl/data/anchor_tasks.py`) it stays flat, 0.27 -> 0.17 with the row's "
+        "settings and 0.53 -> 0.48 with the overrides above, the sampled reward rising 0.40 -> "
+        "0.65 while greedy BLEU stayed 0.48-0.52: RL sharpened the samples toward the greedy "
+        "caption instead of improving it. Nor does the classification fix carry over: trained "
+        "on the exact caption (`rewards=[{name: bleu, weight: 0.0}, {name: accuracy, weight: "
+        "1.0, params: {mode: exact}}, {name: format, weight: 0.1, params: {think: false}}] "
+        "train.lr=1e-4 train.steps=400 sft.stop_accuracy=0.5`, 10000 records) it collapses at "
+        "temperature 1 (0.53 -> 0.07: the samples were never exactly right, the format reward "
+        "alone drove RL) and falls at 0.7 (0.53 -> 0.38). Like classification it must tell "
+        "circles from squares (see there). Open."),
     "asr": (
         "`max_new_tokens` 14 cut 2% of the transcripts (fixed). At warm-up lr 3e-4 the model reads "
         "the audio (reward 0.40, shuffled 0.08; at 1e-3 it had not), but RL at temperature 1 "
@@ -64,7 +89,11 @@ FINDINGS: dict[str, str] = {
         "temperature 0.7, 0.30 at 1.0 (`rollout.temperature=1.0`), over 300 steps; the "
         "hedge scores 0 now. RL still does not raise it: it would have to teach which object is "
         "the red square, and the rollouts show groups agreeing on one cell (zero-std groups "
-        "25-60%). Open."),
+        "25-60%). On 10000 training records (the warm-up's 600 x 32 draws were 19 passes over "
+        "the 1000, and the sampled training reward, 0.3-0.58, ran above held-out mIoU) the warm-up "
+        "ends lower and RL does not raise it either: 0.22 -> 0.27 (seed 0, 7 min); the row keeps "
+        "1000. Choosing the red square over a red circle needs shape, which the tiny tower reads "
+        "slowly (classification). Open."),
     "temporal_grounding": (
         "at temperature 1 the warm-up met its stop criterion (0.35) with a near-constant segment "
         "and after RL the prediction ignored the video (after = shuffled = 0.37). With the asr "
@@ -139,5 +168,29 @@ FINDINGS: dict[str, str] = {
     "counting_qwen3_vl": (
         "learns from its images (shuffled 0.17-0.26) but the warm-up overshoots its stop "
         "criterion (0.67 at its first check above 0.5) on seed 0, and RL stops at 0.75 (three "
-        "counts of four right) at 200 RL steps and at 300: seed 0 misses by 0.07."),
+        "counts of four right, every 2 answered 3) at 200 RL steps and at 300, while the "
+        "trainer warned that samples at temperature 1 scored below greedy. At temperature 0.7 "
+        "(the asr fix; the row's setting now) seed 0 reaches 1.00 by step 300, and so do seeds "
+        "1 and 2."),
+    "vqa+rotation_pretext": (
+        "the vqa row started from the rotation row's final checkpoint (same seed) instead of the "
+        "random tiny model. Its warm-up meets its stop criterion in 5-15 steps instead of 60-65 "
+        "(the policy already answers with an option letter), but RL ends no higher: 0.75 / 1.00 "
+        "/ 0.71 against plain GRPO's 1.00 / 0.75 / 0.95 (mean -0.08, within either row's spread "
+        "over seeds). Counting the pretext run (about 100 s), it also costs more wall time. A "
+        "null at this scale: turning photo-like scenes upright teaches where sky and ground are, "
+        "not how many squares an image holds."),
+    "temporal_jigsaw": (
+        "from a folder of 2-s clips of a falling ball (`synthetic.paint_falling`), "
+        "cut in 2 clips. Two faults, fixed. (1) The jigsaw generators drew their orders with "
+        "T-GRPO's `frame_permutation`, which never returns the identity (a shuffled video must "
+        "differ), so with 2 clips every answer was \"2,1\": the first run's warm-up met its "
+        "stop criterion at step 10 with accuracy 1.0 on a constant answer (the jigsaws now draw "
+        "any order; `clip_counting` had a like fault, its video length telling the count, and "
+        "now has a fixed length). (2) At the video_qa row's stop criterion (0.4), below chance "
+        "for two orders (0.51), the warm-up stopped on a constant answer and RL stayed there "
+        "(0.49 -> 0.49, shuffled 0.49; a ball 14 px across at 56 px). At 0.6, with a ball two "
+        "patches across (both changed at once), checked every 10 steps, held-out accuracy leapt "
+        "from 0.47 to 1.00 between two checks (330 steps), leaving RL nothing to add (1.00 -> "
+        "0.99; shuffled 0.51); checked every 2 steps, it stops at 0.71 and RL takes it to 1.00."),
 }

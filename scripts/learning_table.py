@@ -38,9 +38,11 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "audio_qa": ("audio_qa", []),
     "captioning": ("captioning", []),
     "counting_qwen2_vl": ("counting", ["model.family=qwen2_vl"]),
-    # 300 RL steps, tried for seed 0 (warmed up to 0.67), which stopped at 0.75 (three counts of
-    # four) after 200: it stays there after 300 too.
-    "counting_qwen3_vl": ("counting", ["model.family=qwen3_vl", "train.steps=300"]),
+    # Seed 0 (warmed up to 0.67) stopped at 0.75 (three counts of four) after 200 and after 300
+    # steps at temperature 1, where the trainer warned that samples scored below greedy; at 0.7
+    # (the asr fix) it reaches 1.0 by step 300.
+    "counting_qwen3_vl": ("counting", ["model.family=qwen3_vl", "train.steps=300",
+                                       "rollout.temperature=0.7"]),
     "audio_visual": ("audio_visual", []),  # Qwen2.5-Omni (thinker): video and audio
     # 200 training prompts: 150 steps x 8 prompts are 6 passes, so a prompt's history (which
     # spans passes) has visits to remember; the plain row for history filtering.
@@ -48,10 +50,21 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     # A pretext task (README "Methods from the papers", 5): `mmrl data generate rotation` on a
     # folder of photo-like scenes (PRETEXT), trained with the vqa recipe's accuracy reward.
     "rotation": ("vqa", []),
+    # The same for videos: `mmrl data generate temporal_jigsaw` (2 clips: in order or swapped)
+    # on a folder of clips of a falling ball, trained with the video_qa recipe on `order`.
+    "temporal_jigsaw": ("video_qa", [
+        "rewards=[{name: order, weight: 1.0}, {name: format, weight: 0.1, params: {think: false}}]",
+        "eval.metric_reward=order", "rollout.max_new_tokens=12", "data.video_fps=2",
+        # Two orders: at 0.4 the warm-up stopped on a constant answer. Checked every 2 steps:
+        # val accuracy leaps from 0.5 to 1.0 within 10 steps once the order is read.
+        "sft.stop_accuracy=0.6", "sft.eval_every=2"]),
 }
-# Rows whose data is a pretext task built from a folder of unlabelled images, as a user runs it
-# (`mmrl data generate TASK OUT source=FOLDER`), instead of the recipe's anchor task.
-PRETEXT = {"rotation": {"size": 56, "n_train": 600, "n_eval": 100}}
+# Rows whose data is a pretext task built from a folder of unlabelled media, as a user runs it
+# (`mmrl data generate TASK OUT source=FOLDER`), instead of the recipe's anchor task:
+# row -> (folder painted as the user's media: "photos" or "videos", generator arguments).
+PRETEXT = {"rotation": ("photos", {"size": 56, "n_train": 600, "n_eval": 100}),
+           "temporal_jigsaw": ("videos", {"size": 56, "n_train": 1000, "n_eval": 100,
+                                          "clips": 2, "frames_per_clip": 2, "fps": 2})}
 # The seeds' methods (README "Methods from the papers"), each a row on top of a recipe row and
 # compared with it seed by seed: method row -> (plain GRPO row, overrides).
 METHODS: dict[str, tuple[str, list[str]]] = {
@@ -92,9 +105,10 @@ for _name, (_base, _extra) in METHODS.items():
 GROUPS = {"recipes": [r for r in ROWS if r not in METHODS], "methods": list(METHODS)}
 # How the metric reward is shown: WER is 1 - the `wer` reward, so lower is better.
 SHOWN = {"wer": ("WER", lambda v: 1.0 - v), "iou": ("mIoU", None), "tiou": ("mIoU", None),
-         "count": ("accuracy", None), "accuracy": ("accuracy", None),
+         "count": ("accuracy", None), "accuracy": ("accuracy", None), "order": ("accuracy", None),
          "jaccard": ("Jaccard", None), "bleu": ("BLEU", None)}
 BAR_GAIN, BAR_CHANCE, BAR_WALL_S = 0.15, 0.05, 360.0
+EXACT = ("count", "accuracy", "order")  # exact-match metrics: chance is their majority answer
 
 
 def _mmrl(args: list[str], log: Path) -> None:
@@ -110,16 +124,18 @@ def _mmrl(args: list[str], log: Path) -> None:
 
 
 def prepare_pretext(task: str, data_root: Path, log: Path) -> tuple[Path, Path]:
-    """A pretext task from a folder of unlabelled photo-like scenes (synthetic.paint_scenes),
-    written by `mmrl data generate TASK OUT source=FOLDER`. Deterministic, cached."""
-    from mmrl.data.synthetic import paint_scenes
+    """A pretext task from a folder of unlabelled photo-like scenes (synthetic.paint_scenes) or
+    clips of a falling ball (synthetic.paint_falling), written by `mmrl data generate TASK OUT
+    source=FOLDER`. Deterministic, cached."""
+    from mmrl.data.synthetic import paint_falling, paint_scenes
 
     out = data_root / task
     if not (out / "eval.jsonl").exists():
-        args = PRETEXT[task]
-        # One photo per record: the held-out photos are unseen.
-        paint_scenes(data_root / "photos", n=args["n_train"] + args["n_eval"])
-        _mmrl(["data", "generate", task, str(out), f"source={data_root / 'photos'}",
+        kind, args = PRETEXT[task]
+        # One photo or clip per record: the held-out ones are unseen.
+        paint = {"photos": paint_scenes, "videos": paint_falling}[kind]
+        paint(data_root / kind, n=args["n_train"] + args["n_eval"])
+        _mmrl(["data", "generate", task, str(out), f"source={data_root / kind}",
                *(f"{k}={v}" for k, v in args.items())], log)
     return out / "train.jsonl", out / "eval.jsonl"
 
@@ -188,7 +204,7 @@ def run_row(row: str, seed: int, data_root: Path, runs_root: Path) -> dict:
     load = os.getloadavg()[1]  # 5-min load average: the machine is shared, wall times vary
     summary = json.loads((run_dir / "summary.json").read_text())
     from mmrl import config
-    metric = config.load(str(ROOT / cfg[0]), [str(ROOT / cfg[1])]).eval.metric_reward
+    metric = config.load(str(ROOT / cfg[0]), [str(ROOT / cfg[1]), *extra]).eval.metric_reward
     return {"row": row, "recipe": recipe, "seed": seed, "metric": metric, "wall_s": wall,
             "load": load,
             "before": summary.get("accuracy_before_rl"), "after": summary.get("accuracy_after_rl"),
@@ -205,9 +221,10 @@ def verdict(r: dict) -> bool:
     before, after, shuf = r["before"], r["after"], r["shuffled"]
     if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in (before, after, shuf)):
         return False
-    exact = r["metric"] in ("count", "accuracy")
+    exact = r["metric"] in EXACT
     near_chance = exact and r["chance"] is not None and abs(shuf - r["chance"]) <= BAR_CHANCE
-    return (after - before >= BAR_GAIN and (near_chance or shuf <= before)
+    # 1e-9: a gain of exactly 0.15 (0.67 -> 0.82) is 0.1499999... in floating point.
+    return (after - before >= BAR_GAIN - 1e-9 and (near_chance or shuf <= before)
             and r["wall_s"] <= BAR_WALL_S)
 
 
@@ -244,6 +261,10 @@ def methods_table(results: list[dict]) -> list[str]:
     return lines + pretext_lines(ok)
 
 
+SOURCES = {"photos": "unlabelled photo-like scenes", "videos": "unlabelled clips of a falling ball"}
+TRANSFER = {"rotation": " Its transfer to the vqa task is the methods row `vqa+rotation_pretext`."}
+
+
 def pretext_lines(ok: dict) -> list[str]:
     """Pretext tasks have no plain-GRPO row to compare with (without the generator there are no
     labels to train on): their evidence is their own row, before and after RL."""
@@ -254,12 +275,11 @@ def pretext_lines(ok: dict) -> list[str]:
             show = lambda key: " / ".join(_fmt(r[key], r["metric"]) for r in runs)  # noqa: E731
             lines.append(
                 f"- **Pretext task `{row}`** (row `{row}` above): GRPO on `mmrl data generate "
-                f"{row} OUT source=FOLDER` from a folder of unlabelled photo-like scenes, seeds "
+                f"{row} OUT source=FOLDER` from a folder of {SOURCES[PRETEXT[row][0]]}, seeds "
                 f"{', '.join(str(r['seed']) for r in runs)}: held-out accuracy {show('before')} "
-                f"after the warm-up -> {show('after')} after RL; shuffled images {show('shuffled')}"
+                f"after the warm-up -> {show('after')} after RL; shuffled media {show('shuffled')}"
                 f"; {_mean_wall(runs)} a run. It has no plain-GRPO counterpart: without the "
-                f"generator there are no labels; its transfer to the vqa task is the methods row "
-                f"`vqa+rotation_pretext` above.")
+                f"generator there are no labels.{TRANSFER.get(row, '')}")
     return [""] + lines if lines else []
 
 
@@ -325,7 +345,7 @@ def write_markdown(results: list[dict], out: Path, png: Path | None) -> None:
         lines.append(
             f"| {r['row']} | {r['recipe']} | {name} | {r['seed']} | {_fmt(r['before'], r['metric'])}"
             f" | {_fmt(r['after'], r['metric'])} | {_fmt(r['shuffled'], r['metric'])} | "
-            f"{_fmt(r['chance'], 'count') if r['metric'] in ('count', 'accuracy') else '–'} | "
+            f"{_fmt(r['chance'], 'count') if r['metric'] in EXACT else '–'} | "
             f"{r['sft_steps'] or 0}/{r['rl_steps']} | {r['wall_s']:.0f} s | "
             f"{_fmt(r.get('load'), 'load')} | {'meets' if verdict(r) else 'misses'} |")
     lines += methods_table(results) + findings(results)
