@@ -148,8 +148,8 @@ def test_jaccard(answer, gold, expected):
 
 @pytest.mark.parametrize("threshold, expected", [(1.0, [1.0, 0.0, 0.0]), (0.5, [1.0, 1.0, 0.0])])
 def test_jaccard_threshold_pays_only_the_set(threshold, expected):
-    """threshold: 1/0 instead of partial credit; 1.0 pays the exact set only, so the hedge
-    "circle, square" for "circle" (Jaccard 1/2) earns nothing."""
+    """threshold: 1/0 instead of partial credit; 1.0 pays the exact set only, so naming one
+    shape of two (Jaccard 1/2) earns nothing, as would naming two for one."""
     answers = ["<answer>square, circle</answer>", "<answer>circle</answer>",
                "<answer>triangle</answer>"]
     got = get_reward("jaccard")(answers, ["circle, square"] * 3, threshold=threshold)
