@@ -205,3 +205,14 @@ def test_falling_ball_clips_give_time_a_direction(tmp_path):
         dark = frames.mean(-1) < frames.mean(-1).mean() - 20  # the ball is darker than the back
         rows = [np.nonzero(d.any(1))[0].mean() for d in dark]
         assert all(b > a for a, b in zip(rows, rows[1:])), rows
+
+
+def test_transfer_rows_rate_is_the_pretext_rows_own_result():
+    def res(row, seed, after):
+        return dict(row=row, recipe="vqa", seed=seed, metric="accuracy", before=0.5, after=after,
+                    shuffled=0.25, chance=0.29, rate=None, wall_s=50.0)
+    results = [res("vqa", 0, 1.0), res("rotation", 0, 0.8), res("rotation", 1, 0.6),
+               res("vqa+rotation_pretext", 0, 0.75)]
+    text = "\n".join(learning_table.methods_table(results))
+    assert ("| vqa+rotation_pretext | vqa | accuracy | 0 | 1.00 | 0.75 | -0.25 | -0.25 | "
+            "rotation after RL 0.80 | 50 s | 50 s |") in text
