@@ -181,7 +181,7 @@ FINDINGS: dict[str, str] = {
         "null at this scale: turning photo-like scenes upright teaches where sky and ground are, "
         "not how many squares an image holds."),
     "temporal_jigsaw": (
-        "from a folder of 2-s clips of a falling ball (`synthetic.paint_falling`), "
+        "from a folder of 2-s clips of a falling ball (`synthetic_av.paint_falling`), "
         "cut in 2 clips. Two faults, fixed. (1) The jigsaw generators drew their orders with "
         "T-GRPO's `frame_permutation`, which never returns the identity (a shuffled video must "
         "differ), so with 2 clips every answer was \"2,1\": the first run's warm-up met its "

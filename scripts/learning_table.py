@@ -132,9 +132,10 @@ def _mmrl(args: list[str], log: Path) -> None:
 
 def prepare_pretext(task: str, data_root: Path, log: Path) -> tuple[Path, Path]:
     """A pretext task from a folder of unlabelled photo-like scenes (synthetic.paint_scenes) or
-    clips of a falling ball (synthetic.paint_falling), written by `mmrl data generate TASK OUT
+    clips of a falling ball (synthetic_av.paint_falling), written by `mmrl data generate TASK OUT
     source=FOLDER`. Deterministic, cached."""
-    from mmrl.data.synthetic import paint_falling, paint_scenes
+    from mmrl.data.synthetic import paint_scenes
+    from mmrl.data.synthetic_av import paint_falling
 
     out = data_root / task
     if not (out / "eval.jsonl").exists():

@@ -309,6 +309,31 @@ def audio_visual(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed
     return write_split(out, records, n_train)
 
 
+def paint_falling(folder: str | Path, n: int = 120, seed: int = 0, size: int = 112,
+                  frames: int = 8, fps: int = 4) -> list[Path]:
+    """`n` clips of a ball dropping from the top of the frame to the bottom over a plain
+    background (random colours and column): a stand-in for a folder of the user's own videos,
+    where time has a direction (things fall), which the `temporal_jigsaw` pretext task needs.
+    H.264 mp4, deterministic."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    paths = []
+    for i in range(n):
+        back = tuple(rng.randint(150, 255) for _ in range(3))
+        ball = tuple(rng.randint(0, 110) for _ in range(3))
+        r = size // 5  # 22 px at 112: two 14-px patches across once resized to 56
+        cx = rng.randint(r, size - r)
+        clip = []
+        for t in range(frames):
+            im = Image.new("RGB", (size, size), back)
+            cy = r + (size - 2 * r) * t // (frames - 1)
+            ImageDraw.Draw(im).ellipse([cx - r, cy - r, cx + r, cy + r], fill=ball)
+            clip.append(np.asarray(im))
+        paths.append(folder / f"clip_{i:04d}.mp4")
+        write_mp4(paths[-1], np.stack(clip), fps)
+    return paths
+
 # ------------------------------------------------------------------------------------ image ----
 
 def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, box: list[int], color) -> None:

@@ -198,7 +198,7 @@ def test_falling_ball_clips_give_time_a_direction(tmp_path):
     """The temporal_jigsaw row's stand-in for the user's videos: in every clip the ball is lower
     in each frame than in the one before, so in-order and swapped halves differ."""
     from mmrl.data.media import load_video
-    from mmrl.data.synthetic import paint_falling
+    from mmrl.data.synthetic_av import paint_falling
 
     for path in paint_falling(tmp_path, n=3, size=56, frames=8, fps=4):
         frames = load_video(str(path), nframes=8, max_frames=8).frames.astype(float)
