@@ -37,12 +37,26 @@ def set_seed(seed: int) -> None:
 def build_datasets(cfg: RunConfig) -> tuple[list[Sample], list[Sample] | None]:
     """Load train/eval samples, generating the synthetic dataset first if asked and missing."""
     d = cfg.data
-    if d.generate and not Path(d.train).exists():
-        out = Path(d.train).parent
-        synthetic.GENERATORS.get(d.generate)(out, **d.generate_kwargs)
+    if d.generate:
+        _generate_once(d)
     train = load_samples(d.train, d.format, d.max_samples)
     evals = load_samples(d.eval, d.format, cfg.eval.max_samples) if d.eval else None
     return prepare_samples(train, cfg), (prepare_samples(evals, cfg) if evals else None)
+
+
+def _generate_once(d) -> None:
+    """Writes data.generate's dataset unless data.train exists. Every process of a launch gets
+    here, on one node or several sharing a disk: the first takes a file lock and writes, the
+    others wait on it and then find the file (without the lock one process read the train file
+    while another was writing it: "no records")."""
+    import fcntl
+
+    out = Path(d.train).parent
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".mmrl-generate.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not Path(d.train).exists():
+            synthetic.GENERATORS.get(d.generate)(out, **d.generate_kwargs)
 
 
 def prepare_samples(samples, cfg: RunConfig):
