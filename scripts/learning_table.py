@@ -182,15 +182,21 @@ def _rate(run_dir: Path, key: str | None) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _run_dir(row: str, seed: int, runs_root: Path) -> Path:
+    return runs_root / f"{row.replace('+', '_')}_s{seed}"
+
+
 def _final_checkpoint(row: str, seed: int, data_root: Path, runs_root: Path) -> Path:
-    """The last checkpoint of `row` at `seed`, running the row first when it has none."""
-    folder = runs_root / f"{row.replace('+', '_')}_s{seed}" / "checkpoints"
-    if not any(folder.glob("step_*")):
+    """The last complete checkpoint of `row` at `seed`, running the row first when it has none."""
+    from mmrl.train import checkpoint
+
+    if checkpoint.latest(_run_dir(row, seed, runs_root)) is None:
         run_row(row, seed, data_root, runs_root)
-    found = sorted(folder.glob("step_*"))
-    if not found:
-        raise RuntimeError(f"{row} seed {seed} saved no checkpoint under {folder}")
-    return found[-1]
+    found = checkpoint.latest(_run_dir(row, seed, runs_root))
+    if found is None:
+        raise RuntimeError(f"{row} seed {seed} saved no checkpoint under "
+                           f"{_run_dir(row, seed, runs_root)}")
+    return found
 
 
 def run_row(row: str, seed: int, data_root: Path, runs_root: Path) -> dict:
@@ -198,7 +204,7 @@ def run_row(row: str, seed: int, data_root: Path, runs_root: Path) -> dict:
     if row in STARTS_FROM:
         start = _final_checkpoint(STARTS_FROM[row], seed, data_root, runs_root)
         extra = extra + [f"model.path={start}"]
-    run_dir = runs_root / f"{row.replace('+', '_')}_s{seed}"
+    run_dir = _run_dir(row, seed, runs_root)
     shutil.rmtree(run_dir, ignore_errors=True)  # measured again: the new run replaces the old
     run_dir.mkdir(parents=True)
     log = run_dir.parent / f"{run_dir.name}.log"

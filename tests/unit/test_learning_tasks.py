@@ -176,13 +176,19 @@ def test_pretext_row_is_rotation_of_unseen_photos_generated_by_the_cli(tmp_path,
 def test_transfer_row_starts_from_the_last_checkpoint_of_its_source_row(tmp_path, monkeypatch):
     """vqa+rotation_pretext trains from the rotation row's final checkpoint of the same seed,
     running that row first when it has none; a run that saves none is an error, not a loop."""
+    from mmrl.train import checkpoint
+
     assert set(learning_table.STARTS_FROM) <= set(learning_table.METHODS)
     ran = []
 
     def fake_run(row, seed, data_root, runs_root):
         ran.append((row, seed))
         for step in ("step_000050", "step_000150"):
-            (runs_root / f"{row}_s{seed}" / "checkpoints" / step).mkdir(parents=True)
+            ckpt = runs_root / f"{row}_s{seed}" / "checkpoints" / step
+            ckpt.mkdir(parents=True)
+            (ckpt / checkpoint.STATE_FILE).write_bytes(b"")
+        # A checkpoint cut short (no trainer state) is not one to start from.
+        (runs_root / f"{row}_s{seed}" / "checkpoints" / "step_000200").mkdir()
 
     monkeypatch.setattr(learning_table, "run_row", fake_run)
     got = learning_table._final_checkpoint("rotation", 1, tmp_path / "data", tmp_path)
