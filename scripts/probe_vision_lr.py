@@ -29,14 +29,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--vision-lr", type=float, default=None,
                    help="learning rate of the vision tower (default: --lr)")
+    p.add_argument("--init", choices=("default", "fan_in"), default="default",
+                   help="tiny model init: transformers' std 0.02, or std 1/sqrt(fan_in)")
+    p.add_argument("--seed", type=int, default=0, help="model and data seed")
     p.add_argument("--tiny", action="append", default=[], metavar="KEY=INT",
                    help="tiny() override, e.g. vision_hidden_size=128 (repeatable)")
     args = p.parse_args(argv)
-    torch.manual_seed(0)
-    rng = random.Random(0)
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
     pixels = 4096 if args.family == "qwen3_vl" else 3136
     tiny = {k: int(v) for k, v in (kv.split("=", 1) for kv in args.tiny)}
-    model, proc = get_adapter(args.family).tiny(seed=0, min_pixels=pixels, max_pixels=pixels, **tiny)
+    model, proc = get_adapter(args.family).tiny(
+        seed=args.seed, min_pixels=pixels, max_pixels=pixels, init=args.init, **tiny)
     colours = list(COLORS)
 
     def make(n):  # (image, class): colour classes fold 4 colours onto 3 words

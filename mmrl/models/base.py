@@ -75,6 +75,22 @@ def tiny_text_config(tokenizer) -> dict:
     )
 
 
+def fan_in_init(model: torch.nn.Module) -> None:
+    """Re-draw every Linear / Conv weight but the output head from normal(0, 1/sqrt(fan_in)).
+
+    transformers' std 0.02 is sized for widths near 2500 (1/sqrt(2500)); in a 64-wide vision
+    tower it leaves attention uniform and the MLPs near-linear, and the tiny tower learned to
+    tell a circle from a square about three times slower (scripts/probe_vision_lr.py --init).
+    Biases stay zero and embeddings and norms keep their init; uses the global torch RNG.
+    """
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if name.split(".")[-1] == "lm_head":
+                continue
+            if isinstance(module, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)):
+                module.weight.normal_(0.0, module.weight[0].numel() ** -0.5)
+
+
 def set_override(family: str, target: dict, key: str, value, config_class=None,
                  aliases: dict | None = None) -> None:
     """target[key] = value after mapping `aliases`; TypeError unless the key is already in
@@ -138,7 +154,8 @@ class ModelAdapter:
 
         Overrides: text config keys (hidden_size, num_hidden_layers, ...), `vision_<key>` for the
         vision tower (vision_depth, vision_hidden_size, ...), and processor budgets
-        (min_pixels, max_pixels). Unknown keys raise TypeError.
+        (min_pixels, max_pixels), and `init`: "default" (transformers' normal(0, 0.02)) or
+        "fan_in" (see `fan_in_init`). Unknown keys raise TypeError.
         """
         from transformers import GenerationConfig
 
@@ -146,12 +163,17 @@ class ModelAdapter:
 
         tokenizer = tiny_tokenizer()
         processor_keys = {k: overrides.pop(k) for k in list(overrides) if k in self.processor_override_keys}
+        init = overrides.pop("init", "default")
+        if init not in ("default", "fan_in"):
+            raise TypeError(f"{self.family}.tiny(): init must be 'default' or 'fan_in', not {init!r}")
         config = self.tiny_model_config(tokenizer, **overrides)
         processor = self.tiny_processor(tokenizer, config, **processor_keys)
         # fork_rng: building a tiny model must not move the caller's global RNG stream.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = _transformers_attr(self.model_class)(config)
+            if init == "fan_in":
+                fan_in_init(model)
         model.eval()
         eos = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id]
         # Qwen's instruct checkpoints stop on both <|im_end|> and <|endoftext|>; mirror that.

@@ -87,6 +87,28 @@ def test_tiny_overrides_reach_model_and_processor(tiny):
         adapter.tiny(not_a_key=1)
 
 
+def test_tiny_fan_in_init_scales_each_layer_by_its_width(tiny):
+    """init="fan_in": every Linear/Conv weight but lm_head drawn with std 1/sqrt(fan_in), per seed
+    reproducibly; the default keeps transformers' 0.02; an unknown init is refused."""
+    adapter, default, _ = tiny
+    model, _ = adapter.tiny(seed=0, init="fan_in")
+    again, _ = adapter.tiny(seed=0, init="fan_in")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                 again.state_dict().values()))
+    checked = 0
+    for (name, module), (_, base) in zip(model.named_modules(), default.named_modules()):
+        if isinstance(module, (torch.nn.Linear, torch.nn.Conv3d)) and module.weight.numel() >= 4096:
+            fan_in = module.weight[0].numel()
+            want = 0.02 if name.endswith("lm_head") else fan_in ** -0.5
+            assert module.weight.std().item() == pytest.approx(want, rel=0.1), name
+            assert base.weight.std().item() == pytest.approx(0.02, rel=0.1), name
+            checked += 1
+    # the vision tower's patch embedding (fan_in 3*2*14*14) and merger, the LM's projections
+    assert checked >= 10
+    with pytest.raises(TypeError, match="init must be"):
+        adapter.tiny(init="xavier")
+
+
 def test_save_load_round_trip(tiny, prompts, tmp_path):
     adapter, model, processor = tiny
     model.save_pretrained(tmp_path)
