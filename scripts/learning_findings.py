@@ -70,7 +70,14 @@ FINDINGS: dict[str, str] = {
         "train.lr=1e-4 train.steps=400 sft.stop_accuracy=0.5`, 10000 records) it collapses at "
         "temperature 1 (0.53 -> 0.07: the samples were never exactly right, the format reward "
         "alone drove RL) and falls at 0.7 (0.53 -> 0.38). Like classification it must tell "
-        "circles from squares (see there). Open."),
+        "circles from squares (see there): before RL, 91 shape words and 35 colour words of 100 "
+        "captions were wrong, and one order. With classification's later settings and the "
+        "detection row's rope_theta 3 (captions name objects left to right), seed 0 rose 0.47 -> "
+        "0.58 in 262 s (`model.tiny.init=fan_in model.tiny.rope_theta=3 "
+        "rollout.temperature=0.7 rollout.prompts_per_step=16 rollout.num_generations=4 "
+        "sft.stop_accuracy=0.4 train.lr=1e-4 train.steps=600 train.lr_schedule=cosine`; 0.53 "
+        "at 300 steps), 0.04 short; not yet run on three seeds, so the row keeps its settings. "
+        "Open."),
     "asr": (
         "`max_new_tokens` 14 cut 2% of the transcripts (fixed). At warm-up lr 3e-4 the model reads "
         "the audio (reward 0.40, shuffled 0.08; at 1e-3 it had not), but RL at temperature 1 "
