@@ -190,12 +190,12 @@ def _final_checkpoint(row: str, seed: int, data_root: Path, runs_root: Path) -> 
     """The last complete checkpoint of `row` at `seed`, running the row first when it has none."""
     from mmrl.train import checkpoint
 
-    if checkpoint.latest(_run_dir(row, seed, runs_root)) is None:
+    run_dir = _run_dir(row, seed, runs_root)
+    if checkpoint.latest(run_dir) is None:
         run_row(row, seed, data_root, runs_root)
-    found = checkpoint.latest(_run_dir(row, seed, runs_root))
+    found = checkpoint.latest(run_dir)
     if found is None:
-        raise RuntimeError(f"{row} seed {seed} saved no checkpoint under "
-                           f"{_run_dir(row, seed, runs_root)}")
+        raise RuntimeError(f"{row} seed {seed} saved no checkpoint under {run_dir}")
     return found
 
 
