@@ -14,18 +14,13 @@ import argparse
 import json
 import sys
 
+from rewards.boxes import box_iou
+
 
 def cell(box: list[float], size: list[int], cells: int) -> tuple[int, int]:
     """(column, row) of the box centre on a cells x cells grid over an image of `size` (w, h)."""
     cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
     return (min(int(cx * cells / size[0]), cells - 1), min(int(cy * cells / size[1]), cells - 1))
-
-
-def iou(a: list[float], b: list[float]) -> float:
-    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - ix * iy
-    return ix * iy / union if union > 0 else 0.0
 
 
 def score(rows: list[dict], cells: int) -> dict:
@@ -46,7 +41,7 @@ def score(rows: list[dict], cells: int) -> dict:
         row += got[1] == want[1]
         if got == want:
             both += 1
-            in_cell.append(iou(box, r["solution"]))
+            in_cell.append(box_iou(box, r["solution"]))
     n = len(rows)
     return {"n": n, "column": col / n, "row": row / n, "cell": both / n, "unparsed": unparsed / n,
             "iou_in_right_cell": sum(in_cell) / len(in_cell) if in_cell else None}
