@@ -73,6 +73,7 @@ RANGES: list[_Check] = [
     ("sft.steps", lambda v: v >= 0, ">= 0 (0 = off)"),
     ("sft.lr", lambda v: v > 0, "> 0"),
     ("sft.batch_size", lambda v: v >= 1, ">= 1"),
+    ("sft.stop_checks", lambda v: v >= 1, ">= 1"),
     ("eval.batch_size", lambda v: v >= 1, ">= 1"),
     ("eval.num_samples", lambda v: v >= 1, ">= 1 (1 = greedy)"),
     ("eval.temperature", lambda v: v > 0, "> 0"),

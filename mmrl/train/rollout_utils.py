@@ -58,6 +58,32 @@ def rollout_metrics(sb: ScoredBatch, reward_keys: list[str]) -> dict[str, float]
     return m
 
 
+# Most completions cut at rollout.max_new_tokens for this many steps in a row: warned once.
+CUT_FRAC, CUT_STEPS = 0.5, 10
+
+
+class CutWatch:
+    """Warns once when at least CUT_FRAC of the completions hit `rollout.max_new_tokens` for
+    CUT_STEPS steps in a row. Either the budget is too short for the answers, or the policy has
+    stopped ending them: after `</answer>` it writes on to the limit, which no reward sees when
+    `format` allows text around the answer (think: false) -- GRPO's per-sequence mean penalises a
+    long wrong completion less per token, so lengths drift up (the detection row lost its
+    end-of-sequence token this way: 97% cut by step 230, docs/learning.md)."""
+
+    def __init__(self, max_new_tokens: int):
+        self.max_new_tokens, self.run, self.warned = max_new_tokens, 0, False
+
+    def __call__(self, cut_frac: float, warn) -> None:
+        self.run = self.run + 1 if cut_frac >= CUT_FRAC else 0
+        if self.run >= CUT_STEPS and not self.warned and warn is not None:
+            self.warned = True
+            warn(f"{cut_frac:.0%} of completions hit rollout.max_new_tokens "
+                 f"({self.max_new_tokens}) for {self.run} steps in a row. If rollouts.jsonl shows "
+                 f"whole answers with text after them, the policy stopped ending its answers: "
+                 f"score the whole completion's shape (format with think: true or optional); "
+                 f"else raise rollout.max_new_tokens")
+
+
 def rollout_records(sb: ScoredBatch, limit: int) -> list[dict]:
     """The first `limit` rows (whole groups first) as JSON-able records for rollouts.jsonl.
     Media are referenced by path, never copied."""

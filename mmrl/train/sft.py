@@ -1,5 +1,6 @@
 """Optional supervised warm-up before RL: imitate `sft.target` (e.g. "<answer>3</answer>") on
-training samples until held-out greedy accuracy reaches `sft.stop_accuracy`.
+training samples until held-out greedy accuracy reaches `sft.stop_accuracy` (on `sft.stop_checks`
+checks in a row).
 
 Why: a fresh tiny model never emits the answer format, so every group has zero reward variance
 and RL has nothing to learn from. A short warm-up teaches the format; RL then improves accuracy.
@@ -39,6 +40,12 @@ def _targets(sc, tokenizer, pad_id: int, samples) -> tuple[torch.Tensor, torch.T
     return ids, mask
 
 
+def reached(history: list[dict], stop_accuracy: float | None, checks: int) -> bool:
+    """Whether the last `checks` val readings all reached `stop_accuracy` (None: never)."""
+    last = [h["val_accuracy"] for h in history[-checks:]]
+    return stop_accuracy is not None and len(last) == checks and min(last) >= stop_accuracy
+
+
 def sft_warmup(cfg: RunConfig, learner: Learner, prompts: PromptSource, log: RunLogger) -> dict:
     """Trains `learner.model` in place on samples of `prompts.dataset` (the first
     `sft.val_samples` held out for the stopping criterion) -> {"steps", "val_accuracy", "history"}."""
@@ -48,7 +55,9 @@ def sft_warmup(cfg: RunConfig, learner: Learner, prompts: PromptSource, log: Run
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=sc.lr)
     gen = torch.Generator().manual_seed(cfg.train.seed + 1)
     history, acc, step = [], float("nan"), 0
-    log.print(f"SFT warm-up: up to {sc.steps} steps, stop at val accuracy {sc.stop_accuracy}")
+    in_a_row = "" if sc.stop_checks == 1 else f" on {sc.stop_checks} checks in a row"
+    log.print(f"SFT warm-up: up to {sc.steps} steps, stop at val accuracy {sc.stop_accuracy}"
+              f"{in_a_row}")
     for step in range(1, sc.steps + 1):
         idx = (torch.randint(n_val, len(data), (sc.batch_size,), generator=gen)).tolist()
         samples, feats = prompts.load(idx)  # bad media: skipped and counted, or an error
@@ -71,6 +80,6 @@ def sft_warmup(cfg: RunConfig, learner: Learner, prompts: PromptSource, log: Run
             acc = evaluate(model, learner.processor, learner.adapter, val, cfg)["accuracy"]
             history.append({"step": step, "loss": float(loss.detach()), "val_accuracy": acc})
             log.print(f"  sft step {step}: loss {float(loss.detach()):.3f}  val accuracy {acc:.3f}")
-            if sc.stop_accuracy is not None and acc >= sc.stop_accuracy:
+            if reached(history, sc.stop_accuracy, sc.stop_checks):
                 break
     return {"steps": step, "val_accuracy": acc, "history": history}

@@ -206,6 +206,32 @@ def test_summary_and_rollouts_written(tiny_yaml, tmp_path):
     assert saved.rollout.num_generations == 4
 
 
+def test_a_policy_that_never_ends_its_completions_is_warned_about(tiny_yaml, tmp_path):
+    """One token of budget: the random tiny policy never reaches end-of-sequence, every
+    completion is cut, and after CUT_STEPS steps the run says so, once, in warnings.txt."""
+    from mmrl.train.rollout_utils import CUT_STEPS
+
+    t = Trainer(_cfg(tiny_yaml, tmp_path, VARIETY, "rollout.max_new_tokens=1"))
+    cut = [t.train_step()["completion/truncated_frac"] for _ in range(CUT_STEPS + 2)]
+    t.close()
+    assert min(cut) == 1.0, cut
+    warned = (tmp_path / "warnings.txt").read_text()
+    assert warned.count("of completions hit rollout.max_new_tokens (1) for 10 steps") == 1
+
+
+def test_sft_warm_up_stops_after_stop_checks_readings_in_a_row(tiny_yaml, tmp_path):
+    """stop_accuracy 0 is reached at every check, so the warm-up runs exactly stop_checks."""
+    from mmrl.train.sft import sft_warmup
+
+    for checks in (1, 3):
+        t = Trainer(_cfg(tiny_yaml, tmp_path / str(checks), "sft.steps=8", "sft.eval_every=1",
+                         "sft.batch_size=4", "sft.stop_accuracy=0.0", f"sft.stop_checks={checks}"))
+        out = sft_warmup(t.cfg, t.learner, t.prompts, t.log)
+        t.close()
+        assert out["steps"] == checks and [h["step"] for h in out["history"]] == list(
+            range(1, checks + 1))
+
+
 def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_yaml, tmp_path):
     """DAPO preset: prompts whose solution is 1 or 2 get a constant reward (zero-variance groups);
     the sampler must drop them and draw more prompts until the batch is full."""

@@ -118,6 +118,7 @@ BAD_NUMBERS = [
     (["algo.dual_clip=0.5"], "algo.dual_clip=0.5: must be > 1 or null"),
     (["algo.num_iterations=0"], "algo.num_iterations=0: must be >= 1"),
     (["train.micro_batch_size=0"], "train.micro_batch_size=0: must be >= 1"),
+    (["sft.stop_checks=0"], "sft.stop_checks=0: must be >= 1"),
     (["data.video_nframes=8"], "data.video_fps=2.0 and data.video_nframes=8: set one of them to null"),
     (["rollout.backend=vllm", "rollout.vllm.weight_transfer=nccl"],
      "rollout.vllm.weight_transfer=nccl: must be one of auto|bytes|direct with vLLM colocated"),

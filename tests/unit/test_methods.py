@@ -170,3 +170,15 @@ def test_asks_nothink_is_stable_and_close_to_the_share():
     assert picks == [asks_nothink(i, 0.3, seed=0) for i in ids]
     assert abs(sum(picks) / len(ids) - 0.3) < 0.04
     assert not any(asks_nothink(i, 0.0, 0) for i in ids) and all(asks_nothink(i, 1.0, 0) for i in ids)
+
+
+def test_sft_stop_needs_its_readings_in_a_row():
+    from mmrl.train.sft import reached
+
+    # the classification row's seed 2: 0.63 then one lucky 0.71 against stop_accuracy 0.7
+    history = [{"val_accuracy": a} for a in (0.576, 0.628, 0.711)]
+    assert reached(history, 0.7, 1)
+    assert not reached(history, 0.7, 2)
+    assert reached(history + [{"val_accuracy": 0.70}], 0.7, 2)
+    assert not reached(history[:1], 0.5, 2)  # fewer readings than checks: not yet
+    assert not reached(history, None, 1)  # no stop_accuracy: run every step

@@ -134,3 +134,18 @@ def test_sampled_vs_greedy_waits_for_its_steps_and_ignores_other_rewards():
     for _ in range(20):
         g.observe({"reward/wer_mean": 0.0})  # the metric reward is not trained on: no numbers
     assert said == []
+
+
+def test_cut_completions_warn_once_after_ten_steps_in_a_row():
+    from mmrl.train.rollout_utils import CUT_FRAC, CUT_STEPS, CutWatch
+
+    said = []
+    watch = CutWatch(24)
+    for frac in [0.97] * (CUT_STEPS - 1) + [0.2] + [CUT_FRAC] * (CUT_STEPS - 1):
+        watch(frac, said.append)  # nine cut steps, one that ends (resets), nine more
+    assert said == []
+    for frac in [0.97] * 5:
+        watch(frac, said.append)
+    assert len(said) == 1  # the tenth in a row warns; later ones do not repeat it
+    assert "97% of completions hit rollout.max_new_tokens (24) for 10 steps" in said[0]
+    assert "think: true or optional" in said[0] and "raise rollout.max_new_tokens" in said[0]
