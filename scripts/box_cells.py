@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from rewards.boxes import box_iou
+from rewards.boxes import box_iou, parse_box
 
 
 def cell(box: list[float], size: list[int], cells: int) -> tuple[int, int]:
@@ -25,14 +25,12 @@ def cell(box: list[float], size: list[int], cells: int) -> tuple[int, int]:
 
 def score(rows: list[dict], cells: int) -> dict:
     """Fractions of rows with the right column / row / cell, and mean IoU where the cell is right;
-    rows whose answer is not a 4-number list count as misses (`unparsed`)."""
+    rows whose answer holds no box (`rewards.boxes.parse_box`) count as misses (`unparsed`)."""
     col = row = both = unparsed = 0
     in_cell = []
     for r in rows:
-        try:
-            box = [float(v) for v in json.loads(r.get("answer") or "")]
-            assert len(box) == 4
-        except (ValueError, TypeError, AssertionError):
+        box = parse_box(r.get("answer") or "")  # read as the box rewards read it
+        if box is None:
             unparsed += 1
             continue
         size = r["fields"]["image_size"]

@@ -75,7 +75,7 @@ class CutWatch:
 
     def __call__(self, cut_frac: float, warn) -> None:
         self.run = self.run + 1 if cut_frac >= CUT_FRAC else 0
-        if self.run >= CUT_STEPS and not self.warned and warn is not None:
+        if self.run >= CUT_STEPS and not self.warned:
             self.warned = True
             warn(f"{cut_frac:.0%} of completions hit rollout.max_new_tokens "
                  f"({self.max_new_tokens}) for {self.run} steps in a row. If rollouts.jsonl shows "
