@@ -47,7 +47,7 @@ def write_parquet(path: Path, n: int, size: int) -> None:
 def measure(mode: str, path: Path, draw: int) -> dict:
     from mmrl.data import formats
     from mmrl.data.schema import load_samples
-    from mmrl.train.setup import PromptSampler
+    from mmrl.train.prompts import PromptSampler
 
     t0 = time.perf_counter()
     if mode == "eager":

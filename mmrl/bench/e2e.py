@@ -92,7 +92,7 @@ def run_mmrl(workdir: Path, s: dict, steps: int, seed: int = 0) -> tuple[list, l
     cfg = load(None, overrides + [f"rewards=[{{name: count, weight: {REWARD_WEIGHTS['count']}}}, "
                                   f"{{name: format, weight: {REWARD_WEIGHTS['format']}}}]"])
     trainer = Trainer(cfg)
-    trainer.enable_reference()
+    trainer.policy.fix_reference()
     times, stages = [], []
     for _ in range(steps):
         start, cpu = time.perf_counter(), time.process_time()

@@ -1,8 +1,8 @@
 """Benchmark 1 and 3: the update phase (old + ref logprobs, loss, backward) in the naive
 G x [prompt, completion] layout vs the shared-prefix layout, on the same tiny model and data.
 
-Both sides run exactly what the trainer runs per micro-batch (mmrl.train.learner.Learner.forward
-and .update): trimmed completion width, entropy in the gradient forward, `policy_loss` with the
+Both sides run exactly what the trainer runs per micro-batch (mmrl.train.policy.Policy.forward
+and mmrl.train.learner.Learner.update): trimmed completion width, entropy in the gradient forward, `policy_loss` with the
 global token normaliser, `loss.backward()`. The naive side uses row micro-batches of
 `micro_batch` rows; the shared side whole-group micro-batches under the same token budget
 (`micro_batch` x (prompt + completion) tokens), which never holds more tokens than a naive one.

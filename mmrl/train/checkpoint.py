@@ -15,10 +15,13 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from mmrl.train.parallel import Strategy
 
 STATE_FILE = "trainer_state.pt"
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
@@ -56,7 +59,7 @@ def _safe_load(path: Path) -> Any:
 
 
 def save(run_dir: Path, step: int, model, processor, trainer_state: dict[str, Any],
-         keep: int = 2, strategy=None, optimizer=None) -> Path:
+         keep: int = 2, strategy: Strategy | None = None, optimizer=None) -> Path:
     """Write checkpoint `step` atomically; prune to the newest `keep` (0 = keep all).
 
     Called on every rank. Rank 0 writes the HF-format model (or, when the weights are sharded,
@@ -91,8 +94,8 @@ def save(run_dir: Path, step: int, model, processor, trainer_state: dict[str, An
     return final
 
 
-def _write(tmp: Path, step: int, model, processor, trainer_state, strategy, optimizer,
-           main: bool) -> None:
+def _write(tmp: Path, step: int, model, processor, trainer_state, strategy: Strategy | None,
+           optimizer, main: bool) -> None:
     if strategy is not None and strategy.sharded_checkpoint:
         strategy.save_shards(tmp, model, optimizer)
     if strategy is not None and strategy.info.enabled:  # ranks draw different random streams
@@ -143,7 +146,7 @@ def has_weights(ckpt: Path | None) -> bool:
         "pytorch_model.bin"))
 
 
-def _barrier(strategy) -> None:
+def _barrier(strategy: Strategy | None) -> None:
     if strategy is not None and strategy.info.enabled:
         torch.distributed.barrier()
 

@@ -8,6 +8,7 @@ import json
 import random
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from rich.console import Console
@@ -22,6 +23,9 @@ from mmrl.train.scoring import RewardSet
 from mmrl.train.setup import media_loader
 from mmrl.types import Sample, SamplingParams
 from rewards import extract_answer
+
+if TYPE_CHECKING:
+    from mmrl.models.base import ModelAdapter
 
 
 def shuffle_media(samples: list[Sample], seed: int) -> list[Sample]:
@@ -43,7 +47,7 @@ def metric_rewards(cfg: RunConfig) -> RewardSet:
     return RewardSet(specs)
 
 
-def _decode_chunk(samples, adapter, processor, load, cfg) -> tuple[list[Sample], list, int]:
+def _decode_chunk(samples, adapter: ModelAdapter, processor, load, cfg: RunConfig) -> tuple[list[Sample], list, int]:
     chunk, feats, failed = [], [], 0
     for s in samples:
         try:
@@ -59,7 +63,7 @@ def _decode_chunk(samples, adapter, processor, load, cfg) -> tuple[list[Sample],
 
 
 @torch.no_grad()
-def evaluate(model, processor, adapter, samples: list[Sample], cfg: RunConfig, *,
+def evaluate(model, processor, adapter: ModelAdapter, samples: list[Sample], cfg: RunConfig, *,
              out_file: Path | None = None, shuffled: bool = False) -> dict:
     """Generate for every sample (greedy, or `eval.num_samples` draws at `eval.temperature`),
     score with the run's rewards, and report accuracy, pass@k and the task metrics."""
@@ -129,7 +133,8 @@ def evaluate_checkpoint(cfg: RunConfig, checkpoint: str, out_dir: str | None = N
     from mmrl.models import get_adapter
     from mmrl.train.checkpoint import has_weights
     from mmrl.train.consolidate import consolidate, sharded_kind
-    from mmrl.train.setup import DTYPES, build_datasets
+    from mmrl.train.policy import DTYPES
+    from mmrl.train.setup import build_datasets
 
     if not cfg.data.eval:
         raise SystemExit("mmrl eval: the config has no data.eval; pass data.eval=PATH")

@@ -8,27 +8,35 @@ from __future__ import annotations
 
 import torch
 
+from typing import TYPE_CHECKING
+
 from mmrl.config import RolloutConfig
 from mmrl.rollout import make_engine
 from mmrl.types import PromptFeatures, RolloutBatch, SamplingParams
 
+if TYPE_CHECKING:
+    from mmrl.train.policy import Policy
+
 
 class Rollout:
-    def __init__(self, rc: RolloutConfig, learner):
-        self.rc, self.learner = rc, learner
-        self.tokenizer = learner.processor.tokenizer
-        with learner.full_params():  # a colocated engine starts from the whole weights
-            self.engine = make_engine(rc, learner.model, learner.processor, learner.adapter)
+    # What other files may read (tests/train/test_structure.py checks it).
+    PUBLIC = ("generate", "sync", "close")
+
+    def __init__(self, rc: RolloutConfig, policy: Policy):
+        self.rc, self.policy = rc, policy
+        self.tokenizer = policy.processor.tokenizer
+        with policy.full_params():  # a colocated engine starts from the whole weights
+            self.engine = make_engine(rc, policy.model, policy.processor, policy.adapter)
 
     @torch.no_grad()
     def generate(self, prompts: list[PromptFeatures], group_offset: int = 0) -> RolloutBatch:
-        rc, learner = self.rc, self.learner
-        learner.model.eval()
+        rc, policy = self.rc, self.policy
+        policy.model.eval()
         # The training model's own generate under ZeRO-3 / FSDP2: the weights are gathered
         # once, not once per token.
-        with learner.full_params(self.engine.samples_from_training_model):
+        with policy.full_params(self.engine.samples_from_training_model):
             ids, mask, slogp, truncated = self.engine.generate(
-                prompts, SamplingParams.from_rollout(rc, suppress_ids=learner.suppress_ids))
+                prompts, SamplingParams.from_rollout(rc, suppress_ids=policy.placeholder_ids))
         g = rc.num_generations
         texts = self.tokenizer.batch_decode(
             [row[m.bool()] for row, m in zip(ids, mask)], skip_special_tokens=True)
@@ -38,12 +46,12 @@ class Rollout:
             group_ids=torch.arange(len(prompts)).repeat_interleave(g) + group_offset)
 
     def sync(self) -> None:
-        """An engine with its own weights reloads the learner's (gathered whole first when
+        """An engine with its own weights reloads the policy's (gathered whole first when
         sharded); one that samples with the training model already has them."""
         if self.engine.samples_from_training_model:
             return
-        with self.learner.full_params():
-            self.engine.sync_weights(self.learner.model)
+        with self.policy.full_params():
+            self.engine.sync_weights(self.policy.model)
 
     def close(self) -> None:
         self.engine.close()

@@ -1,125 +1,51 @@
-"""The learner: the policy being trained and everything that changes its weights.
+"""The learner: what changes the policy's weights.
 
-It owns the model (and its LoRA wrapper), the parallel strategy that places and shards it, the
-optimizer and LR schedule, the optional KL reference, and the two things a step asks of them:
-per-token logprobs of completions, and the policy update (micro-batches accumulated into one
-optimizer step per iteration). It asks the strategy what it does (`places_model`,
-`every_module`, `sharded_checkpoint`) rather than which one it is.
+It owns the parallel strategy's training setup (the module training forwards go through, handed
+to the Policy), the optimizer and LR schedule, and the policy update: micro-batches accumulated
+into one optimizer step per iteration, with a global loss normaliser, and the non-finite guard
+(a NaN/inf loss or gradient norm skips the step and is counted; too many in a row stop the run).
+The model itself, its forwards and the KL reference are the Policy's (train/policy.py).
 """
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
 import torch
 
 from mmrl import algos
 from mmrl.config import RunConfig
-from mmrl.models.forward import collate, completion_logprobs
-from mmrl.models.shared_prefix import enable_shared_prefix, shared_prefix_logprobs
-from mmrl.models.towers import TowerToucher
-from mmrl.train import dist, lora, setup
-from mmrl.types import RolloutBatch, ScoredBatch
+from mmrl.train import dist
+from mmrl.types import ScoredBatch
+
+if TYPE_CHECKING:
+    from mmrl.train.parallel import Strategy
+    from mmrl.train.policy import Policy
 
 
 class Learner:
-    def __init__(self, cfg: RunConfig, info: dist.DistInfo, strategy, adapter, weights=None):
-        """`weights`: a checkpoint to load the model from (resume), else model.path."""
-        self.info, self.strategy, self.adapter = info, strategy, adapter
-        self.algo, self.micro_batch_size = cfg.algo, max(1, cfg.train.micro_batch_size)
-        self.seed = cfg.train.seed
-        self.temperature, self.max_len = cfg.rollout.temperature, cfg.rollout.max_new_tokens
-        strategy.before_model()
-        self.model, self.processor, self.peft = setup.build_model(cfg, adapter, weights)
-        self.device = torch.device(f"cuda:{info.local_rank}" if torch.cuda.is_available()
-                                   else "cpu")
-        if not strategy.places_model:  # DeepSpeed and FSDP2 place (and shard) it themselves
-            self.model.to(self.device)
-        # The module training forwards go through (a DeepSpeed engine, or the model itself).
-        self.train_model, self.optimizer, self.scheduler = strategy.setup(self.model,
-                                                                          cfg.train.steps)
-        self.touch_towers = (TowerToucher(self.model, adapter, self.processor)
-                             if strategy.every_module else None)
-        self.suppress_ids = adapter.placeholder_token_ids(self.processor)
-        self.shared_prefix, self.pack_stats = False, {}  # decided by choose_layout
-        self.pad_id = self.processor.tokenizer.pad_token_id
-        self.ref_model = None  # the KL reference, set by Checkpointer.reference
+    # What other files may read (tests/train/test_structure.py checks it).
+    PUBLIC = ("policy", "strategy", "optimizer", "lr", "update", "metrics", "check_finite",
+              "nonfinite_streak", "state_dict", "load_state_dict")
+
+    def __init__(self, cfg: RunConfig, info: dist.DistInfo, strategy: Strategy, policy: Policy):
+        self.info, self.strategy, self.policy = info, strategy, policy
+        self.algo, self.seed = cfg.algo, cfg.train.seed
+        self.max_len = cfg.rollout.max_new_tokens
+        self.max_nonfinite = max(1, cfg.train.max_nonfinite_steps)
+        module, self.optimizer, self.scheduler = strategy.setup(policy.model, cfg.train.steps)
+        policy.attach(module)
         self.nonfinite_skipped = self.nonfinite_streak = 0  # steps skipped for NaN/inf
-
-    def choose_layout(self, wanted: bool) -> None:
-        """One packed row per group: the prompt and its media run once, not G times (same
-        logprobs and gradients to 1e-5); flash_attention_2 switches to the varlen kernel. Called
-        once the rollout engine is built, so the engine starts from the model as loaded."""
-        self.shared_prefix, why = enable_shared_prefix(self.model, wanted)
-        self.pack_stats: dict = {}  # pad_fraction of the last packed forward
-        if self.info.main:
-            print(why, flush=True)
-
-    def full_params(self, enabled: bool = True):
-        """Inside: every weight whole on every rank (generation, weight sync, evaluation)."""
-        return self.strategy.full_params(self.model) if enabled else nullcontext()
 
     @property
     def lr(self) -> float:
         return self.scheduler.get_last_lr()[0]
 
-    # ---------------------------------------------------------------- logprobs -----------------
-    def micro_batches(self, n: int) -> list[list[int]]:
-        mb = self.micro_batch_size
-        return [list(range(i, min(n, i + mb))) for i in range(0, n, mb)]
-
-    def forward(self, model, batch: RolloutBatch, rows: list[int], entropy: bool = False):
-        """-> (logp [rows, width] (, entropy)), width) for `rows`, trimmed to their longest
-        completion; under ZeRO-2/3 / FSDP2 every encoder runs, media present or not."""
-        with self.touch_towers() if self.touch_towers else nullcontext():
-            return self._forward_rows(model, batch, rows, entropy)
-
-    def _forward_rows(self, model, batch: RolloutBatch, rows: list[int], entropy: bool):
-        sub = batch.select(rows)
-        width = int(sub.completion_mask.sum(1).max().clamp(min=1))  # drop all-pad columns
-        ids, mask = sub.completion_ids[:, :width], sub.completion_mask[:, :width]
-        if self.shared_prefix:
-            return shared_prefix_logprobs(
-                model, sub.prompts, ids.to(self.device), mask.to(self.device),
-                temperature=self.temperature, return_entropy=entropy,
-                placeholder_ids=self.suppress_ids, pad_id=self.pad_id, stats=self.pack_stats), width
-        inputs = collate(sub.prompts, ids, mask, self.pad_id)
-        inputs = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
-        out = completion_logprobs(model, inputs, ids.to(self.device), mask.to(self.device),
-                                  temperature=self.temperature,
-                                  return_entropy=entropy, placeholder_ids=self.suppress_ids)
-        return out, width
-
-    @torch.no_grad()
-    def logprobs(self, model, batch: RolloutBatch) -> torch.Tensor:
-        out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32)
-        model.eval()
-        for rows in self.micro_batches(batch.n):
-            logp, width = self.forward(model, batch, rows)
-            out[rows, :width] = logp.float().cpu()
-        return out
-
-    def old_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
-        """Stored before the first update when the rollout is reused (num_iterations > 1) or the
-        KL goes into the reward (it needs the policy's logprobs before the update)."""
-        ac = self.algo
-        if ac.num_iterations > 1 or ac.kl_reward_coef > 0:
-            return self.logprobs(self.train_model, batch)
-        return None
-
-    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
-        if self.ref_model is not None:
-            return self.logprobs(self.ref_model, batch)
-        if self.algo.uses_reference and self.peft is not None:  # LoRA: reference = adapter off
-            with lora.reference_context(self.peft):
-                return self.logprobs(self.model, batch)
-        return None
-
     # ---------------------------------------------------------------- update -------------------
     def update(self, sb: ScoredBatch, step: int) -> dict[str, float]:
         """One optimizer step per iteration over `sb`; `step` (steps done) seeds the random
         token selection of clip_cov / kl_cov, so a resumed run draws the same tokens."""
-        ac, batch = self.algo, sb.rollout
+        ac, batch, policy = self.algo, sb.rollout, self.policy
         mask = batch.completion_mask.float()
         if ac.overlong_filter:
             mask = algos.overlong_filter_mask(mask, batch.truncated)
@@ -127,8 +53,8 @@ class Learner:
         local = algos.loss_normalizer(mask, ac.agg)
         normalizer = float(dist.all_sum(local, self.info).clamp(min=1))
         sums: dict[str, float] = {}
-        self.model.train()
-        chunks = self.micro_batches(batch.n)
+        policy.model.train()
+        chunks = policy.micro_batches(batch.n)
         cov = {"cov_ratio": ac.cov_ratio, "cov_lb": ac.cov_lb, "cov_ub": ac.cov_ub,  # clip/kl_cov
                "kl_cov_coef": ac.kl_cov_coef,
                "generator": torch.Generator().manual_seed(self.seed * 100_003 + step)}
@@ -138,7 +64,7 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
             it_loss = 0.0
             for i, rows in enumerate(chunks):
-                (logp, ent), width = self.forward(self.train_model, batch, rows, entropy=True)
+                (logp, ent), width = policy.forward(batch, rows, entropy=True)
                 m = mask[rows, :width].to(logp.device)
                 old = logp.detach() if sb.old_logp is None else sb.old_logp[rows, :width]
                 if it == 0 and batch.sampler_logp is not None:
@@ -182,14 +108,23 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
             sums["grad_norm"] = float("nan")
             return False
-        sums["grad_norm"] = self.strategy.step(self.model, self.optimizer)
+        sums["grad_norm"] = self.strategy.step(self.policy.model, self.optimizer)
         return math.isfinite(sums["grad_norm"])
 
+    def check_finite(self, step: int) -> None:
+        """Stop the run after train.max_nonfinite_steps skipped steps in a row (called once the
+        step's metrics are logged, so the log shows them)."""
+        streak = self.nonfinite_streak
+        if streak >= self.max_nonfinite:
+            raise FloatingPointError(
+                f"step {step}: loss or gradient norm was NaN/inf in {streak} "
+                f"steps in a row (each skipped, the weights untouched); lower train.lr, set "
+                f"train.max_grad_norm (e.g. 1.0), use model.dtype=float32 or bfloat16 instead of "
+                f"float16, or check the rewards' scale. Resume from the last checkpoint with "
+                f"train.resume=auto")
+
     def metrics(self) -> dict[str, float]:
-        out = {"lr": self.lr, "train/shared_prefix": float(self.shared_prefix)}
-        if self.shared_prefix:
-            out["train/pad_fraction"] = self.pack_stats.get("pad_fraction", 0.0)
-        return out
+        return {"lr": self.lr}
 
     # ---------------------------------------------------------------- state --------------------
     def state_dict(self) -> dict:
@@ -211,7 +146,7 @@ class Learner:
                 f"with the same launcher and process count, or turn it into a model with "
                 f"`mmrl checkpoint consolidate {ckpt}` and start a new run from that (model.path)")
         else:
-            self.strategy.load_shards(ckpt, self.model, self.optimizer)
+            self.strategy.load_shards(ckpt, self.policy.model, self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
 
 

@@ -5,14 +5,16 @@
 
 The parts, built in this order by `Trainer.__init__` (setup), each in its own file:
 
-    PromptSource  train/prompts.py       sampler, media loader, feature cache, bad-sample policy
-    Learner       train/learner.py       model, parallel strategy, optimizer, logprobs, update
+    Policy        train/policy.py        the model (+LoRA): build, forwards, logprobs, KL reference
+    Learner       train/learner.py       strategy, optimizer, schedule, update, non-finite guard
     Rollout       train/generation.py    the rollout engine and the sampling settings
     Scorer        train/scoring.py       rewards, advantages over the global batch
-    Checkpointer  train/checkpointer.py  save / restore every part's state, the KL reference
+    PromptSource  train/prompts.py       sampler, media loader, feature cache, bad-sample policy
+    Checkpointer  train/checkpointer.py  save / restore every part's state
 
-run.py drives a Trainer (warm-up, evaluation, the step loop, summary); nothing outside this page
-reaches into a part's members except through the part itself. The methods from the papers
+run.py drives a Trainer (warm-up, evaluation, the step loop, summary) and hands the Policy to
+the warm-up and evaluation; only this file and the Checkpointer hold the Learner. Each part names
+what other files may read of it (`PUBLIC`; tests/train/test_structure.py). The methods from the papers
 (train/methods.py) hook in where noted: prompt features and history in the PromptSource, group ids
 in the Scorer, temporal contrast and ground-truth guidance at the end of the rollout stage, the
 guided reshaping and history weights in the advantage stage, their metrics in the metrics stage.
@@ -34,6 +36,7 @@ from mmrl.train.checkpointer import Checkpointer
 from mmrl.train.generation import Rollout
 from mmrl.train.learner import Learner
 from mmrl.train.logging import RunLogger
+from mmrl.train.policy import Policy
 from mmrl.train.prompts import PromptSource
 from mmrl.train.rollout_utils import CutWatch, concat_rollouts, rollout_metrics, rollout_records
 from mmrl.train.scoring import Scorer
@@ -41,6 +44,11 @@ from mmrl.types import RolloutBatch, ScoredBatch
 
 
 class Trainer:
+    # What other files may read (tests/train/test_structure.py checks it).
+    PUBLIC = ("cfg", "run_dir", "info", "policy", "prompts", "scorer", "rollout", "log",
+              "eval_set", "step", "state_extra", "train_step", "sample_batch", "learn",
+              "check_finite", "sync_engine", "save", "close")
+
     def __init__(self, cfg: RunConfig, logger: RunLogger | None = None):
         """Setup: every part built explicitly, in an order that keeps the RNG streams (and so a
         resumed run) exactly as they were."""
@@ -53,13 +61,14 @@ class Trainer:
         check_scorable(cfg.rewards, train_set, cfg.rollout.max_new_tokens)
         adapter = get_adapter(cfg.model.family)
         resume = checkpoint.resolve_resume(cfg.train.resume, self.run_dir)
-        self.learner = Learner(cfg, self.info, strategy, adapter,
-                               resume if checkpoint.has_weights(resume) else None)
-        self.rollout = Rollout(cfg.rollout, self.learner)
-        self.learner.choose_layout(cfg.train.shared_prefix)
+        self.policy = Policy(cfg, self.info, strategy, adapter,
+                             resume if checkpoint.has_weights(resume) else None)
+        self.learner = Learner(cfg, self.info, strategy, self.policy)
+        self.rollout = Rollout(cfg.rollout, self.policy)
+        self.policy.choose_layout(cfg.train.shared_prefix)
         self.scorer = Scorer(cfg, self.info)
         self.cut_watch = CutWatch(cfg.rollout.max_new_tokens)
-        self.prompts = PromptSource(cfg, train_set, adapter, self.learner.processor, self.info)
+        self.prompts = PromptSource(cfg, train_set, adapter, self.policy.processor, self.info)
         main = self.info.main  # only rank 0 writes the run dir; other ranks keep a local log
         self.log = logger or RunLogger(
             self.run_dir if main else self.run_dir / f"rank{self.info.rank}",
@@ -68,7 +77,7 @@ class Trainer:
             config=asdict(cfg))
         if main:
             save_config(cfg, self.run_dir / "config.yaml")
-            cut = answer_budget(train_set, self.learner.processor.tokenizer, cfg.sft.target,
+            cut = answer_budget(train_set, self.policy.processor.tokenizer, cfg.sft.target,
                                 cfg.rollout.max_new_tokens)
             if cut:
                 self.log.warn(format_answer_budget(cut, cfg.rollout.max_new_tokens))
@@ -85,11 +94,11 @@ class Trainer:
         timer = StageTimer()
         with timer("rollout"):
             batch, scores, per_reward, extra = self.sample_batch()
-            scores, tgrpo = methods.temporal_contrast(self.cfg, self.step, self.prompts,
+            scores, tgrpo = methods.temporal_contrast(self.cfg, self.step, self.policy,
                                                       self.rollout, self.scorer, batch, scores,
                                                       per_reward)
             batch, scores, per_reward, guided, gt = methods.inject_ground_truth(
-                self.cfg.algo, self.learner, self.scorer, batch, scores, per_reward)
+                self.cfg.algo, self.policy, self.scorer, batch, scores, per_reward)
         extra.update({**gt, **tgrpo})
         return self.learn(batch, scores, per_reward, extra, timer, guided)
 
@@ -116,7 +125,7 @@ class Trainer:
             rows = torch.isin(batch.group_ids, ids[keep]).nonzero().flatten().tolist()
             pieces.append((batch.select(rows), scores[rows],
                            {k: [v[i] for i in rows] for k, v in per.items()}))
-        batch, scores, per = concat_rollouts(pieces, self.learner.pad_id)
+        batch, scores, per = concat_rollouts(pieces, self.policy.pad_id)
         rows = torch.isin(batch.group_ids, torch.tensor(acc.take())).nonzero().flatten().tolist()
         return (batch.select(rows), scores[rows], {k: [v[i] for i in rows] for k, v in per.items()},
                 {"sampling/rounds": acc.round})
@@ -126,11 +135,11 @@ class Trainer:
               guided: torch.Tensor | None = None) -> dict[str, float]:
         """Everything after sampling: advantages, old/ref logprobs, update, sync, metrics.
         `guided` flags the ground-truth rows (methods.inject_ground_truth)."""
-        ac, timer, extra, learner = self.cfg.algo, timer or StageTimer(), extra or {}, self.learner
+        ac, timer, extra, policy = self.cfg.algo, timer or StageTimer(), extra or {}, self.policy
         sb = ScoredBatch(rollout=batch, scores=scores, per_reward=per_reward, advantages=scores)
         with timer("logprob"):
-            sb.old_logp = learner.old_logprobs(batch)
-            sb.ref_logp = learner.reference_logprobs(batch)
+            sb.old_logp = policy.old_logprobs(batch)
+            sb.ref_logp = policy.reference_logprobs(batch)
         with timer("advantage"):
             rewards = (self.scorer.kl_in_reward(sb, self.state_extra, extra)
                        if ac.kl_reward_coef > 0 else scores)
@@ -139,9 +148,8 @@ class Trainer:
                                                    batch.completion_mask.sum(1))
             sb.advantages = self.prompts.weight_advantages(sb.advantages, batch)
         with timer("update"):
-            metrics = learner.update(sb, self.step)
-        if ac.ref_reset_every and (self.step + 1) % ac.ref_reset_every == 0:
-            self.checkpointer.reset_reference(learner)
+            metrics = self.learner.update(sb, self.step)
+        policy.refresh_reference(self.step + 1)  # ProRL (algo.ref_reset_every)
         with timer("sync"):
             self.rollout.sync()
         self.step += 1
@@ -160,6 +168,7 @@ class Trainer:
         tokens = int(batch.completion_mask.sum()) + sum(p.input_ids.numel() for p in batch.prompts)
         metrics["time/tokens_per_s"] = tokens / max(timer.total, 1e-9)
         metrics.update(self.learner.metrics())
+        metrics.update(self.policy.metrics())
         metrics.update(self.prompts.metrics())
         metrics = dist.mean_metrics(metrics, self.info)
         if self.info.enabled:  # each rank's loss is its part of the global sum
@@ -173,9 +182,9 @@ class Trainer:
         """After weights change outside a step (SFT warm-up)."""
         self.rollout.sync()
 
-    def enable_reference(self) -> None:
-        """Fix the KL reference as the policy is now (call once, after any warm-up)."""
-        self.learner.ref_model = self.checkpointer.reference(self.learner, self.cfg.algo)
+    def check_finite(self) -> None:
+        """Stop after too many non-finite steps in a row (the Learner's guard)."""
+        self.learner.check_finite(self.step)
 
     def save(self) -> None:
         self.checkpointer.save(self.step, self.learner, self.prompts, self.state_extra)

@@ -11,8 +11,12 @@ from __future__ import annotations
 import re
 from contextlib import nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mmrl.config import LoraSpec
+
+if TYPE_CHECKING:
+    from mmrl.models.base import ModelAdapter
 
 ADAPTER_FILE = "adapter_config.json"
 
@@ -24,7 +28,7 @@ def target_regex(spec: LoraSpec, language_prefix: str | None) -> str:
     return rf"^{re.escape(language_prefix)}.*\.({names})$"
 
 
-def wrap(model, spec: LoraSpec, adapter):
+def wrap(model, spec: LoraSpec, adapter: ModelAdapter):
     """-> PeftModel around `model` (which keeps working as the plain model, now with LoRA)."""
     from peft import LoraConfig, get_peft_model
 

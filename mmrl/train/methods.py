@@ -16,18 +16,25 @@ from __future__ import annotations
 import dataclasses
 import time
 import zlib
+from typing import TYPE_CHECKING
 
 import torch
 
 from mmrl import algos
+from mmrl.config import AlgoConfig, RunConfig
 from mmrl.data.pretext import shuffle_frames
 from mmrl.types import RolloutBatch, Sample
 from rewards.label_free import majority_error
 from rewards.thinking import think_shares
 
+if TYPE_CHECKING:
+    from mmrl.train.generation import Rollout
+    from mmrl.train.policy import Policy
+    from mmrl.train.scoring import Scorer
+
 
 # ------------------------------------------------------------- label-free rewards (TTRL) -------
-def label_free_metrics(cfg, batch: RolloutBatch) -> dict[str, float]:
+def label_free_metrics(cfg: RunConfig, batch: RolloutBatch) -> dict[str, float]:
     """How often the group's majority answer is wrong where the sample has a label (the
     pseudo-label's error rate); only when a majority_vote reward is configured."""
     if not any(s.name == "majority_vote" for s in cfg.rewards):
@@ -66,7 +73,7 @@ def hybrid_sample(d, seed: int, sample: Sample) -> Sample:
                                fields={**sample.fields, "think_mode": mode})
 
 
-def think_metrics(cfg, batch: RolloutBatch) -> dict[str, float]:
+def think_metrics(cfg: RunConfig, batch: RolloutBatch) -> dict[str, float]:
     """Shares of completions with a non-empty think block, an empty one, none (log.think_share
     or data.think_hybrid); with the hybrid, also the think share among each asked mode."""
     if not (cfg.log.think_share or cfg.data.think_hybrid > 0):
@@ -87,14 +94,14 @@ class HistoryFilter:
     none of their samples on their last k visits; such prompts are skipped when drawn (mode skip)
     or their advantages scaled by history_weight (mode downweight)."""
 
-    def __init__(self, ac):
+    def __init__(self, ac: AlgoConfig):
         self.history = algos.PromptHistory(ac.history_epochs)
         self.skip, self.downweight = ac.history_skips, ac.history_downweights
         self.weight = ac.history_weight
         self.stats: dict[str, int] = {}
 
     @classmethod
-    def make(cls, ac) -> "HistoryFilter | None":
+    def make(cls, ac: AlgoConfig) -> HistoryFilter | None:
         return cls(ac) if ac.history_epochs > 0 else None
 
     def skips(self, sample: Sample) -> bool:
@@ -130,8 +137,8 @@ class HistoryFilter:
 
 
 # ------------------------------------------------------------- ground-truth guidance -----------
-def inject_ground_truth(ac, learner, scorer, batch: RolloutBatch, scores: torch.Tensor,
-                        per: dict):
+def inject_ground_truth(ac: AlgoConfig, policy: Policy, scorer: Scorer, batch: RolloutBatch,
+                        scores: torch.Tensor, per: dict):
     """TempSamp-R1: in every group whose best reward < gt_threshold the last rollout becomes the
     ground truth in the recipe's answer format (plus EOS), rescored by the configured rewards;
     its sampler logprobs are the current policy's. -> (batch, scores, per, guided Bool[N],
@@ -145,7 +152,7 @@ def inject_ground_truth(ac, learner, scorer, batch: RolloutBatch, scores: torch.
     metrics = {"gt_guidance/fired_frac": len(rows) / max(n_groups, 1)}
     if not rows:
         return batch, scores, per, guided, metrics
-    tok, pad_id = learner.processor.tokenizer, learner.pad_id
+    tok, pad_id = policy.processor.tokenizer, policy.pad_id
     targets = [tok(ac.gt_template.format(solution=batch.prompts[r].sample.solution),
                    add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for r in rows]
     width = max(batch.completion_ids.shape[1], max(map(len, targets)))
@@ -160,7 +167,7 @@ def inject_ground_truth(ac, learner, scorer, batch: RolloutBatch, scores: torch.
                        group_ids=batch.group_ids, sampler_logp=slogp, texts=texts,
                        truncated=truncated)
     if slogp is not None:  # off-policy row: "sampled" by the current policy, so ratio 1 at start
-        slogp[rows] = learner.logprobs(learner.train_model, out.select(rows))
+        slogp[rows] = policy.logprobs(out.select(rows))
     new_scores, new_per = scorer.score(out.select(rows))
     scores = scores.clone()
     scores[rows] = new_scores
@@ -172,7 +179,7 @@ def inject_ground_truth(ac, learner, scorer, batch: RolloutBatch, scores: torch.
     return out, scores, per, guided, metrics
 
 
-def guided_scores(ac, guided: torch.Tensor | None, scores: torch.Tensor,
+def guided_scores(ac: AlgoConfig, guided: torch.Tensor | None, scores: torch.Tensor,
                   group_ids: torch.Tensor) -> torch.Tensor:
     """The soft (asymmetric) reshaping of the guided groups' rewards, before advantages."""
     if guided is None or not bool(guided.any()):
@@ -191,8 +198,8 @@ def _widen(x: torch.Tensor, width: int, value) -> torch.Tensor:
 
 
 # ------------------------------------------------------------- temporal contrast (T-GRPO) ------
-def temporal_contrast(cfg, step: int, prompts, rollout, scorer, batch: RolloutBatch,
-                      scores: torch.Tensor, per: dict):
+def temporal_contrast(cfg: RunConfig, step: int, policy: Policy, rollout: Rollout,
+                      scorer: Scorer, batch: RolloutBatch, scores: torch.Tensor, per: dict):
     """Video-R1's T-GRPO: re-sample every video prompt with shuffled frames (a second G
     rollouts per video prompt: the extra cost), score both, add the bonus to the ordered rows'
     total reward. -> (scores, metrics). Shuffled rollouts are scored, never trained on."""
@@ -215,7 +222,7 @@ def temporal_contrast(cfg, step: int, prompts, rollout, scorer, batch: RolloutBa
     for g, i in first.items():
         p = batch.prompts[i]
         media = {**p.media, "videos": [shuffle_frames(v, seed + g) for v in p.media["videos"]]}
-        feats = prompts.adapter.prompt_features(prompts.processor, p.sample, **media)
+        feats = policy.adapter.prompt_features(policy.processor, p.sample, **media)
         feats.media = media
         shuffled.append(feats)
     sb = rollout.generate(shuffled)

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import json
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from mmrl.config import RunConfig
-from mmrl.train import dist, setup
+from mmrl.train import dist
+from mmrl.train.optim import build_optimizer
 
 REPO = Path(__file__).resolve().parents[2]  # scripts/deepspeed/*.json live here
 STRATEGIES = ("auto", "ddp", "deepspeed", "fsdp2")
@@ -63,7 +65,7 @@ def _from_launcher(cfg: RunConfig) -> str:
     return "ddp"
 
 
-def make(cfg: RunConfig, info: dist.DistInfo) -> "DDP":
+def make(cfg: RunConfig, info: dist.DistInfo) -> Strategy:
     name = resolve(cfg)
     cls = STRATEGY_CLASSES[name]
     if not cls.runs_sft and cfg.sft.steps > 0:
@@ -77,57 +79,98 @@ def make(cfg: RunConfig, info: dist.DistInfo) -> "DDP":
     return strategy
 
 
-class DDP:
-    """Replicated model, manual gradient all-reduce (the default; see dist.py for why)."""
-    name = "ddp"
-    shards_params = False  # True: each rank holds only a slice of every weight
-    sharded_checkpoint = False
+class Strategy(Protocol):
+    """What the trainer asks of a strategy. Each class below says every attribute itself; they
+    share code through the module functions here, never by inheriting (DESIGN.md)."""
+    name: str
+    info: dist.DistInfo
+    shards_params: bool  # True: each rank holds only a slice of every weight
+    sharded_checkpoint: bool  # True: a checkpoint holds one shard per rank (`save_shards`)
     # True when communication is driven by per-module hooks (ZeRO-2/3 gradient buckets, FSDP2
     # gathers): every rank must then run every module, media present or not (models/towers.py).
-    every_module = False
-    places_model = False  # True: `setup` moves the model to its device(s); else the trainer does
-    runs_sft = True  # the SFT warm-up (train/sft.py) steps a plain replicated model
-
-    def __init__(self, cfg: RunConfig, info: dist.DistInfo):
-        self.cfg, self.info = cfg, info
+    every_module: bool
+    places_model: bool  # True: `setup` moves the model to its device(s); else the trainer does
+    runs_sft: bool  # the SFT warm-up (train/sft.py) steps a plain replicated model
 
     def before_model(self) -> None:
         """Called before the model is built (ZeRO-3 partitions large models as they load)."""
 
     def setup(self, model, total_steps: int):
         """-> (module to call for training forwards, optimizer, scheduler)."""
-        opt, sched = setup.build_optimizer(self.cfg.train, model, total_steps)
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Backward of one micro-batch's loss (its part of the global sum); `last` of the step."""
+
+    def step(self, model, optimizer) -> float:
+        """Clip and step (skipped on a NaN/inf gradient norm) -> the gradient norm."""
+
+    def full_params(self, model):
+        """Inside: every parameter whole on every rank (generation, weight sync, evaluation)."""
+
+    def full_state_dict(self, model) -> dict[str, torch.Tensor]:
+        """The whole state dict, on rank 0 (empty elsewhere); a collective for sharded ones."""
+
+    def frozen(self, model):
+        """Prepare a no-grad copy (the KL reference) the way this strategy holds weights."""
+
+    def save_shards(self, path: Path, model, optimizer) -> None:
+        """Write this rank's shard of weights and optimizer state (sharded checkpoints only)."""
+
+    def load_shards(self, path: Path, model, optimizer) -> None:
+        """Read back what `save_shards` wrote."""
+
+
+def _max_norm(cfg: RunConfig) -> float:
+    return cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else float("inf")
+
+
+def _clip_and_step(model, optimizer, max_norm: float) -> float:
+    params = [p for p in model.parameters() if p.requires_grad]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor
+    if torch.isfinite(norm):  # NaN/inf gradients: skip the update (the Learner counts it)
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(norm)
+
+
+def _replicated_state_dict(model, info: dist.DistInfo) -> dict[str, torch.Tensor]:
+    return model.state_dict() if info.main else {}
+
+
+class DDP:
+    """Replicated model, manual gradient all-reduce (the default; see dist.py for why)."""
+    name = "ddp"
+    shards_params = sharded_checkpoint = every_module = places_model = False
+    runs_sft = True
+
+    def __init__(self, cfg: RunConfig, info: dist.DistInfo):
+        self.cfg, self.info = cfg, info
+
+    def before_model(self) -> None:
+        pass
+
+    def setup(self, model, total_steps: int):
+        opt, sched = build_optimizer(self.cfg.train, model, total_steps)
         return model, opt, sched
 
     def backward(self, loss: torch.Tensor, last: bool) -> None:
         loss.backward()
 
     def step(self, model, optimizer) -> float:
-        params = [p for p in model.parameters() if p.requires_grad]
-        dist.all_reduce_grads(params, self.info)  # each rank holds a part of the global sum
-        norm = torch.nn.utils.clip_grad_norm_(params, self._max_norm())
-        if torch.isfinite(norm):  # NaN/inf gradients: skip the update (the loop counts it)
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        # each rank holds a part of the global sum
+        dist.all_reduce_grads([p for p in model.parameters() if p.requires_grad], self.info)
+        return _clip_and_step(model, optimizer, _max_norm(self.cfg))
 
-    def _max_norm(self) -> float:
-        return self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
-
-    @contextmanager
     def full_params(self, model):
-        """Inside: every parameter whole on every rank (generation, weight sync, evaluation)."""
-        yield
+        return nullcontext()
 
     def full_state_dict(self, model) -> dict[str, torch.Tensor]:
-        """The whole state dict, on rank 0 (empty elsewhere); a collective for sharded ones."""
-        return model.state_dict() if self.info.main else {}
+        return _replicated_state_dict(model, self.info)
 
     def frozen(self, model):
-        """Prepare a no-grad copy (the KL reference) the way this strategy holds weights."""
         return model
 
-    # sharded checkpoints: only ZeRO / FSDP2 write them
     def save_shards(self, path: Path, model, optimizer) -> None:
         pass
 
@@ -135,13 +178,14 @@ class DDP:
         pass
 
 
-class DeepSpeed(DDP):
+class DeepSpeed:
+    """ZeRO-1/2/3 through `deepspeed.initialize`; the stage decides what is sharded."""
     name = "deepspeed"
     places_model = True
     runs_sft = False
 
     def __init__(self, cfg: RunConfig, info: dist.DistInfo):
-        super().__init__(cfg, info)
+        self.cfg, self.info = cfg, info
         self.config = deepspeed_config(cfg, info.world)
         self.stage = int(self.config.get("zero_optimization", {}).get("stage", 0))
         self.shards_params = self.stage == 3
@@ -164,15 +208,11 @@ class DeepSpeed(DDP):
         import deepspeed
 
         offload = self.config.get("zero_optimization", {}).get("offload_optimizer", {})
+        optimizer_class = torch.optim.AdamW
         if offload.get("device", "none") == "cpu":  # ZeRO-Offload steps with its CPU Adam
             from deepspeed.ops.adam import DeepSpeedCPUAdam
-            tc = self.cfg.train
-            opt = DeepSpeedCPUAdam([p for p in model.parameters() if p.requires_grad], lr=tc.lr,
-                                   betas=tuple(tc.betas), weight_decay=tc.weight_decay,
-                                   adamw_mode=True)
-            sched = setup.lr_schedule(opt, tc, total_steps)
-        else:
-            opt, sched = setup.build_optimizer(self.cfg.train, model, total_steps)
+            optimizer_class = DeepSpeedCPUAdam  # AdamW mode by default
+        opt, sched = build_optimizer(self.cfg.train, model, total_steps, optimizer_class)
         # The scheduler acts on the client optimizer's param_groups, which ZeRO keeps using.
         text = model.config.get_text_config()  # the bucket sizes HF derives from the width
         self.config = deepspeed_config(self.cfg, self.info.world, getattr(text, "hidden_size", None))
@@ -216,7 +256,7 @@ class DeepSpeed(DDP):
 
     def full_state_dict(self, model) -> dict[str, torch.Tensor]:
         if self.stage != 3:
-            return super().full_state_dict(model)
+            return _replicated_state_dict(model, self.info)
         import deepspeed
         out = {}
         for name, p in model.named_parameters():  # one tensor at a time: bounded memory
@@ -298,20 +338,21 @@ def _fill_auto(config: dict) -> None:
             _fill_auto(value)
 
 
-class FSDP2(DDP):
+class FSDP2:
+    """torch's fully_shard per decoder layer, encoder block and tower (shard_units) and the root."""
     name = "fsdp2"
-    places_model = True
+    places_model = shards_params = every_module = sharded_checkpoint = True
     runs_sft = False
-    shards_params = True
-    every_module = True
-    sharded_checkpoint = True
 
     def __init__(self, cfg: RunConfig, info: dist.DistInfo):
-        super().__init__(cfg, info)
+        self.cfg, self.info = cfg, info
         self.reshard = os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower() in (
             "1", "true", "yes")
         self.offload = _env_flag("FSDP_OFFLOAD_PARAMS")
         self.units: list = []
+
+    def before_model(self) -> None:
+        pass
 
     def setup(self, model, total_steps: int):
         from torch.distributed.device_mesh import init_device_mesh
@@ -329,20 +370,14 @@ class FSDP2(DDP):
         model._get_fsdp_state()._lazy_init()
         self.units = [m for m in model.modules() if hasattr(m, "unshard")]
         # The optimizer is built on the sharded (DTensor) parameters.
-        opt, sched = setup.build_optimizer(self.cfg.train, model, total_steps)
+        opt, sched = build_optimizer(self.cfg.train, model, total_steps)
         return model, opt, sched
 
     def backward(self, loss: torch.Tensor, last: bool) -> None:
         (loss * self.info.world).backward()  # FSDP averages the reduce-scatter over ranks
 
     def step(self, model, optimizer) -> float:
-        params = [p for p in model.parameters() if p.requires_grad]
-        norm = torch.nn.utils.clip_grad_norm_(params, self._max_norm())
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        if torch.isfinite(norm):  # NaN/inf gradients: skip the update (the loop counts it)
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return _clip_and_step(model, optimizer, _max_norm(self.cfg))
 
     @contextmanager
     def full_params(self, model):

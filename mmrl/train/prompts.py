@@ -1,32 +1,40 @@
 """The prompt source: which training samples a step sees, decoded and processed once.
 
-It owns the sampler (a resumable epoch-wise order), the media loader (decode budgets, disk
-cache, counted truncations), a bounded cache of processed prompts, and the bad-sample policy;
-with the methods on (mmrl/train/methods.py), the prompt history that skips or down-weights prompts without signal. Its state (sampler position,
-skip count, prompt history) is part of every checkpoint.
+It owns the sampler (a resumable epoch-wise order, `PromptSampler`), the media loader (decode
+budgets, disk cache, counted truncations), a bounded cache of processed prompts, and the
+bad-sample policy; with the methods on (mmrl/train/methods.py), the prompt history that skips or
+down-weights prompts without signal. Its state (sampler position, skip count, prompt history) is
+part of every checkpoint.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+import torch
 
 from mmrl.config import RunConfig
 from mmrl.data.media import MediaError, processor_errors
-import torch
-
 from mmrl.train import dist, setup
 from mmrl.train.methods import HistoryFilter
 from mmrl.types import PromptFeatures, RolloutBatch, Sample
 
+if TYPE_CHECKING:
+    from mmrl.models.base import ModelAdapter
+
 
 class PromptSource:
-    def __init__(self, cfg: RunConfig, dataset: Sequence[Sample], adapter, processor,
-                 info: dist.DistInfo):
+    # What other files may read (tests/train/test_structure.py checks it).
+    PUBLIC = ("dataset", "features", "next", "load", "group_base", "observe",
+              "weight_advantages", "end_step", "metrics", "state_dict", "load_state_dict")
+
+    def __init__(self, cfg: RunConfig, dataset: Sequence[Sample], adapter: ModelAdapter,
+                 processor, info: dist.DistInfo):
         self.dataset, self.adapter, self.processor, self.info = dataset, adapter, processor, info
         self.cache_size, self.skips_bad_samples = cfg.data.feature_cache, cfg.data.skips_bad_samples
         self.media_stats: dict[str, int] = {}  # e.g. audio_truncated, counted into metrics
         self.load_media = setup.media_loader(cfg, self.media_stats)
-        self.sampler = setup.PromptSampler(len(dataset), cfg.train.seed, cfg.data.shuffle,
+        self.sampler = PromptSampler(len(dataset), cfg.train.seed, cfg.data.shuffle,
                                            blocks=getattr(dataset, "blocks", None))
         self.history = HistoryFilter.make(cfg.algo)
         self.skipped = 0
@@ -117,3 +125,46 @@ class PromptSource:
         saved = state.get("prompt_history", state.get("extra", {}).get("prompt_history"))
         if self.history is not None and saved is not None:
             self.history.history.load_state_dict(saved)
+
+
+class PromptSampler:
+    """Epoch-wise shuffled order over sample indices; its state (epoch, position) is saved in
+    checkpoints so a resumed run sees exactly the prompts the uninterrupted run would.
+
+    `blocks` (sizes of consecutive index runs, e.g. Parquet row groups): the blocks are visited in
+    a shuffled order and each block's indices shuffled within it, so consecutive draws share one
+    row-group read while every epoch still visits every index once."""
+
+    def __init__(self, n: int, seed: int, shuffle: bool = True, blocks: list[int] | None = None):
+        self.n, self.seed, self.shuffle = n, seed, shuffle
+        self.blocks = blocks if blocks and sum(blocks) == n and len(blocks) > 1 else None
+        self.epoch, self.pos = 0, 0
+        self._order = self._make_order()
+
+    def _make_order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.n))
+        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        if self.blocks is None:
+            return torch.randperm(self.n, generator=g).tolist()
+        starts = [0]
+        for size in self.blocks:
+            starts.append(starts[-1] + size)
+        order: list[int] = []
+        for b in torch.randperm(len(self.blocks), generator=g).tolist():
+            order += (torch.randperm(self.blocks[b], generator=g) + starts[b]).tolist()
+        return order
+
+    def next(self) -> int:
+        if self.pos >= self.n:
+            self.epoch, self.pos = self.epoch + 1, 0
+            self._order = self._make_order()
+        self.pos += 1
+        return self._order[self.pos - 1]
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.pos = state["epoch"], state["pos"]
+        self._order = self._make_order()

@@ -18,9 +18,9 @@ import torch
 from mmrl.config import RunConfig
 from mmrl.train import dist, lora, rundir
 from mmrl.train.evaluate import evaluate, majority_baseline
-from mmrl.train.learner import Learner
 from mmrl.train.logging import RunLogger, json_safe
 from mmrl.train.loop import Trainer
+from mmrl.train.policy import Policy
 from mmrl.train.sft import sft_warmup
 from mmrl.types import Sample
 
@@ -91,15 +91,15 @@ def resume_command(cfg: RunConfig) -> str:
     return " ".join(["mmrl", *args, "train.resume=auto"])
 
 
-def _eval(learner: Learner, eval_set: list[Sample], cfg: RunConfig, out_dir: Path, name: str,
+def _eval(policy: Policy, eval_set: list[Sample], cfg: RunConfig, out_dir: Path, name: str,
           **kw) -> dict:
     """Held-out evaluation on rank 0 (the other ranks wait); NaN accuracy elsewhere."""
     result = {"accuracy": float("nan")}
-    with learner.full_params():  # sharded weights: gathered on every rank
-        if learner.info.main:
-            result = evaluate(learner.model, learner.processor, learner.adapter, eval_set, cfg,
+    with policy.full_params():  # sharded weights: gathered on every rank
+        if policy.info.main:
+            result = evaluate(policy.model, policy.processor, policy.adapter, eval_set, cfg,
                               out_file=out_dir / "eval" / f"{name}.jsonl", **kw)
-        dist.barrier(learner.info)
+        dist.barrier(policy.info)
     return result
 
 
@@ -108,21 +108,21 @@ def train(cfg: RunConfig) -> dict:
     if int(os.environ.get("RANK", "0")) == 0:  # the run dir is rank 0's to check and write
         rundir.prepare(cfg)
     trainer = Trainer(cfg)
-    log, tc, learner, evals = trainer.log, cfg.train, trainer.learner, trainer.eval_set
+    log, tc, policy, evals = trainer.log, cfg.train, trainer.policy, trainer.eval_set
     summary = trainer.state_extra.setdefault("summary", {})
 
     def run_eval(name: str, **kw) -> dict:
-        return _eval(learner, evals, cfg, trainer.run_dir, name, **kw)
+        return _eval(policy, evals, cfg, trainer.run_dir, name, **kw)
 
     try:
         if trainer.step == 0 and cfg.sft.steps > 0 and "sft" not in summary:
-            summary["sft"] = sft_warmup(cfg, learner, trainer.prompts, log)
+            summary["sft"] = sft_warmup(cfg, policy, trainer.prompts, log)
             trainer.sync_engine()
         if evals and cfg.eval.before_rl and "accuracy_before_rl" not in summary:
             summary["eval_before_rl"] = run_eval("before_rl")
             summary["accuracy_before_rl"] = summary["eval_before_rl"]["accuracy"]
             log.print(f"accuracy before RL: {summary['accuracy_before_rl']:.3f}")
-        trainer.enable_reference()
+        policy.fix_reference()
         # A resumed run's policy is no longer the one measured before RL: no comparison.
         gap = SampledVsGreedy(cfg.eval.metric_reward, summary.get("accuracy_before_rl")
                               if trainer.step == 0 else None, cfg.rollout.temperature, log.warn)
@@ -130,7 +130,7 @@ def train(cfg: RunConfig) -> dict:
         with _CtrlC() as ctrl_c:
             while trainer.step < tc.steps:
                 gap.observe(_rl_step(trainer, run_eval if evals else None))
-                if _all_ranks(learner.info, ctrl_c.requested):
+                if _all_ranks(trainer.info, ctrl_c.requested):
                     log.stop()
                     trainer.save()
                     raise RunInterrupted(
@@ -147,10 +147,10 @@ def train(cfg: RunConfig) -> dict:
         summary["steps"] = trainer.step
         summary["wall_seconds"] = summary.get("wall_seconds", 0.0) + time.perf_counter() - started
         trainer.save()
-        if learner.peft is not None and learner.info.main:
+        if policy.peft is not None and trainer.info.main:
             summary["merged_model"] = str(lora.export_merged(
-                learner.peft, learner.processor, trainer.run_dir / "merged"))
-        dist.destroy(learner.info)
+                policy.peft, policy.processor, trainer.run_dir / "merged"))
+        dist.destroy(trainer.info)
     except torch.OutOfMemoryError as e:
         raise RuntimeError(
             f"out of memory at step {trainer.step + 1}: lower train.micro_batch_size (rows per "
@@ -159,7 +159,7 @@ def train(cfg: RunConfig) -> dict:
             f"train.resume=auto; the last checkpoint is intact.") from e
     finally:
         trainer.close()
-    if learner.info.main:
+    if trainer.info.main:
         (trainer.run_dir / "summary.json").write_text(
             json.dumps(json_safe(summary), indent=2, allow_nan=False))
         _print_table(log, trainer.run_dir, summary)
@@ -175,14 +175,7 @@ def _rl_step(trainer: Trainer, run_eval) -> dict:
         res = run_eval(f"step_{trainer.step:06d}")
         metrics.update({f"eval/{k}": v for k, v in res.items() if k != "n"})
     trainer.log.log(trainer.step, metrics, total=tc.steps)
-    streak = trainer.learner.nonfinite_streak
-    if streak >= max(1, tc.max_nonfinite_steps):
-        raise FloatingPointError(
-            f"step {trainer.step}: loss or gradient norm was NaN/inf in {streak} "
-            f"steps in a row (each skipped, the weights untouched); lower train.lr, set "
-            f"train.max_grad_norm (e.g. 1.0), use model.dtype=float32 or bfloat16 instead of "
-            f"float16, or check the rewards' scale. Resume from the last checkpoint with "
-            f"train.resume=auto")
+    trainer.check_finite()
     if tc.save_every and trainer.step % tc.save_every == 0 and trainer.step < tc.steps:
         trainer.save()
     return metrics

@@ -132,6 +132,8 @@ def _number(value: Any, key: str, sample: Sample) -> float:
 class Scorer:
     """The scoring part of a step: rewards for a rollout, then advantages over the global batch
     (every rank's scores, so batch-level whitening sees them all)."""
+    # What other files may read (tests/train/test_structure.py checks it).
+    PUBLIC = ("keys", "rewards", "score", "advantages", "kl_in_reward")
 
     def __init__(self, cfg: RunConfig, info: dist.DistInfo):
         self.rewards = RewardSet(cfg.rewards)

@@ -1,14 +1,13 @@
-"""Build what a run needs from its config: data, model, reference, optimizer, schedule.
+"""The run's own wiring, before any part is built: the seed, the checks of what this machine
+can run, and the data the run reads.
 
-Kept apart from loop.py so the loop reads as stages and `mmrl validate` can check a config with
-the same resolution rules without building anything heavy.
+The parts own everything else they build: the model in train/policy.py, the optimizer and
+schedule in train/optim.py, the prompt order in train/prompts.py.
 """
 from __future__ import annotations
 
-import copy as copy_module
 import functools
 import importlib
-import math
 import os
 import random
 import re
@@ -17,15 +16,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmrl.config import RunConfig, TrainConfig
+from mmrl.config import RunConfig
 from mmrl.data import synthetic
 from mmrl.data.schema import load_samples
-from mmrl.models.shared_prefix import attn_implementation
-from mmrl.train import lora
 from mmrl.types import Sample
 
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*|[A-Za-z0-9][\w.-]*")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def set_seed(seed: int) -> None:
@@ -146,138 +142,3 @@ def media_loader(cfg: RunConfig, stats: dict | None = None):
                  "factor": image_factor(cfg)}
     return functools.partial(load_media, video_kwargs=video, audio_kwargs=audio, cache=cache,
                              stats=stats, image_kwargs=image)
-
-
-def build_model(cfg: RunConfig, adapter, checkpoint: Path | None = None):
-    """-> (model, processor, peft_model or None). From a checkpoint when resuming (an adapter-only
-    LoRA checkpoint is applied on top of model.path), else from model.path / tiny."""
-    m = cfg.model
-    dtype = DTYPES[m.dtype]
-    full_ckpt = checkpoint is not None and not lora.is_adapter_checkpoint(checkpoint)
-    source = str(checkpoint) if full_ckpt else m.path
-    if source == "tiny":
-        model, processor = adapter.tiny(seed=cfg.train.seed, **m.tiny)
-        model = model.to(dtype)
-        if attn_implementation(model) != m.attn_implementation:  # tiny models are built with sdpa
-            model.set_attn_implementation(m.attn_implementation)
-    else:
-        model, processor = adapter.load(source, dtype=dtype,
-                                        attn_implementation=m.attn_implementation)
-    _image_budget(processor, cfg)
-    peft_model = None
-    if checkpoint is not None and not full_ckpt:
-        peft_model = lora.load(model, checkpoint)
-    elif m.lora.r > 0:
-        peft_model = lora.wrap(model, m.lora, adapter)
-    freeze(model, m.freeze, adapter)
-    if m.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
-    return model, processor, peft_model
-
-
-def _image_budget(processor, cfg: RunConfig) -> None:
-    ip = getattr(processor, "image_processor", None)
-    if ip is None:
-        return
-    for key in ("image_min_pixels", "image_max_pixels"):
-        value = getattr(cfg.data, key)
-        if value is not None:
-            attr = key.replace("image_", "")
-            setattr(ip, attr, value)
-            if isinstance(getattr(ip, "size", None), dict):
-                ip.size["shortest_edge" if attr == "min_pixels" else "longest_edge"] = value
-
-
-def freeze(model, names: list[str], adapter) -> None:
-    """Freeze parameters by family part (vision, audio, language) or by name prefix."""
-    parts = getattr(adapter, "module_prefixes", {})
-    prefixes = [parts.get(n, n) for n in names]
-    prefixes = [p for group in prefixes for p in ([group] if isinstance(group, str) else group)]
-    hit = set()
-    for name, param in model.named_parameters():
-        for p in prefixes:
-            if name.startswith(p):
-                param.requires_grad_(False)
-                hit.add(p)
-    missing = [p for p in prefixes if p not in hit]
-    if missing:
-        raise ValueError(f"model.freeze: {missing} matched no parameter; parts known for this "
-                         f"family: {sorted(parts)}")
-
-
-def build_reference(model, copy: bool = True):
-    """Frozen copy of the starting policy for the KL term (only built when beta > 0)."""
-    ref = copy_module.deepcopy(model) if copy else model
-    ref.requires_grad_(False)
-    ref.eval()
-    return ref
-
-
-def build_optimizer(tc: TrainConfig, model, total_steps: int):
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay)
-    return opt, lr_schedule(opt, tc, total_steps)
-
-
-# The learning-rate factor after warm-up per train.lr_schedule, from the share of those steps done.
-LR_SCHEDULES = {
-    "constant": lambda progress: 1.0,
-    "linear": lambda progress: max(0.0, 1.0 - progress),
-    "cosine": lambda progress: 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))),
-}
-
-
-def lr_schedule(opt, tc: TrainConfig, total_steps: int):
-    def factor(step: int) -> float:
-        # Warm-up matters for RL on a fresh optimizer: without it early steps overshoot
-        # (observed collapses: docs/install-notes.md).
-        if step < tc.warmup_steps:
-            return (step + 1) / tc.warmup_steps
-        progress = (step - tc.warmup_steps) / max(1, total_steps - tc.warmup_steps)
-        return LR_SCHEDULES[tc.lr_schedule](progress)
-
-    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
-
-
-class PromptSampler:
-    """Epoch-wise shuffled order over sample indices; its state (epoch, position) is saved in
-    checkpoints so a resumed run sees exactly the prompts the uninterrupted run would.
-
-    `blocks` (sizes of consecutive index runs, e.g. Parquet row groups): the blocks are visited in
-    a shuffled order and each block's indices shuffled within it, so consecutive draws share one
-    row-group read while every epoch still visits every index once."""
-
-    def __init__(self, n: int, seed: int, shuffle: bool = True, blocks: list[int] | None = None):
-        self.n, self.seed, self.shuffle = n, seed, shuffle
-        self.blocks = blocks if blocks and sum(blocks) == n and len(blocks) > 1 else None
-        self.epoch, self.pos = 0, 0
-        self._order = self._make_order()
-
-    def _make_order(self) -> list[int]:
-        if not self.shuffle:
-            return list(range(self.n))
-        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        if self.blocks is None:
-            return torch.randperm(self.n, generator=g).tolist()
-        starts = [0]
-        for size in self.blocks:
-            starts.append(starts[-1] + size)
-        order: list[int] = []
-        for b in torch.randperm(len(self.blocks), generator=g).tolist():
-            order += (torch.randperm(self.blocks[b], generator=g) + starts[b]).tolist()
-        return order
-
-    def next(self) -> int:
-        if self.pos >= self.n:
-            self.epoch, self.pos = self.epoch + 1, 0
-            self._order = self._make_order()
-        self.pos += 1
-        return self._order[self.pos - 1]
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "pos": self.pos}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.pos = state["epoch"], state["pos"]
-        self._order = self._make_order()

@@ -15,8 +15,8 @@ from mmrl.data.media import MediaError
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.train import dist
 from mmrl.train.evaluate import evaluate
-from mmrl.train.learner import Learner
 from mmrl.train.logging import RunLogger
+from mmrl.train.policy import Policy
 from mmrl.train.prompts import PromptSource
 
 
@@ -46,10 +46,10 @@ def reached(history: list[dict], stop_accuracy: float | None, checks: int) -> bo
     return stop_accuracy is not None and len(last) == checks and min(last) >= stop_accuracy
 
 
-def sft_warmup(cfg: RunConfig, learner: Learner, prompts: PromptSource, log: RunLogger) -> dict:
-    """Trains `learner.model` in place on samples of `prompts.dataset` (the first
+def sft_warmup(cfg: RunConfig, policy: Policy, prompts: PromptSource, log: RunLogger) -> dict:
+    """Trains `policy.model` in place on samples of `prompts.dataset` (the first
     `sft.val_samples` held out for the stopping criterion) -> {"steps", "val_accuracy", "history"}."""
-    sc, model, data, device = cfg.sft, learner.model, prompts.dataset, learner.device
+    sc, model, data, device = cfg.sft, policy.model, prompts.dataset, policy.device
     n_val = min(sc.val_samples, len(data) // 4)
     val = data[:n_val]
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=sc.lr)
@@ -63,9 +63,9 @@ def sft_warmup(cfg: RunConfig, learner: Learner, prompts: PromptSource, log: Run
         samples, feats = prompts.load(idx)  # bad media: skipped and counted, or an error
         if not samples:
             raise MediaError(f"SFT warm-up: none of the {len(idx)} samples drawn could be loaded")
-        ids, mask = _targets(sc, learner.processor.tokenizer, learner.pad_id, samples)
+        ids, mask = _targets(sc, policy.processor.tokenizer, policy.pad_id, samples)
         model.train()
-        inputs = collate(feats, ids, mask, learner.pad_id)
+        inputs = collate(feats, ids, mask, policy.pad_id)
         logp = completion_logprobs(model, {k: v.to(device) if torch.is_tensor(v) else v
                                            for k, v in inputs.items()},
                                    ids.to(device), mask.to(device))
@@ -73,11 +73,11 @@ def sft_warmup(cfg: RunConfig, learner: Learner, prompts: PromptSource, log: Run
         opt.zero_grad(set_to_none=True)
         loss.backward()
         # Every rank trains on the same batch; averaging keeps replicas bit-identical anyway.
-        dist.all_reduce_grads([p for p in model.parameters() if p.requires_grad], learner.info,
+        dist.all_reduce_grads([p for p in model.parameters() if p.requires_grad], policy.info,
                               average=True)
         opt.step()
         if step % sc.eval_every == 0 or step == sc.steps:
-            acc = evaluate(model, learner.processor, learner.adapter, val, cfg)["accuracy"]
+            acc = evaluate(model, policy.processor, policy.adapter, val, cfg)["accuracy"]
             history.append({"step": step, "loss": float(loss.detach()), "val_accuracy": acc})
             log.print(f"  sft step {step}: loss {float(loss.detach()):.3f}  val accuracy {acc:.3f}")
             if reached(history, sc.stop_accuracy, sc.stop_checks):

@@ -32,7 +32,7 @@ def main(config_path: str, out_path: str) -> None:
     step = learner.optimizer.step
 
     def capture(*a, **kw):  # the summed, all-reduced gradient the optimizer is about to apply
-        grads.update({k: v.grad.clone() for k, v in learner.model.named_parameters()
+        grads.update({k: v.grad.clone() for k, v in learner.policy.model.named_parameters()
                       if v.grad is not None})
         return step(*a, **kw)
 
@@ -50,8 +50,8 @@ def main(config_path: str, out_path: str) -> None:
                                                                for k, v in per.items()})
     if os.environ.get("MMRL_WORKER_SAVE") == "1":  # a checkpoint of this state, for consolidation
         trainer.save()
-    names = {k for k, _ in learner.model.named_parameters()}
-    params = learner.strategy.full_state_dict(learner.model)  # a collective when sharded
+    names = {k for k, _ in learner.policy.model.named_parameters()}
+    params = learner.strategy.full_state_dict(learner.policy.model)  # a collective when sharded
     if trainer.info.main:
         torch.save({"params": {k: v.detach().cpu() for k, v in params.items() if k in names},
                     "grads": grads, "metrics": metrics, "strategy": learner.strategy.name},
@@ -61,7 +61,7 @@ def main(config_path: str, out_path: str) -> None:
 def full_grads(learner) -> dict:
     """{name: whole gradient} on every rank; a collective (called on all ranks)."""
     out = {}
-    for name, p in learner.model.named_parameters():
+    for name, p in learner.policy.model.named_parameters():
         if learner.strategy.name == "deepspeed":
             from deepspeed.utils import safe_get_full_grad
             g = safe_get_full_grad(p)

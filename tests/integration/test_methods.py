@@ -54,7 +54,7 @@ def _capture_update(t: Trainer, logprobs: bool = False) -> list:
     def capture(sb, step):
         seen.append(sb)
         if logprobs:
-            sb.policy_logp = learner.logprobs(learner.train_model, sb.rollout)
+            sb.policy_logp = t.policy.logprobs(sb.rollout)
         return update(sb, step)
 
     learner.update = capture
@@ -116,7 +116,7 @@ def test_ground_truth_row_replaces_a_failed_groups_last_rollout(tiny_yaml, tmp_p
     seen = _capture_update(t, logprobs=True)
     metrics = t.train_step()
     sb = seen[0]
-    b, tok = sb.rollout, t.learner.processor.tokenizer
+    b, tok = sb.rollout, t.policy.processor.tokenizer
     last = [max(i for i in range(b.n) if b.group_ids[i] == g) for g in b.group_ids.unique()]
     for r in last:  # a tiny random model never counts right: every group fires
         want = tok(f"<answer>{b.prompts[r].sample.solution}</answer>",
@@ -188,7 +188,7 @@ def test_think_hybrid_asks_both_modes_and_logs_their_shares(tiny_yaml, tmp_path)
         text = p.sample.messages[-1]["content"][-1]["text"]
         want = t.cfg.data.nothink_instruction if mode == "no_think" else t.cfg.data.think_instruction
         assert text.endswith(want)
-        assert want in t.learner.processor.tokenizer.decode(p.input_ids)
+        assert want in t.policy.processor.tokenizer.decode(p.input_ids)
     assert seen[0].per_reward["think_format"] == think_format(b.texts, [None] * b.n, think_mode=asked)
     assert metrics["think/none"] == think_shares(b.texts)["none"]
     for mode in set(asked):
@@ -213,7 +213,7 @@ def test_sft_warm_up_imitates_the_think_target_where_the_hybrid_asked_to_think(t
     samples, feats = t.prompts.load(list(range(len(t.prompts.dataset))))
     modes = [s.fields["think_mode"] for s in samples]
     assert set(modes) == {"think", "no_think"}  # both modes among the 6 ids at share 0.5
-    tok = t.learner.processor.tokenizer
+    tok = t.policy.processor.tokenizer
     for s, f, mode in zip(samples, feats, modes):
         want = t.cfg.data.think_instruction if mode == "think" else t.cfg.data.nothink_instruction
         assert want in tok.decode(f.input_ids)  # the prompt asked what the target answers

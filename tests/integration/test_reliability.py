@@ -229,19 +229,19 @@ def test_nan_and_string_rewards_are_errors(tiny_yaml):
 
 def test_nonfinite_loss_or_grad_skips_the_step_then_stops(tiny_yaml, tmp_path, monkeypatch):
     t = Trainer(_cfg(tiny_yaml, tmp_path / "a"))
-    before = {k: v.detach().clone() for k, v in t.learner.model.named_parameters()}
+    before = {k: v.detach().clone() for k, v in t.policy.model.named_parameters()}
     batch, scores, per, _ = t.sample_batch()
     t.scorer.advantages = lambda s, *a: torch.full_like(s, float("nan"))  # a NaN loss
     m = t.learn(batch, scores, per)
     assert math.isnan(m["loss/loss"]) and m["train/nonfinite_skipped"] == 1
-    assert all(torch.equal(v, before[k]) for k, v in t.learner.model.named_parameters())
+    assert all(torch.equal(v, before[k]) for k, v in t.policy.model.named_parameters())
     del t.scorer.advantages
-    p = next(p for p in t.learner.model.parameters() if p.requires_grad)
+    p = next(p for p in t.policy.model.parameters() if p.requires_grad)
     hook = p.register_hook(lambda g: g * float("inf"))  # finite loss, inf gradient norm
     m = t.learn(batch, scores, per)
     hook.remove()
     assert math.isinf(m["grad_norm"]) and t.learner.nonfinite_streak == 2
-    assert all(torch.equal(v, before[k]) for k, v in t.learner.model.named_parameters())
+    assert all(torch.equal(v, before[k]) for k, v in t.policy.model.named_parameters())
     t.close()
     monkeypatch.setattr(Scorer, "advantages", lambda self, s, *a: torch.full_like(s, math.nan))
     with pytest.raises(FloatingPointError, match="NaN/inf in 2 steps in a row"):

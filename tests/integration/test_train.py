@@ -69,10 +69,10 @@ def _cfg(tiny_yaml: Path, run_dir: Path, *overrides: str) -> config.RunConfig:
 
 def test_step_changes_parameters_and_vision_tower_gets_gradient(tiny_yaml, tmp_path):
     t = Trainer(_cfg(tiny_yaml, tmp_path, VARIETY))
-    before = {k: v.detach().clone() for k, v in t.learner.model.named_parameters()}
+    before = {k: v.detach().clone() for k, v in t.policy.model.named_parameters()}
     metrics = t.train_step()
     assert metrics["adv/abs_mean"] > 0, "no reward variance: the test would prove nothing"
-    changed = {k for k, v in t.learner.model.named_parameters() if not torch.equal(v, before[k])}
+    changed = {k for k, v in t.policy.model.named_parameters() if not torch.equal(v, before[k])}
     assert any(k.startswith("model.visual") for k in changed), "vision tower got no update"
     assert any("language_model" in k for k in changed)
     for key in ("loss/loss", "loss/clip_frac_low", "entropy", "completion/length_mean",
@@ -93,7 +93,7 @@ def test_micro_batch_size_does_not_change_the_update(tiny_yaml, tmp_path):
         step = t.learner.optimizer.step
 
         def capture(*a, **kw):
-            seen.update({k: p.grad.clone() for k, p in t.learner.model.named_parameters()
+            seen.update({k: p.grad.clone() for k, p in t.policy.model.named_parameters()
                          if p.grad is not None})
             return step(*a, **kw)
 
@@ -120,7 +120,7 @@ def test_varlen_shared_prefix_update_equals_the_naive_one(tiny_yaml, tmp_path):
         step = t.learner.optimizer.step
 
         def capture(*a, **kw):
-            seen.update({k: p.grad.clone() for k, p in t.learner.model.named_parameters()
+            seen.update({k: p.grad.clone() for k, p in t.policy.model.named_parameters()
                          if p.grad is not None})
             return step(*a, **kw)
 
@@ -226,7 +226,7 @@ def test_sft_warm_up_stops_after_stop_checks_readings_in_a_row(tiny_yaml, tmp_pa
     for checks in (1, 3):
         t = Trainer(_cfg(tiny_yaml, tmp_path / str(checks), "sft.steps=8", "sft.eval_every=1",
                          "sft.batch_size=4", "sft.stop_accuracy=0.0", f"sft.stop_checks={checks}"))
-        out = sft_warmup(t.cfg, t.learner, t.prompts, t.log)
+        out = sft_warmup(t.cfg, t.policy, t.prompts, t.log)
         t.close()
         assert out["steps"] == checks and [h["step"] for h in out["history"]] == list(
             range(1, checks + 1))
@@ -252,12 +252,12 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_yaml, tmp_path):
 
 def test_freeze_vision_keeps_the_tower(tiny_yaml, tmp_path):
     t = Trainer(_cfg(tiny_yaml, tmp_path, VARIETY, "model.freeze=[vision]"))
-    before = {k: v.detach().clone() for k, v in t.learner.model.named_parameters()}
+    before = {k: v.detach().clone() for k, v in t.policy.model.named_parameters()}
     t.train_step()
-    for k, v in t.learner.model.named_parameters():
+    for k, v in t.policy.model.named_parameters():
         if k.startswith("model.visual."):
             assert torch.equal(v, before[k]), k
-    assert any(not torch.equal(v, before[k]) for k, v in t.learner.model.named_parameters())
+    assert any(not torch.equal(v, before[k]) for k, v in t.policy.model.named_parameters())
     t.close()
 
 

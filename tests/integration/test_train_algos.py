@@ -41,7 +41,7 @@ def tiny_yaml(tmp_path_factory) -> Path:
 
 def _trainer(tiny_yaml: Path, run_dir: Path, *overrides: str) -> Trainer:
     t = Trainer(config.load(tiny_yaml, [f"log.run_dir={run_dir}", *overrides]))
-    t.enable_reference()
+    t.policy.fix_reference()
     return t
 
 
@@ -55,7 +55,7 @@ def test_kl_in_reward_adaptive_coef_and_reference_reset(tiny_yaml, tmp_path, res
     assert first["kl_reward/kl"] == pytest.approx(0.0, abs=1e-6)
     assert first["kl_reward/coef"] == pytest.approx(0.1)
     assert t.state_extra["kl_reward_coef"] == pytest.approx(0.1 * (1 - 0.2 * 8 / 100))
-    same = all(torch.equal(a, b) for a, b in zip(t.learner.ref_model.parameters(), t.learner.model.parameters()))
+    same = all(torch.equal(a, b) for a, b in zip(t.policy.reference.parameters(), t.policy.model.parameters()))
     assert same == bool(reset), "the reference is the policy after a reset, the start otherwise"
     second = t.train_step()
     if reset:  # reset after step 1: the policy sampling step 2 is the reference again
@@ -79,7 +79,7 @@ def test_micro_batches_equal_one_shot_with_loss_knobs(tiny_yaml, tmp_path):
         step = t.learner.optimizer.step
 
         def capture(*a, **kw):
-            seen.update({k: p.grad.clone() for k, p in t.learner.model.named_parameters() if p.grad is not None})
+            seen.update({k: p.grad.clone() for k, p in t.policy.model.named_parameters() if p.grad is not None})
             return step(*a, **kw)
 
         t.learner.optimizer.step = capture

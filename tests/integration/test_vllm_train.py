@@ -35,16 +35,16 @@ def test_vllm_rollouts_stay_on_policy_across_steps(tmp_path, monkeypatch):
     path.write_text(CFG.format(data=tmp_path / "data"))
     t = Trainer(config.load(path, [f"log.run_dir={tmp_path / 'run'}"]))
     try:
-        start = {k: v.detach().clone() for k, v in t.learner.model.named_parameters()}
+        start = {k: v.detach().clone() for k, v in t.policy.model.named_parameters()}
         for _ in range(3):
             batch, scores, per, extra = t.sample_batch()
-            ours = t.learner.logprobs(t.learner.model, batch)
+            ours = t.policy.logprobs(batch)
             mask = batch.completion_mask.bool()
             assert float((ours - batch.sampler_logp)[mask].abs().max()) <= 1e-4
             metrics = t.learn(batch, scores, per, extra)
             assert metrics["loss/ratio_max"] == pytest.approx(1.0, abs=1e-3)  # on-policy
             assert metrics["rollout/logp_gap_max"] <= 1e-4  # the logged engine gap
-        assert any(not torch.equal(v, start[k]) for k, v in t.learner.model.named_parameters())
+        assert any(not torch.equal(v, start[k]) for k, v in t.policy.model.named_parameters())
     finally:
         t.close()
 

@@ -14,7 +14,7 @@ from mmrl.data import formats  # noqa: F401  (registers the adapters)
 from mmrl.data.detect import detect_format
 from mmrl.data.schema import LazySamples, load_samples
 from mmrl.data.sources import ParquetTable, open_table
-from mmrl.train.setup import PromptSampler
+from mmrl.train.prompts import PromptSampler
 
 
 def _png(i: int) -> bytes:

@@ -110,12 +110,12 @@ def test_every_dispatch_table_covers_its_option():
     from mmrl import algos
     from mmrl.data import audio
     from mmrl.rollout import base
-    from mmrl.train import checkpoint, logging, parallel, setup
+    from mmrl.train import checkpoint, logging, optim, parallel, policy
 
     c = config.choices
     assert set(base.ENGINES) == set(c(config.Backend))
-    assert set(setup.LR_SCHEDULES) == set(c(config.LRSchedule))
-    assert set(setup.DTYPES) == set(c(config.DType))
+    assert set(optim.LR_SCHEDULES) == set(c(config.LRSchedule))
+    assert set(policy.DTYPES) == set(c(config.DType))
     assert set(audio.AUDIO_KEEPS_HEAD) == set(c(config.AudioTruncate))
     assert set(parallel.STRATEGY_CLASSES) | {"auto"} == set(c(config.Parallel))
     assert set(logging.PROGRESS_SHOWS) | {"auto"} == set(c(config.Progress)) | {"silent"}
@@ -127,7 +127,7 @@ def test_every_dispatch_table_covers_its_option():
 def test_lr_schedules_hand_computed():
     import torch
 
-    from mmrl.train.setup import lr_schedule
+    from mmrl.train.optim import lr_schedule
 
     def factors(kind):
         tc = config.TrainConfig(lr=1.0, lr_schedule=kind, warmup_steps=2)

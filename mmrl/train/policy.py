@@ -1,0 +1,265 @@
+"""The policy: the model being trained and how it runs -- never how its weights change.
+
+It builds the model (the family's tiny twin, a local or Hub checkpoint, or the checkpoint a run
+resumes from; LoRA on top, parts frozen), places it, runs its forwards (per-token logprobs of
+completions, in the layout `choose_layout` picked), gathers its weights whole for rollout and
+evaluation (`full_params`), and holds the KL reference: a frozen copy saved in the run dir, or,
+under LoRA, the same model with the adapter off. The Learner (train/learner.py) changes the
+weights; the strategy it shares with the Learner says how the weights are spread over processes.
+"""
+from __future__ import annotations
+
+import copy
+from contextlib import nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from mmrl.config import RunConfig
+from mmrl.models.forward import collate, completion_logprobs
+from mmrl.models.shared_prefix import (attn_implementation, enable_shared_prefix,
+                                       shared_prefix_logprobs)
+from mmrl.models.towers import TowerToucher
+from mmrl.train import checkpoint, dist, lora
+from mmrl.types import RolloutBatch
+
+if TYPE_CHECKING:
+    from mmrl.models.base import ModelAdapter
+    from mmrl.train.parallel import Strategy
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Policy:
+    # What other files may read (tests/train/test_structure.py holds every file to it).
+    PUBLIC = ("info", "adapter", "model", "processor", "tokenizer", "peft", "device", "pad_id",
+              "placeholder_ids", "reference", "to_save", "full_params", "attach", "choose_layout",
+              "micro_batches", "forward", "logprobs", "old_logprobs", "reference_logprobs",
+              "fix_reference", "refresh_reference", "metrics")
+
+    def __init__(self, cfg: RunConfig, info: dist.DistInfo, strategy: Strategy,
+                 adapter: ModelAdapter, weights: Path | None = None):
+        """`weights`: a checkpoint to load the model from (resume), else model.path."""
+        self.info, self.strategy, self.adapter = info, strategy, adapter
+        self.algo, self.micro_batch_size = cfg.algo, max(1, cfg.train.micro_batch_size)
+        self.temperature = cfg.rollout.temperature
+        strategy.before_model()
+        self.model, self.processor, self.peft = build_model(cfg, adapter, weights)
+        self.device = torch.device(f"cuda:{info.local_rank}" if torch.cuda.is_available()
+                                   else "cpu")
+        if not strategy.places_model:  # DeepSpeed and FSDP2 place (and shard) it themselves
+            self.model.to(self.device)
+        self.train_model = self.model  # what training forwards call (attach)
+        self.touch_towers: TowerToucher | None = None
+        self.tokenizer = self.processor.tokenizer
+        self.placeholder_ids = adapter.placeholder_token_ids(self.processor)
+        self.pad_id = self.tokenizer.pad_token_id
+        self.shared_prefix, self.pack_stats = False, {}  # decided by choose_layout
+        self.reference = None  # the KL reference module (fix_reference); None under LoRA
+        self._reference_dir = Path(cfg.run_dir) / "reference"
+
+    def attach(self, module) -> None:
+        """Training forwards go through `module`: the model itself, or the DeepSpeed engine the
+        strategy wrapped it in (the Learner calls this once the strategy set it up)."""
+        self.train_model = module
+        if self.strategy.every_module:
+            self.touch_towers = TowerToucher(self.model, self.adapter, self.processor)
+
+    def choose_layout(self, wanted: bool) -> None:
+        """One packed row per group: the prompt and its media run once, not G times (same
+        logprobs and gradients to 1e-5); flash_attention_2 switches to the varlen kernel. Called
+        once the rollout engine is built, so the engine starts from the model as loaded."""
+        self.shared_prefix, why = enable_shared_prefix(self.model, wanted)
+        self.pack_stats = {}  # pad_fraction of the last packed forward
+        if self.info.main:
+            print(why, flush=True)
+
+    def full_params(self, enabled: bool = True):
+        """Inside: every weight whole on every rank (generation, weight sync, evaluation)."""
+        return self.strategy.full_params(self.model) if enabled else nullcontext()
+
+    @property
+    def to_save(self):
+        """What a checkpoint writes: the LoRA wrapper (adapter-only files) or the model."""
+        return self.peft or self.model
+
+    # ---------------------------------------------------------------- forwards -----------------
+    def micro_batches(self, n: int) -> list[list[int]]:
+        mb = self.micro_batch_size
+        return [list(range(i, min(n, i + mb))) for i in range(0, n, mb)]
+
+    def forward(self, batch: RolloutBatch, rows: list[int], entropy: bool = False, module=None):
+        """-> (logp [rows, width] (, entropy)), width) for `rows` through the training module
+        (or `module`), trimmed to their longest completion; under ZeRO-2/3 / FSDP2 every
+        encoder runs, media present or not."""
+        with self.touch_towers() if self.touch_towers else nullcontext():
+            return self._forward_rows(module or self.train_model, batch, rows, entropy)
+
+    def _forward_rows(self, module, batch: RolloutBatch, rows: list[int], entropy: bool):
+        sub = batch.select(rows)
+        width = int(sub.completion_mask.sum(1).max().clamp(min=1))  # drop all-pad columns
+        ids, mask = sub.completion_ids[:, :width], sub.completion_mask[:, :width]
+        if self.shared_prefix:
+            return shared_prefix_logprobs(
+                module, sub.prompts, ids.to(self.device), mask.to(self.device),
+                temperature=self.temperature, return_entropy=entropy,
+                placeholder_ids=self.placeholder_ids, pad_id=self.pad_id,
+                stats=self.pack_stats), width
+        inputs = collate(sub.prompts, ids, mask, self.pad_id)
+        inputs = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+        out = completion_logprobs(module, inputs, ids.to(self.device), mask.to(self.device),
+                                  temperature=self.temperature, return_entropy=entropy,
+                                  placeholder_ids=self.placeholder_ids)
+        return out, width
+
+    @torch.no_grad()
+    def logprobs(self, batch: RolloutBatch, module=None) -> torch.Tensor:
+        """[N, L] float32 logprobs of the completions under the policy as it is now (or under
+        `module`), zero past each completion."""
+        out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32)
+        module = module or self.train_model
+        module.eval()
+        for rows in self.micro_batches(batch.n):
+            logp, width = self.forward(batch, rows, module=module)
+            out[rows, :width] = logp.float().cpu()
+        return out
+
+    def old_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """Stored before the first update when the rollout is reused (num_iterations > 1) or the
+        KL goes into the reward (it needs the policy's logprobs before the update)."""
+        if self.algo.num_iterations > 1 or self.algo.kl_reward_coef > 0:
+            return self.logprobs(batch)
+        return None
+
+    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
+        if self.reference is not None:
+            return self.logprobs(batch, self.reference)
+        if self.algo.uses_reference and self.peft is not None:  # LoRA: reference = adapter off
+            with lora.reference_context(self.peft):
+                return self.logprobs(batch, self.model)
+        return None
+
+    def metrics(self) -> dict[str, float]:
+        out = {"train/shared_prefix": float(self.shared_prefix)}
+        if self.shared_prefix:
+            out["train/pad_fraction"] = self.pack_stats.get("pad_fraction", 0.0)
+        return out
+
+    # ---------------------------------------------------------------- the KL reference ---------
+    def fix_reference(self) -> None:
+        """Fix the KL reference as the policy is now (RL starts, after any SFT warm-up): none
+        without a KL term, the adapter switched off under LoRA, else a frozen copy saved in the
+        run dir once, so that a resumed run keeps this reference, not the resumed policy."""
+        if self.algo.ref_reset_every and (self.peft is not None or self.strategy.shards_params):
+            raise ValueError("algo.ref_reset_every: resetting the reference needs full fine-tuning "
+                             "without ZeRO-3/FSDP2 parameter sharding")
+        if not self.algo.uses_reference or self.reference is not None or self.peft is not None:
+            return
+        if not self._reference_dir.is_dir() and self.strategy.shards_params:
+            self._save_sharded_reference()  # no whole copy in memory
+        if self._reference_dir.is_dir():
+            self.reference = self._load_reference()
+            return
+        self.reference = _frozen(copy.deepcopy(self.model))
+        if self.info.main:  # with the processor, so adapter.load can read it back
+            self.reference.save_pretrained(self._reference_dir)
+            self.processor.save_pretrained(self._reference_dir)
+
+    def _save_sharded_reference(self) -> None:
+        weights = self.strategy.full_state_dict(self.model)
+        if self.info.main:
+            self.model.save_pretrained(self._reference_dir, state_dict=weights)
+            checkpoint.hf_config(self.model).save_pretrained(self._reference_dir)
+            self.processor.save_pretrained(self._reference_dir)
+        dist.barrier(self.info)
+
+    def _load_reference(self):
+        ref, _ = self.adapter.load(str(self._reference_dir),
+                                   dtype=next(self.model.parameters()).dtype)
+        if not self.strategy.places_model:
+            ref.to(self.device)
+        ref = self.strategy.frozen(_frozen(ref))
+        if self.touch_towers is not None and self.strategy.shards_params:
+            self.touch_towers.attach(ref)  # its forwards gather too
+        return ref
+
+    def refresh_reference(self, steps_done: int) -> None:
+        """ProRL (algo.ref_reset_every): every N steps the KL reference becomes a copy of the
+        current policy (saved, so a resumed run keeps it). Only where both are whole modules in
+        this process (checked in `fix_reference`)."""
+        every = self.algo.ref_reset_every
+        if self.reference is None or not every or steps_done % every:
+            return
+        with torch.no_grad():
+            self.reference.load_state_dict(self.model.state_dict())
+        if self.info.main:
+            self.reference.save_pretrained(self._reference_dir)
+        dist.barrier(self.info)
+
+
+def _frozen(model):
+    model.requires_grad_(False)
+    model.eval()
+    return model
+
+
+# ---------------------------------------------------------------- building the model ----------
+def build_model(cfg: RunConfig, adapter: ModelAdapter, checkpoint_dir: Path | None = None):
+    """-> (model, processor, peft_model or None). From a checkpoint when resuming (an adapter-only
+    LoRA checkpoint is applied on top of model.path), else from model.path / tiny."""
+    m = cfg.model
+    dtype = DTYPES[m.dtype]
+    full_ckpt = checkpoint_dir is not None and not lora.is_adapter_checkpoint(checkpoint_dir)
+    source = str(checkpoint_dir) if full_ckpt else m.path
+    if source == "tiny":
+        model, processor = adapter.tiny(seed=cfg.train.seed, **m.tiny)
+        model = model.to(dtype)
+        if attn_implementation(model) != m.attn_implementation:  # tiny models are built with sdpa
+            model.set_attn_implementation(m.attn_implementation)
+    else:
+        model, processor = adapter.load(source, dtype=dtype,
+                                        attn_implementation=m.attn_implementation)
+    _image_budget(processor, cfg)
+    peft_model = None
+    if checkpoint_dir is not None and not full_ckpt:
+        peft_model = lora.load(model, checkpoint_dir)
+    elif m.lora.r > 0:
+        peft_model = lora.wrap(model, m.lora, adapter)
+    freeze(model, m.freeze, adapter)
+    if m.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    return model, processor, peft_model
+
+
+def _image_budget(processor, cfg: RunConfig) -> None:
+    """data.image_min/max_pixels on the processor too, so images the processor resizes itself
+    land in the frame the rewards map boxes through."""
+    ip = getattr(processor, "image_processor", None)
+    if ip is None:
+        return
+    for key in ("image_min_pixels", "image_max_pixels"):
+        value = getattr(cfg.data, key)
+        if value is not None:
+            attr = key.replace("image_", "")
+            setattr(ip, attr, value)
+            if isinstance(getattr(ip, "size", None), dict):
+                ip.size["shortest_edge" if attr == "min_pixels" else "longest_edge"] = value
+
+
+def freeze(model, names: list[str], adapter: ModelAdapter) -> None:
+    """Freeze parameters by family part (vision, audio, language) or by name prefix."""
+    parts = getattr(adapter, "module_prefixes", {})
+    prefixes = [parts.get(n, n) for n in names]
+    prefixes = [p for group in prefixes for p in ([group] if isinstance(group, str) else group)]
+    hit = set()
+    for name, param in model.named_parameters():
+        for p in prefixes:
+            if name.startswith(p):
+                param.requires_grad_(False)
+                hit.add(p)
+    missing = [p for p in prefixes if p not in hit]
+    if missing:
+        raise ValueError(f"model.freeze: {missing} matched no parameter; parts known for this "
+                         f"family: {sorted(parts)}")
