@@ -7,8 +7,8 @@ from mmrl.algos.guidance import guidance_rows, in_guided_groups, soft_guided_sco
 from mmrl.algos.correction import IS_LEVELS, IS_MODES, is_weights, tis_metrics, tis_weights
 from mmrl.algos.kl import KL_KINDS, KLController, kl_in_reward, kl_penalty
 from mmrl.algos.logprob import entropy_from_logits, selective_log_softmax
-from mmrl.algos.losses import (AGG_MODES, RATIO_LEVELS, aggregate_loss, importance_ratio, loss_normalizer,
-                               policy_loss)
+from mmrl.algos.losses import (AGG_MODES, RATIO_LEVELS, LossInputs, LossSettings, aggregate_loss,
+                               importance_ratio, loss_normalizer, policy_loss)
 from mmrl.algos.sampling import (
     HISTORY_MODES,
     GroupAccumulator,
@@ -36,6 +36,8 @@ __all__ = [
     "IS_MODES",
     "KL_KINDS",
     "KLController",
+    "LossInputs",
+    "LossSettings",
     "LOSS_TYPES",
     "RATIO_LEVELS",
     "SCALE_MODES",

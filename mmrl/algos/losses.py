@@ -22,6 +22,9 @@ Aggregation (``agg``), with m the mask and ``normalizer`` replacing the batch-lo
 * "seq_mean_token_mean"     (GRPO):    sum_i [sum_t m l / sum_t m] / (normalizer or N)
 * "seq_mean_token_sum_norm" (Dr.GRPO): sum_i [sum_t m l / max_len] / (normalizer or N)
 
+The knobs (clip range, agg, ratio, KL, extras) are one frozen ``LossSettings``, checked when
+built; one micro-batch's tensors are one ``LossInputs``.
+
 Micro-batching: every mode is a plain sum over rows divided by one number, so a trainer that
 splits N rows into micro-batches and passes ``normalizer`` = the *global* token count
 (token_mean) or the global N (seq modes) gets sum(micro losses) == one-shot loss, and the same
@@ -37,6 +40,7 @@ Inputs below float32 are upcast to float32. ``old_logp``, ``ref_logp`` and ``adv
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import torch
@@ -66,29 +70,79 @@ def loss_normalizer(mask: Tensor, agg: str) -> Tensor:
     return _AGGREGATIONS[agg].normalizer(mask)
 
 
-def _validate(logp, old_logp, adv, mask, ref_logp, *, agg, ratio, beta, kl, max_len, clip_low):
+@dataclass(frozen=True)
+class LossSettings:
+    """The policy loss's knobs, fixed for a run: the Learner builds this once from the config
+    (algo.* and rollout.max_new_tokens). Checked when built, so a bad value fails at start.
+    Defaults: PPO/GRPO token-level clipping at 0.2, token_mean, no KL, no extras."""
+    clip_low: float = 0.2
+    clip_high: float = 0.2  # > clip_low: DAPO's clip-higher
+    agg: str = "token_mean"  # AGG_MODES (module docstring)
+    ratio: str = "token"  # RATIO_LEVELS: "token" (PPO/GRPO) or "sequence" (GSPO)
+    beta: float = 0.0  # KL loss coefficient; 0: no KL term, ref_logp not needed
+    kl: str = "k3"  # KL_KINDS (mmrl.algos.kl)
+    max_len: int | None = None  # the generation budget; seq_mean_token_sum_norm divides by it
+    loss_type: str = "ppo"  # LOSS_TYPES (mmrl.algos.surrogates)
+    dual_clip: float | None = None  # ppo only: A < 0 tokens capped at -A c (c > 1)
+    entropy_coef: float = 0.0  # entropy bonus: - coef * H_t per token (needs `entropy`)
+    kl_clamp: float | None = None  # clamp of the k3 estimate
+    cov_ratio: float = 2e-4  # clip_cov / kl_cov: share of tokens selected by covariance
+    cov_lb: float = 1.0  # clip_cov: covariance window (cov_lb, cov_ub)
+    cov_ub: float = 5.0
+    kl_cov_coef: float = 1.0  # kl_cov: coefficient of |log pi - log pi_old|
+
+    def __post_init__(self):
+        for name, value, known in (("agg", self.agg, AGG_MODES),
+                                   ("ratio", self.ratio, RATIO_LEVELS),
+                                   ("loss_type", self.loss_type, LOSS_TYPES)):
+            if value not in known:
+                raise ValueError(f"unknown {name} {value!r}; expected one of {known}")
+        if self.beta != 0.0 and self.kl not in KL_KINDS:
+            raise ValueError(f"unknown kl {self.kl!r}; expected one of {KL_KINDS}")
+        if _AGGREGATIONS[self.agg].needs_max_len and (self.max_len is None or self.max_len <= 0):
+            raise ValueError("agg='seq_mean_token_sum_norm' needs max_len (the generation budget) "
+                             "> 0")
+        if not 0.0 <= self.clip_low <= 1.0:
+            raise ValueError(f"clip_low must be in [0, 1]; got {self.clip_low}")
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1 (verl's clip_ratio_c; 3 is usual); got "
+                             f"{self.dual_clip}")
+        if self.dual_clip is not None and not _SURROGATES[self.loss_type].takes_dual_clip:
+            raise ValueError(f"dual_clip applies to loss_type 'ppo' only; got {self.loss_type!r}")
+
+
+class LossInputs(NamedTuple):
+    """One micro-batch's tensors: ``logp, old_logp, ref_logp, entropy, token_weights, mask``
+    [N, L], ``adv`` [N] or [N, L]. ``entropy`` carries its graph (needed when entropy_coef != 0);
+    ``token_weights`` (detached) multiply the surrogate per token, e.g. truncated importance
+    weights correcting a rollout engine's mismatch."""
+    logp: Tensor
+    old_logp: Tensor
+    adv: Tensor
+    mask: Tensor
+    ref_logp: Tensor | None = None  # needed when beta != 0
+    entropy: Tensor | None = None
+    token_weights: Tensor | None = None
+
+
+def _validate(x: LossInputs, s: LossSettings) -> None:
+    logp = x.logp
     if logp.dim() != 2:
         raise ValueError(f"logp must be [N, L]; got {tuple(logp.shape)}")
-    for name, t in (("old_logp", old_logp), ("mask", mask)):
+    for name, t in (("old_logp", x.old_logp), ("mask", x.mask)):
         if t.shape != logp.shape:
             raise ValueError(f"{name} {tuple(t.shape)} must match logp {tuple(logp.shape)}")
-    if adv.shape not in (logp.shape[:1], logp.shape):
-        raise ValueError(f"adv must be [N] or [N, L]; got {tuple(adv.shape)} for logp {tuple(logp.shape)}")
-    if agg not in AGG_MODES:
-        raise ValueError(f"unknown agg {agg!r}; expected one of {AGG_MODES}")
-    if ratio not in RATIO_LEVELS:
-        raise ValueError(f"unknown ratio {ratio!r}; expected one of {RATIO_LEVELS}")
-    if _AGGREGATIONS[agg].needs_max_len and (max_len is None or max_len <= 0):
-        raise ValueError("agg='seq_mean_token_sum_norm' needs max_len (the generation budget) > 0")
-    if not 0.0 <= clip_low <= 1.0:
-        raise ValueError(f"clip_low must be in [0, 1]; got {clip_low}")
-    if beta != 0.0:
-        if ref_logp is None:
+    if x.adv.shape not in (logp.shape[:1], logp.shape):
+        raise ValueError(f"adv must be [N] or [N, L]; got {tuple(x.adv.shape)} for logp "
+                         f"{tuple(logp.shape)}")
+    if s.beta != 0.0:
+        if x.ref_logp is None:
             raise ValueError("beta != 0 needs ref_logp")
-        if ref_logp.shape != logp.shape:
-            raise ValueError(f"ref_logp {tuple(ref_logp.shape)} must match logp {tuple(logp.shape)}")
-        if kl not in KL_KINDS:
-            raise ValueError(f"unknown kl {kl!r}; expected one of {KL_KINDS}")
+        if x.ref_logp.shape != logp.shape:
+            raise ValueError(f"ref_logp {tuple(x.ref_logp.shape)} must match logp "
+                             f"{tuple(logp.shape)}")
+    if s.entropy_coef != 0.0 and (x.entropy is None or x.entropy.shape != logp.shape):
+        raise ValueError(f"entropy_coef != 0 needs entropy of shape {tuple(logp.shape)}")
 
 
 def importance_ratio(logp: Tensor, old_logp: Tensor, valid: Tensor, level: str = "token") -> Tensor:
@@ -194,114 +248,74 @@ def _metrics(r: Tensor, a: Tensor, valid: Tensor, clip_low: float, clip_high: fl
     return dict(zip(names, torch.stack([v.to(r.dtype) for v in values]).tolist()))
 
 
-def policy_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    adv: Tensor,
-    mask: Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    agg: str = "token_mean",
-    ratio: str = "token",
-    ref_logp: Tensor | None = None,
-    beta: float = 0.0,
-    kl: str = "k3",
-    max_len: int | None = None,
-    normalizer: float | Tensor | None = None,
-    token_weights: Tensor | None = None,
-    loss_type: str = "ppo",
-    dual_clip: float | None = None,
-    entropy: Tensor | None = None,
-    entropy_coef: float = 0.0,
-    kl_clamp: float | None = None,
-    cov: dict | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+def policy_loss(x: LossInputs, settings: LossSettings | None = None, *,
+                normalizer: float | Tensor | None = None,
+                generator: torch.Generator | None = None) -> tuple[Tensor, dict[str, float]]:
     """Clipped surrogate loss + optional per-token KL penalty; returns (loss, metrics).
 
     l_t = max(-A r_t, -A clip(r_t, 1-clip_low, 1+clip_high)) + beta * KL_t, aggregated by
-    ``agg`` (module docstring). ``ratio`` is "token" (PPO/GRPO) or "sequence" (GSPO).
-    ``kl`` in {"k1","k2","k3"} (see mmrl.algos.kl); with beta == 0 the KL is not computed and
-    ``ref_logp`` may be None. ``token_weights`` [N, L] (detached) multiply the clipped surrogate
-    per token, e.g. truncated importance weights correcting a rollout engine's mismatch.
+    ``settings.agg`` (module docstring); ``normalizer`` replaces the batch-local denominator (the
+    global one, when micro-batching). With beta == 0 the KL is not computed and ``ref_logp`` may
+    be None. ``generator`` draws clip_cov's random token selection.
 
     metrics (Python floats, over this call's valid tokens only): clip_frac_low (r < 1-clip_low
     and A < 0), clip_frac_high (r > 1+clip_high and A > 0), ratio_mean/min/max, and kl (mean
     KL_t) when beta != 0.
-
-    ``loss_type``/``dual_clip``/``entropy_coef``/``kl_clamp``: module docstring. ``entropy``
-    [N, L] is the per-token entropy *with* its graph (needed when entropy_coef != 0). ``cov``
-    holds the Clip-Cov / KL-Cov settings (cov_ratio, cov_lb, cov_ub, kl_cov_coef, generator).
     """
-    _check_extras(loss_type, dual_clip, entropy, entropy_coef, logp)
-    _validate(logp, old_logp, adv, mask, ref_logp, agg=agg, ratio=ratio, beta=beta, kl=kl,
-              max_len=max_len, clip_low=clip_low)
+    s = settings or LossSettings()
+    _validate(x, s)
+    logp = x.logp
     dtype = torch.promote_types(logp.dtype, torch.float32)
     logp = logp.to(dtype)
-    old_logp = old_logp.detach().to(dtype)
-    valid = mask > 0 if mask.dtype != torch.bool else mask
-    m = mask.to(dtype)
-    a = adv.detach().to(dtype)
+    old_logp = x.old_logp.detach().to(dtype)
+    valid = x.mask > 0 if x.mask.dtype != torch.bool else x.mask
+    m = x.mask.to(dtype)
+    a = x.adv.detach().to(dtype)
     a = a.unsqueeze(-1) if a.dim() == 1 else a
 
-    r = importance_ratio(logp, old_logp, valid, ratio)
-    per_token = _surrogate(loss_type, r, torch.where(valid, logp, torch.zeros_like(logp)), old_logp,
-                           a, valid, clip_low, clip_high, dual_clip, cov or {})
-    if token_weights is not None:
-        per_token = per_token * token_weights.detach().to(dtype)
+    r = importance_ratio(logp, old_logp, valid, s.ratio)
+    per_token = _SURROGATES[s.loss_type].fn(
+        r, torch.where(valid, logp, torch.zeros_like(logp)), old_logp, a, valid, s, generator)
+    if x.token_weights is not None:
+        per_token = per_token * x.token_weights.detach().to(dtype)
 
     kl_tok = None
-    if beta != 0.0:
+    if s.beta != 0.0:
         zero = torch.zeros_like(logp)
         # Masked positions get logp == ref == 0 -> KL 0, so padding cannot overflow exp().
-        ref = torch.where(valid, ref_logp.detach().to(dtype), zero)
-        kl_tok = kl_penalty(torch.where(valid, logp, zero), ref, kl, clamp=kl_clamp)
-        per_token = per_token + beta * kl_tok
-    if entropy_coef != 0.0:  # bonus: lower loss for higher entropy
-        per_token = per_token - entropy_coef * torch.where(valid, entropy.to(dtype), torch.zeros_like(logp))
+        ref = torch.where(valid, x.ref_logp.detach().to(dtype), zero)
+        kl_tok = kl_penalty(torch.where(valid, logp, zero), ref, s.kl, clamp=s.kl_clamp)
+        per_token = per_token + s.beta * kl_tok
+    if s.entropy_coef != 0.0:  # bonus: lower loss for higher entropy
+        per_token = per_token - s.entropy_coef * torch.where(valid, x.entropy.to(dtype),
+                                                             torch.zeros_like(logp))
 
     per_token = torch.where(valid, per_token, torch.zeros_like(per_token))
-    loss = aggregate_loss(per_token, m, agg, max_len=max_len, normalizer=normalizer)
-    return loss, _metrics(r, a, valid, clip_low, clip_high, kl_tok)
+    loss = aggregate_loss(per_token, m, s.agg, max_len=s.max_len, normalizer=normalizer)
+    return loss, _metrics(r, a, valid, s.clip_low, s.clip_high, kl_tok)
 
 
-def _check_extras(loss_type, dual_clip, entropy, entropy_coef, logp) -> None:
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {LOSS_TYPES}")
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1 (verl's clip_ratio_c; 3 is usual); got {dual_clip}")
-    if dual_clip is not None and not _SURROGATES[loss_type].takes_dual_clip:
-        raise ValueError(f"dual_clip applies to loss_type 'ppo' only; got {loss_type!r}")
-    if entropy_coef != 0.0 and (entropy is None or entropy.shape != logp.shape):
-        raise ValueError(f"entropy_coef != 0 needs entropy of shape {tuple(logp.shape)}")
+# The per-token surrogate per `loss_type`: (r, logp, old_logp, A, valid, settings, generator).
+def _ppo(r, logp, old_logp, a, valid, s: LossSettings, generator) -> Tensor:
+    return ppo_surrogate(r, a, s.clip_low, s.clip_high, s.dual_clip)
 
 
-def _surrogate(loss_type, r, logp, old_logp, a, valid, clip_low, clip_high, dual_clip, cov) -> Tensor:
-    return _SURROGATES[loss_type].fn(r, logp, old_logp, a, valid, clip_low, clip_high, dual_clip, cov)
+def _cispo(r, logp, old_logp, a, valid, s: LossSettings, generator) -> Tensor:
+    return cispo_surrogate(r, logp, a, s.clip_low, s.clip_high)
 
 
-def _ppo(r, logp, old_logp, a, valid, clip_low, clip_high, dual_clip, cov) -> Tensor:
-    return ppo_surrogate(r, a, clip_low, clip_high, dual_clip)
-
-
-def _cispo(r, logp, old_logp, a, valid, clip_low, clip_high, dual_clip, cov) -> Tensor:
-    return cispo_surrogate(r, logp, a, clip_low, clip_high)
-
-
-def _gpg(r, logp, old_logp, a, valid, clip_low, clip_high, dual_clip, cov) -> Tensor:
+def _gpg(r, logp, old_logp, a, valid, s: LossSettings, generator) -> Tensor:
     return -a * logp
 
 
-def _clip_cov(r, logp, old_logp, a, valid, clip_low, clip_high, dual_clip, cov) -> Tensor:
-    return clip_cov_surrogate(r, logp, a, valid, clip_low, clip_high,
-                              cov_ratio=cov.get("cov_ratio", 2e-4), cov_lb=cov.get("cov_lb", 1.0),
-                              cov_ub=cov.get("cov_ub", 5.0), generator=cov.get("generator"))
+def _clip_cov(r, logp, old_logp, a, valid, s: LossSettings, generator) -> Tensor:
+    return clip_cov_surrogate(r, logp, a, valid, s.clip_low, s.clip_high, cov_ratio=s.cov_ratio,
+                              cov_lb=s.cov_lb, cov_ub=s.cov_ub, generator=generator)
 
 
-def _kl_cov(r, logp, old_logp, a, valid, clip_low, clip_high, dual_clip, cov) -> Tensor:
+def _kl_cov(r, logp, old_logp, a, valid, s: LossSettings, generator) -> Tensor:
     return kl_cov_surrogate(r, logp, torch.where(valid, old_logp, torch.zeros_like(old_logp)), a,
-                            valid, cov_ratio=cov.get("cov_ratio", 2e-4),
-                            kl_cov_coef=cov.get("kl_cov_coef", 1.0))
+                            valid, cov_ratio=s.cov_ratio, kl_cov_coef=s.kl_cov_coef)
 
 
 class _Surrogate(NamedTuple):

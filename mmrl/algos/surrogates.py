@@ -1,4 +1,5 @@
-"""Per-token policy-gradient surrogates [N, L] behind ``policy_loss(loss_type=...)``. Pure torch.
+"""Per-token policy-gradient surrogates [N, L] behind ``policy_loss`` (its settings' ``loss_type``).
+Pure torch.
 
 With r_t the importance ratio, A the advantage, sg the stop-gradient:
 

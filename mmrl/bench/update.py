@@ -2,10 +2,11 @@
 G x [prompt, completion] layout vs the shared-prefix layout, on the same tiny model and data.
 
 Both sides run exactly what the trainer runs per micro-batch (mmrl.train.policy.Policy.forward
-and mmrl.train.learner.Learner.update): trimmed completion width, entropy in the gradient forward, `policy_loss` with the
-global token normaliser, `loss.backward()`. The naive side uses row micro-batches of
-`micro_batch` rows; the shared side whole-group micro-batches under the same token budget
-(`micro_batch` x (prompt + completion) tokens), which never holds more tokens than a naive one.
+and mmrl.train.learner.Learner.update): trimmed completion width, entropy in the gradient forward,
+`policy_loss` with the global token normaliser, `loss.backward()`. The naive side uses row
+micro-batches of `micro_batch` rows; the shared side whole-group micro-batches under the same
+token budget (`micro_batch` x (prompt + completion) tokens), which never holds more tokens than a
+naive one.
 """
 from __future__ import annotations
 
@@ -94,6 +95,7 @@ def _update_phase(layout, model, ref_model, prompts, ids, mask, adv, *, pad_id, 
                 target[rows, :width] = logp.float()
     fmask = mask.float()
     normalizer = algos.loss_normalizer(fmask, agg)  # global over the micro-batches
+    settings = algos.LossSettings(agg=agg, beta=beta, max_len=mask.shape[1])
     model.train()
     model.zero_grad(set_to_none=True)
     total = 0.0
@@ -101,9 +103,8 @@ def _update_phase(layout, model, ref_model, prompts, ids, mask, adv, *, pad_id, 
         (logp, ent), width = layout_forward(layout, model, prompts, ids, mask, rows, pad_id=pad_id,
                                             entropy=True)
         loss, _ = algos.policy_loss(
-            logp, old[rows, :width], adv[rows], fmask[rows, :width], clip_low=0.2, clip_high=0.2,
-            agg=agg, ratio="token", ref_logp=ref[rows, :width], beta=beta, kl="k3",
-            max_len=mask.shape[1], normalizer=normalizer)
+            algos.LossInputs(logp, old[rows, :width], adv[rows], fmask[rows, :width],
+                             ref_logp=ref[rows, :width]), settings, normalizer=normalizer)
         loss.backward()
         total += float(loss.detach())
     model.eval()

@@ -47,7 +47,8 @@ def metric_rewards(cfg: RunConfig) -> RewardSet:
     return RewardSet(specs)
 
 
-def _decode_chunk(samples, adapter: ModelAdapter, processor, load, cfg: RunConfig) -> tuple[list[Sample], list, int]:
+def _decode_chunk(samples, adapter: ModelAdapter, processor, load,
+                  cfg: RunConfig) -> tuple[list[Sample], list, int]:
     chunk, feats, failed = [], [], 0
     for s in samples:
         try:

@@ -8,6 +8,7 @@ The model itself, its forwards and the KL reference are the Policy's (train/poli
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING
 
@@ -31,7 +32,7 @@ class Learner:
     def __init__(self, cfg: RunConfig, info: dist.DistInfo, strategy: Strategy, policy: Policy):
         self.info, self.strategy, self.policy = info, strategy, policy
         self.algo, self.seed = cfg.algo, cfg.train.seed
-        self.max_len = cfg.rollout.max_new_tokens
+        self.loss = loss_settings(cfg)
         self.max_nonfinite = max(1, cfg.train.max_nonfinite_steps)
         module, self.optimizer, self.scheduler = strategy.setup(policy.model, cfg.train.steps)
         policy.attach(module)
@@ -55,9 +56,7 @@ class Learner:
         sums: dict[str, float] = {}
         policy.model.train()
         chunks = policy.micro_batches(batch.n)
-        cov = {"cov_ratio": ac.cov_ratio, "cov_lb": ac.cov_lb, "cov_ub": ac.cov_ub,  # clip/kl_cov
-               "kl_cov_coef": ac.kl_cov_coef,
-               "generator": torch.Generator().manual_seed(self.seed * 100_003 + step)}
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + step)  # clip_cov
         gap = 0.0  # the rollout engine's logprobs against the trainer's, same weights
         stepped = True
         for it in range(ac.num_iterations):
@@ -76,12 +75,9 @@ class Learner:
                                                cap=ac.tis_cap, level=ac.tis_level, mode=ac.tis_mode)
                 ref = None if sb.ref_logp is None else sb.ref_logp[rows, :width].to(logp.device)
                 loss, metrics = algos.policy_loss(
-                    logp, old.to(logp.device), sb.advantages[rows].to(logp.device), m,
-                    clip_low=ac.clip_low, clip_high=ac.clip_high, agg=ac.agg, ratio=ac.ratio,
-                    ref_logp=ref, beta=ac.beta, kl=ac.kl, max_len=self.max_len,
-                    normalizer=normalizer, token_weights=weights, loss_type=ac.loss_type,
-                    dual_clip=ac.dual_clip, entropy=ent, entropy_coef=ac.entropy_coef,
-                    kl_clamp=ac.kl_clamp, cov=cov)
+                    algos.LossInputs(logp, old.to(logp.device), sb.advantages[rows].to(logp.device),
+                                     m, ref_logp=ref, entropy=ent, token_weights=weights),
+                    self.loss, normalizer=normalizer, generator=generator)
                 self.strategy.backward(loss, last=i == len(chunks) - 1)
                 it_loss += float(loss.detach())
                 frac = len(rows) / batch.n  # metrics are micro-batch means: weight by rows
@@ -148,6 +144,13 @@ class Learner:
         else:
             self.strategy.load_shards(ckpt, self.policy.model, self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
+
+
+def loss_settings(cfg: RunConfig) -> algos.LossSettings:
+    """The run's loss settings: algo.* under the same names, and the generation budget."""
+    names = [f.name for f in dataclasses.fields(algos.LossSettings) if f.name != "max_len"]
+    return algos.LossSettings(max_len=cfg.rollout.max_new_tokens,
+                              **{n: getattr(cfg.algo, n) for n in names})
 
 
 def _max_gap(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor) -> float:

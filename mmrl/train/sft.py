@@ -48,7 +48,8 @@ def reached(history: list[dict], stop_accuracy: float | None, checks: int) -> bo
 
 def sft_warmup(cfg: RunConfig, policy: Policy, prompts: PromptSource, log: RunLogger) -> dict:
     """Trains `policy.model` in place on samples of `prompts.dataset` (the first
-    `sft.val_samples` held out for the stopping criterion) -> {"steps", "val_accuracy", "history"}."""
+    `sft.val_samples` held out for the stopping criterion)
+    -> {"steps", "val_accuracy", "history"}."""
     sc, model, data, device = cfg.sft, policy.model, prompts.dataset, policy.device
     n_val = min(sc.val_samples, len(data) // 4)
     val = data[:n_val]

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from mmrl.algos import is_weights, loss_normalizer, policy_loss
+from mmrl.algos import LossInputs, LossSettings, is_weights, loss_normalizer, policy_loss
 
 ONE = torch.ones(1, 1, dtype=torch.bool)
 
@@ -16,16 +16,16 @@ def test_dual_clip_like_verl():
     # loss of A < 0 tokens at -A c = 3 (verl/EasyR1 clip_ratio_c = 3).
     logp = torch.tensor([[math.log(4.0)]], requires_grad=True)
     old = torch.zeros(1, 1)
-    plain, _ = policy_loss(logp, old, torch.tensor([-1.0]), ONE)
-    dual, _ = policy_loss(logp, old, torch.tensor([-1.0]), ONE, dual_clip=3.0)
+    plain, _ = policy_loss(LossInputs(logp, old, torch.tensor([-1.0]), ONE))
+    dual, _ = policy_loss(LossInputs(logp, old, torch.tensor([-1.0]), ONE), LossSettings(dual_clip=3.0))
     assert plain.item() == pytest.approx(4.0) and dual.item() == pytest.approx(3.0)
     dual.backward()
     assert logp.grad.item() == 0.0  # capped: no gradient
     # A > 0 is untouched: max(-4, -1.2) = -1.2 with or without c
-    pos, _ = policy_loss(logp.detach(), old, torch.tensor([1.0]), ONE, dual_clip=3.0)
+    pos, _ = policy_loss(LossInputs(logp.detach(), old, torch.tensor([1.0]), ONE), LossSettings(dual_clip=3.0))
     assert pos.item() == pytest.approx(-1.2)
     with pytest.raises(ValueError, match="dual_clip must be > 1"):
-        policy_loss(logp, old, torch.tensor([1.0]), ONE, dual_clip=1.0)
+        policy_loss(LossInputs(logp, old, torch.tensor([1.0]), ONE), LossSettings(dual_clip=1.0))
 
 
 def test_entropy_bonus_like_verl():
@@ -33,12 +33,12 @@ def test_entropy_bonus_like_verl():
     ent = torch.tensor([[2.0, 4.0, 9.0]], requires_grad=True)
     mask = torch.tensor([[1, 1, 0]])
     z = torch.zeros(1, 3)
-    loss, _ = policy_loss(z, z, torch.tensor([0.0]), mask, agg="token_mean", entropy=ent, entropy_coef=0.01)
+    loss, _ = policy_loss(LossInputs(z, z, torch.tensor([0.0]), mask, entropy=ent), LossSettings(agg="token_mean", entropy_coef=0.01))
     assert loss.item() == pytest.approx(-0.03)
     loss.backward()
     assert ent.grad.flatten().tolist() == pytest.approx([-0.005, -0.005, 0.0])
     with pytest.raises(ValueError, match="needs entropy"):
-        policy_loss(z, z, torch.tensor([0.0]), mask, entropy_coef=0.01)
+        policy_loss(LossInputs(z, z, torch.tensor([0.0]), mask), LossSettings(entropy_coef=0.01))
 
 
 def test_cispo_like_minimax_m1():
@@ -47,12 +47,12 @@ def test_cispo_like_minimax_m1():
     # would give this token no gradient at all (clipped).
     logp = torch.tensor([[math.log(0.5)]], requires_grad=True)
     old = torch.tensor([[math.log(0.25)]])
-    loss, _ = policy_loss(logp, old, torch.tensor([1.0]), ONE, clip_low=1.0, clip_high=0.28, loss_type="cispo")
+    loss, _ = policy_loss(LossInputs(logp, old, torch.tensor([1.0]), ONE), LossSettings(clip_low=1.0, clip_high=0.28, loss_type="cispo"))
     assert loss.item() == pytest.approx(-1.28 * math.log(0.5))
     loss.backward()
     assert logp.grad.item() == pytest.approx(-1.28)
     logp.grad = None
-    ppo, _ = policy_loss(logp, old, torch.tensor([1.0]), ONE, clip_high=0.28)
+    ppo, _ = policy_loss(LossInputs(logp, old, torch.tensor([1.0]), ONE), LossSettings(clip_high=0.28))
     ppo.backward()
     assert logp.grad.item() == 0.0
 
@@ -60,8 +60,7 @@ def test_cispo_like_minimax_m1():
 def test_gpg_loss_like_verl():
     # -A logp, token mean: -(2 * -1 + 2 * -2) / 2 = 3; gradient -A / 2 = -1 per token
     logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
-    loss, _ = policy_loss(logp, torch.zeros(1, 2), torch.tensor([2.0]), torch.ones(1, 2),
-                          agg="token_mean", loss_type="gpg")
+    loss, _ = policy_loss(LossInputs(logp, torch.zeros(1, 2), torch.tensor([2.0]), torch.ones(1, 2)), LossSettings(agg="token_mean", loss_type="gpg"))
     assert loss.item() == pytest.approx(3.0)
     loss.backward()
     assert logp.grad.tolist() == [[-1.0, -1.0]]
@@ -79,8 +78,7 @@ def test_kl_cov_like_verl():
     # per token: -1.221403 + .2, -1, +1, +1 -> sum -.021403; token_mean / 4 = -.005351
     logp = torch.tensor(LOGP, requires_grad=True)
     old = torch.tensor([[-0.3, -2.0], [-0.5, -1.0]])
-    loss, _ = policy_loss(logp, old, ADV, torch.ones(2, 2), agg="token_mean", loss_type="kl_cov",
-                          cov={"cov_ratio": 0.25, "kl_cov_coef": 1.0})
+    loss, _ = policy_loss(LossInputs(logp, old, ADV, torch.ones(2, 2)), LossSettings(agg="token_mean", loss_type="kl_cov", cov_ratio=0.25, kl_cov_coef=1.0))
     assert loss.item() == pytest.approx((-math.exp(0.2) + 0.2 - 1 + 1 + 1) / 4, abs=1e-6)
     loss.backward()
     # d/dlogp_00 of (-r + |logp - old|) / 4 = (-r + sign(.2)) / 4 = (-1.221403 + 1) / 4
@@ -92,9 +90,7 @@ def test_clip_cov_like_verl():
     # max(1, int(.25 * 4)) = 1 pick -> its loss and gradient are removed:
     # per token [0, -1, +1, +1] -> token_mean .25; the other tokens keep -A r / 4.
     logp = torch.tensor(LOGP, requires_grad=True)
-    loss, _ = policy_loss(logp, logp.detach(), ADV, torch.ones(2, 2), agg="token_mean",
-                          loss_type="clip_cov", cov={"cov_ratio": 0.25, "cov_lb": 0.5, "cov_ub": 5.0,
-                                                     "generator": torch.Generator().manual_seed(0)})
+    loss, _ = policy_loss(LossInputs(logp, logp.detach(), ADV, torch.ones(2, 2)), LossSettings(agg="token_mean", loss_type="clip_cov", cov_ratio=0.25, cov_lb=0.5, cov_ub=5.0), generator=torch.Generator().manual_seed(0))
     assert loss.item() == pytest.approx(0.25)
     loss.backward()
     assert logp.grad.flatten().tolist() == pytest.approx([0.0, -0.25, 0.25, 0.25])
@@ -129,12 +125,13 @@ def test_micro_batches_equal_one_shot_with_knobs(agg, knob):
     mask = torch.arange(L) < torch.tensor([6, 2, 0, 4, 5, 1, 3])[:, None]
     knob = dict(knob)
     weights = is_weights(old, sampler, mask, 2.0, level="sequence") if knob.pop("seq_is", False) else None
-    kw = {**dict(agg=agg, max_len=L, clip_low=0.2, clip_high=0.28), **knob}
+    settings = LossSettings(**{**dict(agg=agg, max_len=L, clip_low=0.2, clip_high=0.28), **knob})
 
     def call(rows, normalizer=None):
         w = None if weights is None else weights[rows]
-        return policy_loss(logp[rows], old[rows], adv[rows], mask[rows], ref_logp=ref[rows],
-                           entropy=ent[rows], token_weights=w, normalizer=normalizer, **kw)[0]
+        inputs = LossInputs(logp[rows], old[rows], adv[rows], mask[rows], ref_logp=ref[rows],
+                            entropy=ent[rows], token_weights=w)
+        return policy_loss(inputs, settings, normalizer=normalizer)[0]
 
     one_shot = call(slice(0, N))
     one_shot.backward()

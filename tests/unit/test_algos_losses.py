@@ -18,7 +18,7 @@ import math
 import pytest
 import torch
 
-from mmrl.algos import kl_penalty, policy_loss
+from mmrl.algos import LossInputs, LossSettings, kl_penalty, policy_loss
 
 LN = math.log
 
@@ -37,7 +37,7 @@ def example(dtype=torch.float32):
 )
 def test_token_ratio_aggregations(agg, expected):
     logp, old, adv, mask = example()
-    loss, m = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, agg=agg, max_len=4)
+    loss, m = policy_loss(LossInputs(logp, old, adv, mask), LossSettings(clip_low=0.2, clip_high=0.28, agg=agg, max_len=4))
     assert loss.item() == pytest.approx(expected, abs=1e-6)
     assert m["clip_frac_high"] == pytest.approx(0.2)
     assert m["clip_frac_low"] == pytest.approx(0.2)
@@ -48,7 +48,7 @@ def test_token_ratio_aggregations(agg, expected):
 def test_token_ratio_gradients():
     # d l_t / d logp_t = -A r_t where unclipped, 0 where clipped; token_mean divides by 5.
     logp, old, adv, mask = example()
-    loss, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    loss, _ = policy_loss(LossInputs(logp, old, adv, mask), LossSettings(clip_low=0.2, clip_high=0.28))
     loss.backward()
     expected = torch.tensor([[0.0, -1.1, 0.0], [0.0, 1.0, 0.9]]) / 5
     assert torch.allclose(logp.grad, expected, atol=1e-6)
@@ -56,8 +56,8 @@ def test_token_ratio_gradients():
 
 def test_float_mask_equals_bool_mask():
     logp, old, adv, mask = example()
-    a, _ = policy_loss(logp, old, adv, mask, agg="seq_mean_token_mean")
-    b, _ = policy_loss(logp, old, adv, mask.float(), agg="seq_mean_token_mean")
+    a, _ = policy_loss(LossInputs(logp, old, adv, mask), LossSettings(agg="seq_mean_token_mean"))
+    b, _ = policy_loss(LossInputs(logp, old, adv, mask.float()), LossSettings(agg="seq_mean_token_mean"))
     assert a.item() == b.item()
 
 
@@ -69,14 +69,14 @@ def test_clip_higher_asymmetry():
     logp = torch.tensor([[LN(1.25), LN(0.75), LN(0.5)]], requires_grad=True)
     adv = torch.tensor([[1.0, -1.0, 1.0]])  # per-token advantages [N, L] are accepted too
     mask = torch.ones(1, 3)
-    loss, m = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, agg="token_mean")
+    loss, m = policy_loss(LossInputs(logp, old, adv, mask), LossSettings(clip_low=0.2, clip_high=0.28, agg="token_mean"))
     assert loss.item() == pytest.approx((-1.25 + 0.8 - 0.5) / 3, abs=1e-6)
     assert (m["clip_frac_high"], m["clip_frac_low"]) == pytest.approx((0.0, 1 / 3))
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[-1.25, 0.0, -0.5]]) / 3, atol=1e-6)
 
     logp.grad = None
-    loss, m = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
+    loss, m = policy_loss(LossInputs(logp, old, adv, mask), LossSettings(clip_low=0.2, clip_high=0.2))
     assert loss.item() == pytest.approx((-1.2 + 0.8 - 0.5) / 3, abs=1e-6)
     assert (m["clip_frac_high"], m["clip_frac_low"]) == pytest.approx((1 / 3, 1 / 3))
     loss.backward()
@@ -96,14 +96,14 @@ def test_sequence_ratio_hand_computed():
     logp, old, adv, mask = seq_example()
     s0, s1 = math.exp(0.1), math.exp(-0.1)
     # unclipped (both within [0.8, 1.2]): every valid token of row 0 has loss -s0, of row 1 +s1
-    loss, m = policy_loss(logp, old, adv, mask, ratio="sequence", agg="token_mean")
+    loss, m = policy_loss(LossInputs(logp, old, adv, mask), LossSettings(ratio="sequence", agg="token_mean"))
     assert loss.item() == pytest.approx((-2 * s0 + 3 * s1) / 5, abs=1e-6)
     assert (m["ratio_min"], m["ratio_max"]) == pytest.approx((s1, s0))
     assert m["ratio_mean"] == pytest.approx((2 * s0 + 3 * s1) / 5)
-    loss, _ = policy_loss(logp, old, adv, mask, ratio="sequence", agg="seq_mean_token_mean")
+    loss, _ = policy_loss(LossInputs(logp, old, adv, mask), LossSettings(ratio="sequence", agg="seq_mean_token_mean"))
     assert loss.item() == pytest.approx((-s0 + s1) / 2, abs=1e-6)
     # clip_high = 0.05: s0 = 1.105 > 1.05 clipped -> row 0 loses -1.05 per token; row 1 unchanged
-    loss, m = policy_loss(logp, old, adv, mask, ratio="sequence", clip_high=0.05, agg="seq_mean_token_sum_norm", max_len=4)
+    loss, m = policy_loss(LossInputs(logp, old, adv, mask), LossSettings(ratio="sequence", clip_high=0.05, agg="seq_mean_token_sum_norm", max_len=4))
     assert loss.item() == pytest.approx((-1.05 * 2 / 4 + s1 * 3 / 4) / 2, abs=1e-6)
     assert (m["clip_frac_high"], m["clip_frac_low"]) == pytest.approx((2 / 5, 0.0))
 
@@ -133,7 +133,7 @@ def test_gspo_gradient_matches_direct_formulation(agg):
     adv = torch.tensor([1.0, -1.0, 0.7, -0.4, 1.3, -2.0], dtype=torch.float64)
     kw = dict(agg=agg, clip_low=0.05, clip_high=0.08, max_len=L)
     a = base.clone().requires_grad_(True)
-    loss, m = policy_loss(a, old, adv, mask, ratio="sequence", **kw)
+    loss, m = policy_loss(LossInputs(a, old, adv, mask), LossSettings(ratio="sequence", **kw))
     loss.backward()
     b = base.clone().requires_grad_(True)
     ref = gspo_direct(b, old, adv, mask, **kw)
@@ -177,10 +177,10 @@ def test_kl_added_per_token_before_aggregation(kind):
     mask = torch.tensor([[1, 1], [1, 0]])
     k = {"k1": (LN(2), -LN(2)), "k2": (0.5 * LN(2) ** 2,) * 2, "k3": (0.5 + LN(2) - 1, 2 - LN(2) - 1)}[kind]
     token_kl = [k[0], k[1], k[0]]
-    loss, m = policy_loss(logp, logp.detach(), torch.zeros(2), mask, ref_logp=ref, beta=0.1, kl=kind)
+    loss, m = policy_loss(LossInputs(logp, logp.detach(), torch.zeros(2), mask, ref_logp=ref), LossSettings(beta=0.1, kl=kind))
     assert loss.item() == pytest.approx(0.1 * sum(token_kl) / 3, abs=1e-6)
     assert m["kl"] == pytest.approx(sum(token_kl) / 3, abs=1e-6)
-    loss, _ = policy_loss(logp, logp.detach(), torch.zeros(2), mask, ref_logp=ref, beta=0.1, kl=kind, agg="seq_mean_token_mean")
+    loss, _ = policy_loss(LossInputs(logp, logp.detach(), torch.zeros(2), mask, ref_logp=ref), LossSettings(beta=0.1, kl=kind, agg="seq_mean_token_mean"))
     assert loss.item() == pytest.approx(0.1 * ((k[0] + k[1]) / 2 + k[0]) / 2, abs=1e-6)
 
 
@@ -192,34 +192,33 @@ def test_all_masked_rows_no_nan():
     for agg in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"):
         for ratio in ("token", "sequence"):
             logp.grad = None
-            loss, m = policy_loss(logp, old, torch.tensor([1.0, 2.0]), mask, agg=agg, ratio=ratio,
-                                  ref_logp=ref, beta=0.04, max_len=2)
+            loss, m = policy_loss(LossInputs(logp, old, torch.tensor([1.0, 2.0]), mask, ref_logp=ref), LossSettings(agg=agg, ratio=ratio, beta=0.04, max_len=2))
             loss.backward()
             assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
             assert all(math.isfinite(v) for v in m.values())
             assert logp.grad[0].tolist() == [0.0, 0.0]
     # everything masked: loss 0, neutral metrics
-    loss, m = policy_loss(logp, old, torch.ones(2), torch.zeros(2, 2), ref_logp=ref, beta=0.1)
+    loss, m = policy_loss(LossInputs(logp, old, torch.ones(2), torch.zeros(2, 2), ref_logp=ref), LossSettings(beta=0.1))
     assert loss.item() == 0.0 and m["ratio_mean"] == 1.0 and m["clip_frac_low"] == 0.0 and m["kl"] == 0.0
 
 
 def test_bf16_inputs_are_upcast():
     logp, old, adv, mask = example()
-    loss, _ = policy_loss(logp.bfloat16(), old.bfloat16(), adv, mask, clip_low=0.2, clip_high=0.28)
+    loss, _ = policy_loss(LossInputs(logp.bfloat16(), old.bfloat16(), adv, mask), LossSettings(clip_low=0.2, clip_high=0.28))
     assert loss.dtype == torch.float32 and loss.item() == pytest.approx(0.064, abs=2e-2)
 
 
 def test_argument_errors():
     logp, old, adv, mask = example()
     with pytest.raises(ValueError, match="max_len"):
-        policy_loss(logp, old, adv, mask, agg="seq_mean_token_sum_norm")
+        policy_loss(LossInputs(logp, old, adv, mask), LossSettings(agg="seq_mean_token_sum_norm"))
     with pytest.raises(ValueError, match="unknown agg"):
-        policy_loss(logp, old, adv, mask, agg="mean")
+        policy_loss(LossInputs(logp, old, adv, mask), LossSettings(agg="mean"))
     with pytest.raises(ValueError, match="unknown ratio"):
-        policy_loss(logp, old, adv, mask, ratio="seq")
+        policy_loss(LossInputs(logp, old, adv, mask), LossSettings(ratio="seq"))
     with pytest.raises(ValueError, match="ref_logp"):
-        policy_loss(logp, old, adv, mask, beta=0.1)
+        policy_loss(LossInputs(logp, old, adv, mask), LossSettings(beta=0.1))
     with pytest.raises(ValueError, match="unknown kl"):
-        policy_loss(logp, old, adv, mask, beta=0.1, ref_logp=old, kl="k9")
+        policy_loss(LossInputs(logp, old, adv, mask, ref_logp=old), LossSettings(beta=0.1, kl="k9"))
     with pytest.raises(ValueError, match="adv"):
-        policy_loss(logp, old, adv[:1], mask)
+        policy_loss(LossInputs(logp, old, adv[:1], mask))

@@ -9,7 +9,7 @@ import itertools
 import pytest
 import torch
 
-from mmrl.algos import loss_normalizer, policy_loss
+from mmrl.algos import LossInputs, LossSettings, loss_normalizer, policy_loss
 
 N, L = 7, 6
 SPLITS = [(0, 3), (3, 5), (5, 7)]  # uneven on purpose
@@ -33,17 +33,17 @@ def batch():
 )
 def test_micro_batches_equal_one_shot(agg, ratio, beta):
     logp, old, ref, adv, mask = batch()
-    kw = dict(agg=agg, ratio=ratio, beta=beta, ref_logp=ref, kl="k3", max_len=L, clip_low=0.2, clip_high=0.28)
+    settings = LossSettings(agg=agg, ratio=ratio, beta=beta, kl="k3", max_len=L, clip_low=0.2, clip_high=0.28)
 
-    one_shot, _ = policy_loss(logp, old, adv, mask, **kw)
+    one_shot, _ = policy_loss(LossInputs(logp, old, adv, mask, ref_logp=ref), settings)
     one_shot.backward()
     grad_one_shot, logp.grad = logp.grad.clone(), None
 
     normalizer = loss_normalizer(mask, agg)  # what the trainer passes (summed over processes)
     total = 0.0
     for lo, hi in SPLITS:
-        mb_kw = dict(kw, ref_logp=ref[lo:hi])
-        loss, metrics = policy_loss(logp[lo:hi], old[lo:hi], adv[lo:hi], mask[lo:hi], normalizer=normalizer, **mb_kw)
+        loss, metrics = policy_loss(LossInputs(logp[lo:hi], old[lo:hi], adv[lo:hi], mask[lo:hi], ref_logp=ref[lo:hi]),
+                                    settings, normalizer=normalizer)
         loss.backward()  # gradients accumulate into logp.grad, as in the trainer
         total = total + loss.detach()
         assert ("kl" in metrics) == (beta > 0)
@@ -57,8 +57,8 @@ def test_micro_batches_equal_one_shot(agg, ratio, beta):
 def test_micro_batch_metrics_are_local():
     # ratio_max of the second micro-batch is its own maximum, not the global one.
     logp, old, ref, adv, mask = batch()
-    _, whole = policy_loss(logp, old, adv, mask)
-    _, part = policy_loss(logp[3:5], old[3:5], adv[3:5], mask[3:5], normalizer=mask.sum())
+    _, whole = policy_loss(LossInputs(logp, old, adv, mask))
+    _, part = policy_loss(LossInputs(logp[3:5], old[3:5], adv[3:5], mask[3:5]), normalizer=mask.sum())
     r = (logp - old).exp()[3:5][mask[3:5]]
     assert part["ratio_max"] == pytest.approx(r.max().item(), rel=1e-6)
     assert part["ratio_mean"] == pytest.approx(r.mean().item(), rel=1e-6)
