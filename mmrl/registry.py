@@ -1,8 +1,9 @@
 """Name -> object registries. `Registry.get("pkg.mod:attr")` imports user code without registering it."""
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable, Generic, TypeVar
+
+from mmrl.loader import is_import_path, load
 
 T = TypeVar("T")
 
@@ -27,12 +28,8 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         if name in self._items:
             return self._items[name]
-        if ":" in name:  # escape hatch: "my_pkg.my_mod:my_fn"
-            mod, _, attr = name.partition(":")
-            try:
-                return getattr(importlib.import_module(mod), attr)
-            except (ImportError, AttributeError) as e:
-                raise KeyError(f"{self.kind} {name!r}: cannot import ({e})") from e
+        if is_import_path(name):  # escape hatch: "my_pkg.my_mod:my_fn"
+            return load(name, self.kind)
         raise KeyError(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
 
     def names(self) -> list[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 RewardFn = Callable[..., list]
 
@@ -37,11 +37,7 @@ class RewardRegistry:
         if name in self._fns:
             return self._fns[name]
         if ":" in name:  # escape hatch: "my_pkg.my_mod:my_reward"
-            module, _, attr = name.partition(":")
-            try:
-                return getattr(importlib.import_module(module), attr)
-            except (ImportError, AttributeError) as e:
-                raise KeyError(f"reward {name!r}: cannot import ({e})") from e
+            return load(name, "reward")
         raise KeyError(f"unknown reward {name!r}; known: {', '.join(self.names())}")
 
     def names(self) -> list[str]:
@@ -79,6 +75,16 @@ class RewardRegistry:
 
     def items(self) -> list[tuple[str, RewardFn]]:
         return [(n, self._fns[n]) for n in self.names()]
+
+
+def load(name: str, kind: str) -> Any:
+    """mmrl/loader.py's `load`, copied: rewards/ imports nothing from mmrl
+    (tests/rewards/test_loader.py holds the two to the same behaviour)."""
+    module, _, attr = name.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise KeyError(f"{kind} {name!r}: cannot import ({e})") from e
 
 
 def _same_source(a: RewardFn, b: RewardFn) -> bool:

@@ -28,12 +28,13 @@ Example (group 7 = [1, 0, 1, 1], group 3 = [0, 0], interleaved):
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
+
+from mmrl.loader import is_import_path, load  # a stdlib-only leaf: algos stays pure
 
 AdvantageFn = Callable[..., Tensor]
 
@@ -219,12 +220,8 @@ def get_advantage(name: str) -> AdvantageFn:
     """ADVANTAGES[name], or a user function "pkg.mod:fn" with the same signature."""
     if name in ADVANTAGES:
         return ADVANTAGES[name]
-    if ":" in name:
-        mod, _, attr = name.partition(":")
-        try:
-            return getattr(importlib.import_module(mod), attr)
-        except (ImportError, AttributeError) as e:
-            raise KeyError(f"advantage {name!r}: cannot import ({e})") from e
+    if is_import_path(name):
+        return load(name, "advantage")
     raise KeyError(f"unknown advantage {name!r}; known: {', '.join(sorted(ADVANTAGES))}")
 
 
