@@ -95,7 +95,7 @@ class LoraSpec:
 @dataclass
 class ModelConfig:
     family: str = "qwen2_5_vl"  # registered adapter: `mmrl ls models`
-    path: str = "tiny"  # HF-format checkpoint dir, or "tiny" for the adapter's offline tiny twin
+    path: str = "tiny"  # "tiny" (the offline twin), a checkpoint dir or a Hub id: models/source.py
     tiny: dict[str, Any] = field(default_factory=dict)  # overrides for adapter.tiny()
     dtype: DType = "float32"
     attn_implementation: AttnImplementation = "sdpa"

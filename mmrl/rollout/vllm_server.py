@@ -283,15 +283,12 @@ def _export_main(argv: Sequence[str] | None = None) -> None:
     exp.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     exp.add_argument("--tiny-json", default="{}", help="tiny() overrides as JSON")
     args = parser.parse_args(argv)
-    from mmrl.models import get_adapter
+    from mmrl.models import get_adapter, source
 
     adapter = get_adapter(args.family)
-    dtype = getattr(torch, args.dtype)
-    if args.model == "tiny":
-        model, processor = adapter.tiny(seed=0, **json.loads(args.tiny_json))
-        model = model.to(dtype)
-    else:
-        model, processor = adapter.load(args.model, dtype=dtype)
+    model, processor = source.parse(args.model).build(
+        adapter, dtype=getattr(torch, args.dtype), attn_implementation="sdpa",
+        tiny=json.loads(args.tiny_json))
     print(export_for_vllm(model, processor, args.out, adapter))
 
 

@@ -25,6 +25,7 @@ from typing import Protocol
 import torch
 
 from mmrl.config import RunConfig
+from mmrl.models import source
 from mmrl.train import dist
 from mmrl.train.optim import build_optimizer
 
@@ -200,7 +201,7 @@ class DeepSpeed:
                                    if self.info.enabled else None)  # joins the trainer's group
         # from_pretrained then partitions a large model as it loads (zero.Init); a tiny model is
         # built whole (its weight init indexes tensors) and partitioned by deepspeed.initialize.
-        if self.stage == 3 and self.cfg.model.path != "tiny":
+        if self.stage == 3 and source.parse(self.cfg.model.path).zero3_init:
             from transformers.integrations import HfDeepSpeedConfig
             self._hf_config = HfDeepSpeedConfig(self.config)  # kept alive: a weakref is read
 

@@ -18,8 +18,8 @@ import torch
 
 from mmrl.config import RunConfig
 from mmrl.models.forward import collate, completion_logprobs
-from mmrl.models.shared_prefix import (attn_implementation, enable_shared_prefix,
-                                       shared_prefix_logprobs)
+from mmrl.models import source
+from mmrl.models.shared_prefix import enable_shared_prefix, shared_prefix_logprobs
 from mmrl.models.towers import TowerToucher
 from mmrl.train import checkpoint, dist, lora
 from mmrl.types import RolloutBatch
@@ -209,17 +209,11 @@ def build_model(cfg: RunConfig, adapter: ModelAdapter, checkpoint_dir: Path | No
     """-> (model, processor, peft_model or None). From a checkpoint when resuming (an adapter-only
     LoRA checkpoint is applied on top of model.path), else from model.path / tiny."""
     m = cfg.model
-    dtype = DTYPES[m.dtype]
     full_ckpt = checkpoint_dir is not None and not lora.is_adapter_checkpoint(checkpoint_dir)
-    source = str(checkpoint_dir) if full_ckpt else m.path
-    if source == "tiny":
-        model, processor = adapter.tiny(seed=cfg.train.seed, **m.tiny)
-        model = model.to(dtype)
-        if attn_implementation(model) != m.attn_implementation:  # tiny models are built with sdpa
-            model.set_attn_implementation(m.attn_implementation)
-    else:
-        model, processor = adapter.load(source, dtype=dtype,
-                                        attn_implementation=m.attn_implementation)
+    origin = source.LocalDir(Path(checkpoint_dir)) if full_ckpt else source.parse(m.path)
+    model, processor = origin.build(adapter, dtype=DTYPES[m.dtype],
+                                    attn_implementation=m.attn_implementation,
+                                    seed=cfg.train.seed, tiny=m.tiny)
     _image_budget(processor, cfg)
     peft_model = None
     if checkpoint_dir is not None and not full_ckpt:

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 import random
-import re
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +17,8 @@ import torch
 from mmrl.config import RunConfig
 from mmrl.data import synthetic
 from mmrl.data.schema import load_samples
+from mmrl.models import source
 from mmrl.types import Sample
-
-_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*|[A-Za-z0-9][\w.-]*")
-
 
 def set_seed(seed: int) -> None:
     random.seed(seed)
@@ -101,14 +97,7 @@ def check_environment(cfg: RunConfig) -> None:
         raise RuntimeError(_GPU_ONLY_ATTN[m.attn_implementation])
     if not cuda and m.dtype in _GPU_ONLY_DTYPE:
         raise RuntimeError(_GPU_ONLY_DTYPE[m.dtype])
-    if m.path != "tiny" and not Path(m.path).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise FileNotFoundError(f"model.path={m.path}: not a local directory and HF_HUB_OFFLINE=1; "
-                                f"download the checkpoint first (huggingface-cli download "
-                                f"{m.path} --local-dir DIR) and point model.path at DIR")
-    if m.path != "tiny" and not Path(m.path).exists() and not _REPO_ID.fullmatch(m.path):
-        # Without this the Hub client answers "Repo id must be in the form 'repo_name' ...".
-        raise FileNotFoundError(f"model.path={m.path}: no such local directory (and not a Hub "
-                                f"repo id like Qwen/Qwen2.5-VL-3B-Instruct); check the path")
+    source.parse(m.path).check()  # a missing directory, or a Hub id while offline
     package, hint = _BACKEND_PACKAGE.get(cfg.rollout.backend, (None, ""))
     if package is not None:
         try:
