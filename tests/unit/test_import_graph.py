@@ -146,3 +146,20 @@ def test_no_private_names_imported_across_modules_in_data_and_rollout():
                 bad += [f"{name}: {node.module}.{a.name}" for a in node.names
                         if a.name.startswith("_") and not a.name.startswith("__")]
     assert bad == []
+
+
+
+def _research_imports(name: str, path: Path) -> list[str]:
+    return sorted(i for i in _imports(name, path) if i.split(".")[0] == "research")
+
+
+def test_the_product_never_imports_research(tmp_path):
+    """research/ (probes, findings, learning-table layers) may import the product; mmrl/,
+    rewards/ and scripts/ never import research/ (DESIGN.md)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("from research import learning_table\nimport research.probes.x\n")
+    assert _research_imports("scripts.probe", probe) == ["research", "research.probes.x"]
+    product = dict(MODULES)
+    product.update({f"scripts.{p.stem}": p for p in (ROOT / "scripts").rglob("*.py")})
+    bad = {name: _research_imports(name, path) for name, path in product.items()}
+    assert {name: found for name, found in bad.items() if found} == {}
