@@ -33,7 +33,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 class Policy:
     # What other files may read (tests/train/test_structure.py holds every file to it).
-    PUBLIC = ("info", "adapter", "model", "processor", "tokenizer", "peft", "device", "pad_id",
+    PUBLIC = ("info", "adapter", "model", "processor", "peft", "device", "pad_id",
               "placeholder_ids", "reference", "to_save", "full_params", "attach", "choose_layout",
               "micro_batches", "forward", "logprobs", "old_logprobs", "reference_logprobs",
               "fix_reference", "refresh_reference", "metrics")
@@ -52,9 +52,8 @@ class Policy:
             self.model.to(self.device)
         self.train_model = self.model  # what training forwards call (attach)
         self.touch_towers: TowerToucher | None = None
-        self.tokenizer = self.processor.tokenizer
         self.placeholder_ids = adapter.placeholder_token_ids(self.processor)
-        self.pad_id = self.tokenizer.pad_token_id
+        self.pad_id = self.processor.tokenizer.pad_token_id
         self.shared_prefix, self.pack_stats = False, {}  # decided by choose_layout
         self.reference = None  # the KL reference module (fix_reference); None under LoRA
         self._reference_dir = Path(cfg.run_dir) / "reference"
