@@ -14,10 +14,11 @@ The parts, built in this order by `Trainer.__init__` (setup), each in its own fi
 
 run.py drives a Trainer (warm-up, evaluation, the step loop, summary) and hands the Policy to
 the warm-up and evaluation; only this file and the Checkpointer hold the Learner. Each part names
-what other files may read of it (`PUBLIC`; tests/train/test_structure.py). The methods from the papers
-(train/methods.py) hook in where noted: prompt features and history in the PromptSource, group ids
-in the Scorer, temporal contrast and ground-truth guidance at the end of the rollout stage, the
-guided reshaping and history weights in the advantage stage, their metrics in the metrics stage.
+what other files may read of it (`PUBLIC`; tests/train/test_structure.py). The methods from the
+papers (train/methods.py) hook in where noted: prompt features and history in the PromptSource,
+group ids in the Scorer, temporal contrast and ground-truth guidance at the end of the rollout
+stage, the guided reshaping and history weights in the advantage stage, their metrics in the
+metrics stage.
 """
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ class PromptSource:
         self.media_stats: dict[str, int] = {}  # e.g. audio_truncated, counted into metrics
         self.load_media = setup.media_loader(cfg, self.media_stats)
         self.sampler = PromptSampler(len(dataset), cfg.train.seed, cfg.data.shuffle,
-                                           blocks=getattr(dataset, "blocks", None))
+                                     blocks=getattr(dataset, "blocks", None))
         self.history = HistoryFilter.make(cfg.algo)
         self.skipped = 0
         self._features: OrderedDict[int, PromptFeatures] = OrderedDict()
