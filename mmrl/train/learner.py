@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -132,7 +133,7 @@ class Learner:
             state["optimizer"] = self.optimizer.state_dict()
         return state
 
-    def load_state_dict(self, state: dict, ckpt) -> None:
+    def load_state_dict(self, state: dict, ckpt: Path) -> None:
         saved = state.get("parallel", {"name": "ddp", "world": 1})
         if "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from mmrl.config import RunConfig
+from mmrl.config import RunConfig, SFTConfig
 from mmrl.data.media import MediaError
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.train import dist
@@ -18,9 +18,10 @@ from mmrl.train.evaluate import evaluate
 from mmrl.train.logging import RunLogger
 from mmrl.train.policy import Policy
 from mmrl.train.prompts import PromptSource
+from mmrl.types import Sample
 
 
-def target_text(sc, sample) -> str:
+def target_text(sc: SFTConfig, sample: Sample) -> str:
     """The completion to imitate: `sft.think_target` for a sample the think/no-think hybrid asked
     to think (when set), else `sft.target`."""
     asked_to_think = sample.fields.get("think_mode") == "think"
@@ -28,7 +29,8 @@ def target_text(sc, sample) -> str:
     return target.format(solution=sample.solution)
 
 
-def _targets(sc, tokenizer, pad_id: int, samples) -> tuple[torch.Tensor, torch.Tensor]:
+def _targets(sc: SFTConfig, tokenizer, pad_id: int,
+             samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
     rows = [tokenizer(target_text(sc, s), add_special_tokens=False)
             ["input_ids"] + [tokenizer.eos_token_id] for s in samples]
     width = max(len(r) for r in rows)
