@@ -39,6 +39,7 @@ LossType = Literal["ppo", "cispo", "gpg", "clip_cov", "kl_cov"]
 LRSchedule = Literal["constant", "linear", "cosine"]
 Parallel = Literal["auto", "ddp", "deepspeed", "fsdp2"]
 Progress = Literal["auto", "bar", "lines", "off"]
+CallFormat = Literal["qwen", "json_box"]  # <tool_call>{"name", "arguments"}</tool_call> | MGPO's {"bbox_2d"}
 
 
 @dataclass
@@ -133,6 +134,35 @@ class RolloutConfig:
     shared_prefill: bool = False  # hf backend: prefill each prompt once for its G samples
     rounds_of: Optional[int] = None  # with shared_prefill: sample G in rounds of this many
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+
+
+@dataclass
+class ToolSpec:
+    name: str = MISSING  # crop | frames | audio_clip (`mmrl.tools.TOOLS`), or "pkg.mod:fn"
+    params: dict[str, Any] = field(default_factory=dict)  # settings: the tool's keyword-only args
+
+
+@dataclass
+class ToolsConfig:
+    """Multi-turn rollouts with tools (docs/tools.md). `use` empty: single-turn, as before."""
+
+    use: list[ToolSpec] = field(default_factory=list)
+    call_format: CallFormat = "qwen"
+    max_turns: int = 3  # model turns per trajectory in training
+    eval_max_turns: Optional[int] = None  # at evaluation (may be larger); None: max_turns
+    # Completion tokens of a whole trajectory (model and observation turns); each model turn is
+    # also capped by rollout.max_new_tokens. An observation that would not fit is dropped whole.
+    max_tokens: int = 1024
+    max_observation_tokens: int = 512  # one observation turn; longer: a too_long error instead
+    # Trajectories that hit max_turns still calling tools leave the loss (Mini-o3's over-turn
+    # masking) instead of training as failures.
+    mask_truncated_trajectories: bool = False
+    timeout_s: float = 30.0  # per tool call; past it the model reads a timeout error
+    workers: int = 8  # tool calls running at once
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.use)
 
 
 @dataclass
@@ -308,6 +338,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     rewards: list[RewardSpec] = field(default_factory=list)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
