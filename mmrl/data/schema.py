@@ -8,6 +8,10 @@ A record (one JSON object per line):
      "solution": "3",
      ...task fields: "options", "duration", "image_size", ...}
 
+Tool use (docs/tools.md): "tools": ["crop"] names the tools the record offers (default: all the
+run configures), and "full_images" / "full_videos" / "full_audios" keep full-resolution
+originals beside the media the model is given (tools read these; default: the media itself).
+
 Every malformed record raises `RecordError` naming the file and line, never a silent default.
 """
 from __future__ import annotations
@@ -23,6 +27,7 @@ from mmrl.types import Sample
 
 FORMATS: Registry = Registry("data format")
 MEDIA_KINDS = ("images", "videos", "audios")
+FULL_MEDIA = {f"full_{kind}": kind for kind in MEDIA_KINDS}  # originals for tools, per media kind
 RESERVED = {"id", "task", "prompt", "messages", "solution", "system", *MEDIA_KINDS}
 
 
@@ -67,15 +72,37 @@ def to_sample(record: Any, source: str, base_dir: Path) -> Sample:
         raise RecordError(f"{source}: missing 'solution'")
     media = {k: _media_list(record, k, source, base_dir) for k in MEDIA_KINDS}
     messages = _messages(record, source, {k: len(v) for k, v in media.items()})
+    fields = {k: v for k, v in record.items() if k not in RESERVED}
+    fields.update(_tool_fields(record, source, base_dir, media))
     return Sample(
         id=str(record.get("id", source)),
         messages=messages,
         solution=record["solution"],
         task=str(record.get("task") or "default"),
         images=media["images"], videos=media["videos"], audios=media["audios"],
-        fields={k: v for k, v in record.items() if k not in RESERVED},
+        fields=fields,
         source=source,
     )
+
+
+def _tool_fields(record: dict, source: str, base: Path, media: dict[str, list[str]]) -> dict:
+    """The record's "tools" (checked) and full-resolution media (resolved like its media, one
+    original per item of the same kind)."""
+    out: dict[str, Any] = {}
+    tools = record.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list) or not all(isinstance(t, str) and t for t in tools):
+            raise RecordError(f"{source}: 'tools' must be a list of tool names, got {tools!r:.80}")
+        out["tools"] = tools
+    for key, kind in FULL_MEDIA.items():
+        if record.get(key) is None:
+            continue
+        paths = _media_list(record, key, source, base)
+        if len(paths) != len(media[kind]):
+            raise RecordError(f"{source}: '{key}' holds {len(paths)} paths for {len(media[kind])} "
+                              f"{kind}; give one original per item (or drop '{key}')")
+        out[key] = paths
+    return out
 
 
 class LazySamples(Sequence):
