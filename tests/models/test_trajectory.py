@@ -249,3 +249,27 @@ def test_a_cut_inside_an_observation_is_refused_not_fed_to_the_model():
     ids = completion[None, :cut]
     with pytest.raises(ValueError, match="a cut inside an observation must drop it and its media"):
         collate([prompt], ids, torch.ones_like(ids), observations=[observations])
+
+
+def test_the_varlen_kernel_packs_trajectories_too():
+    """flash_attention_2's CPU twin (mmrl_prefix_varlen): groups packed pad-free in one row, each
+    trajectory's positions and observation media in place."""
+    from mmrl.models import prefix_attention
+
+    adapter, model, processor = tiny("qwen2_5_vl")
+    a, b = trajectory("qwen2_5_vl"), trajectory("qwen2_5_vl", turns=("Hm. <tool_call>c</tool_call>",
+                                                                     "<answer>A</answer>"))
+    rows, obs = [a[0], a[0]], [a[2], b[2]]
+    ids, mask = _pad([a[1], b[1]], processor.tokenizer.pad_token_id)
+    policy = policy_token_mask(mask, obs).bool()
+    model.set_attn_implementation(prefix_attention.NAME)
+    try:
+        with torch.no_grad():
+            varlen = shared_prefix_logprobs(model, rows, ids, mask, observations=obs,
+                                            pad_id=processor.tokenizer.pad_token_id)
+    finally:
+        model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        naive = completion_logprobs(model, collate(rows, ids, mask, processor.tokenizer.pad_token_id,
+                                                   observations=obs), ids, policy)
+    assert (varlen - naive)[policy].abs().max() < 1e-5
