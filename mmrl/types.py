@@ -139,6 +139,14 @@ class RolloutBatch:
         """[N, L] 1 on the tokens the policy sampled: what losses, KL and IS weights average over."""
         return self.completion_mask if self.loss_mask is None else self.loss_mask
 
+    @property
+    def hit_turn_cap(self) -> torch.Tensor:
+        """[N] bool: trajectories still calling tools at max_turns (all False for single-turn);
+        with tools.mask_truncated_trajectories they leave the loss, like DAPO's overlong rows."""
+        if self.trajectories is None:
+            return torch.zeros(self.n, dtype=torch.bool)
+        return torch.tensor([t.hit_turn_cap for t in self.trajectories], dtype=torch.bool)
+
     def observations(self) -> list[list[Observation]] | None:
         """Per row, its observation turns in order (None for single-turn batches)."""
         return None if self.trajectories is None else [t.observations for t in self.trajectories]

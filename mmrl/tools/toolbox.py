@@ -182,7 +182,7 @@ def _call(tool: Tool, call: ToolCall, context: ToolContext, results: dict, i: in
         try:
             outcome = Outcome(items=as_items(value))
         except TypeError as e:  # something the model cannot be shown
-            outcome = Outcome(error="bad_result", message=f"{tool.name} returned {e}")
+            outcome = Outcome(error="bad_result", message=f"{tool.name}: {e}")
     except ToolInputError as e:
         outcome = Outcome(error=e.kind, message=str(e))
     except Exception as e:  # a tool's own failure: the model is told, the run goes on

@@ -211,6 +211,7 @@ def test_the_turn_cap_ends_a_trajectory_that_still_calls(setup):
                                                             max_observation_tokens=300))
     (t,) = batch.trajectories
     assert t.hit_turn_cap and t.turns == 2 and len(t.calls) == 1 and len(t.observations) == 1
+    assert batch.hit_turn_cap.tolist() == [True]
     assert not bool(batch.truncated[0])
     tools = ToolsConfig(use=[ToolSpec(name="crop")], max_turns=2, eval_max_turns=6)
     assert TrajectorySettings.from_config(tools).max_turns == 2
