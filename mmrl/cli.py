@@ -47,11 +47,14 @@ def config_summary(cfg) -> str:
     r, a, t = cfg.rollout, cfg.algo, cfg.train
     rewards = ", ".join(f"{s.name}" + (f" x{s.weight:g}" if s.weight != 1 else "")
                         for s in cfg.rewards)
+    tc = cfg.tools
+    tools = ([f"  tools: {', '.join(s.name for s in tc.use)} ({tc.call_format} calls, up to "
+              f"{tc.max_turns} turns and {tc.max_tokens} tokens a trajectory)"] if tc.use else [])
     return "\n".join([
         f"run {cfg.name}: {cfg.model.family} ({cfg.model.path}), data {cfg.data.train}",
         f"  {a.preset or a.advantage}: {t.steps} steps x {r.prompts_per_step} prompts x "
         f"{r.num_generations} completions (max {r.max_new_tokens} tokens), lr {t.lr:g}, "
-        f"rollout {r.backend}, rewards: {rewards or 'none'}",
+        f"rollout {r.backend}, rewards: {rewards or 'none'}", *tools,
         f"  run dir {cfg.run_dir}  (full config: {cfg.run_dir / 'config.yaml'})"])
 
 
@@ -80,6 +83,12 @@ def cmd_ls(args) -> int:
         print("advantages: " + ", ".join(sorted(algos.ADVANTAGES)))
         print("presets:    " + ", ".join(sorted(PRESETS)))
         print("agg:        " + ", ".join(choices(Agg)))
+        return 0
+    elif args.what == "tools":
+        from mmrl.tools import TOOLS, Toolbox, load_tool
+
+        for name, tool in Toolbox([load_tool(n) for n in TOOLS.names()]).tools.items():
+            print(f"{name:14s} {tool.spec['description']}")
         return 0
     elif args.what == "rewards":
         from rewards import REWARDS
@@ -220,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     cc.add_argument("--out", default=None, help="default: CHECKPOINT_hf next to it")
     cc.set_defaults(fn=cmd_consolidate)
     sp = sub.add_parser("ls", help="list registered names")
-    sp.add_argument("what", choices=["models", "algos", "rewards", "recipes"])
+    sp.add_argument("what", choices=["models", "algos", "rewards", "tools", "recipes"])
     sp.set_defaults(fn=cmd_ls)
     sp = sub.add_parser("data", help="dataset tools")
     dsub = sp.add_subparsers(dest="data_cmd", required=True)
