@@ -21,8 +21,13 @@ BUDGET = 56 * 56  # the generator's default budget_pixels (= data.image_max_pixe
 
 
 def scenes(seed: int) -> dict[str, tuple[Image.Image, dict]]:
-    """The same scene with each pattern (the generator draws in a fixed order)."""
-    return {p: search_image(random.Random(seed), 1792, 96, 4, p) for p in sorted(PATTERNS)}
+    """The same scene with each pattern (the generator draws in a fixed order), in RGB as
+    mmrl.data.media.load_image reads the generator's palette PNGs."""
+    out = {}
+    for p in sorted(PATTERNS):
+        im, scene = search_image(random.Random(seed), 1792, 96, 4, p)
+        out[p] = (im.convert("RGB"), scene)
+    return out
 
 
 def context_for(image: Image.Image, path: str, budget: int) -> ToolContext:
