@@ -144,7 +144,13 @@ class TrajectoryRollout:
     def _answer(self, row: _Row, answered: list[tuple[ToolCall, Outcome]]) -> None:
         s, turn = self.settings, row.record.turns - 1
         after = self.tokenizer.decode(row.ids[-1][-1:])
-        ids, obs = self._encode(answered, after, row.length)
+        try:
+            ids, obs = self._encode(answered, after, row.length)
+        except ValueError as e:  # the processor refused a result (a last line behind as_items)
+            message = f"the result could not be shown: {str(e).splitlines()[0][:200]}"
+            answered = [(c, o if o.error else Outcome(error="bad_result", message=message,
+                                                      seconds=o.seconds)) for c, o in answered]
+            ids, obs = self._encode(answered, after, row.length)
         if obs.length > s.max_observation_tokens:  # the results say so instead
             message = (f"the result is {obs.length} tokens, over the limit of "
                        f"{s.max_observation_tokens}; ask for less")

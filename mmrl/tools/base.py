@@ -82,24 +82,40 @@ class ToolContext:
 
 def as_items(value: Any) -> list:
     """A tool's return value as a list of result items (str, PIL image, Video, waveform);
-    TypeError names what cannot be shown to the model."""
+    TypeError names what cannot be shown to the model (the shapes the processors accept)."""
     values = list(value) if isinstance(value, (list, tuple)) else [value]
-    items = []
-    for v in values:
-        if isinstance(v, (str, Image.Image, Video)):
-            items.append(v)
-        elif isinstance(v, np.ndarray) and v.ndim == 1 and np.issubdtype(v.dtype, np.floating):
-            items.append(v.astype(np.float32))
-        elif isinstance(v, np.ndarray) and v.ndim == 4:
-            raise TypeError("frames need their sampling fps: return mmrl.data.media.Video(frames=..., "
-                            "fps=..., timestamps=..., duration=...) instead of a bare array")
-        else:
-            raise TypeError(f"a tool may return str, PIL.Image, mmrl.data.media.Video or a 1-D float "
-                            f"waveform at {AUDIO_SAMPLING_RATE} Hz (or a list of them), not "
-                            f"{type(v).__name__}")
+    items = [_item(v) for v in values]
     if not items:
         raise TypeError("the tool returned nothing to show")
     return items
+
+
+def _item(v: Any):
+    if isinstance(v, str):
+        return v
+    if isinstance(v, Image.Image):
+        w, h = v.size
+        if min(w, h) < 1 or max(w, h) / min(w, h) > 200:
+            raise TypeError(f"an image of {w}x{h}: sides must be >= 1 px with an aspect ratio "
+                            f"<= 200 (Qwen-VL rejects others)")
+        return v.convert("RGB") if v.mode != "RGB" else v
+    if isinstance(v, Video):
+        frames = np.asarray(v.frames)
+        if frames.ndim != 4 or frames.shape[-1] != 3 or not len(frames) or not v.fps > 0:
+            raise TypeError(f"a Video needs frames [T, H, W, 3] (T >= 1) and fps > 0, got "
+                            f"{tuple(frames.shape)} at {v.fps} fps")
+        return v
+    if isinstance(v, np.ndarray) and v.ndim == 1 and np.issubdtype(v.dtype, np.floating):
+        if len(v) < AUDIO_SAMPLING_RATE // 10:
+            raise TypeError(f"a waveform of {len(v)} samples: at least 0.1 s "
+                            f"({AUDIO_SAMPLING_RATE // 10} samples at {AUDIO_SAMPLING_RATE} Hz)")
+        return v.astype(np.float32)
+    if isinstance(v, np.ndarray) and v.ndim == 4:
+        raise TypeError("frames need their sampling fps: return mmrl.data.media.Video(frames=..., "
+                        "fps=..., timestamps=..., duration=...) instead of a bare array")
+    raise TypeError(f"a tool may return str, PIL.Image, mmrl.data.media.Video or a 1-D float "
+                    f"waveform at {AUDIO_SAMPLING_RATE} Hz (or a list of them), not "
+                    f"{type(v).__name__}")
 
 
 # Result item class -> (chat content type, media kind).

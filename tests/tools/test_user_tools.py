@@ -165,3 +165,16 @@ def test_waveforms_must_be_float():
         as_items(np.zeros(10, np.int16))
     with pytest.raises(TypeError, match="returned nothing"):
         as_items([])
+
+
+def test_results_the_processor_would_refuse_are_bad_results():
+    from mmrl.data.media import Video
+    from mmrl.tools import as_items
+
+    for value, message in [(Image.new("RGB", (1, 300)), "aspect ratio"),
+                           (Video(frames=np.zeros((0, 8, 8, 3), np.uint8), fps=2.0, timestamps=[],
+                                  duration=0.0), "T >= 1"),
+                           (np.zeros(100, np.float32), "at least 0.1 s")]:
+        with pytest.raises(TypeError, match=message):
+            as_items(value)
+    assert as_items(Image.new("L", (4, 4)))[0].mode == "RGB"
