@@ -147,15 +147,12 @@ class TrajectoryRollout:
         try:
             ids, obs = self._encode(answered, after, row.length)
         except ValueError as e:  # the processor refused a result (a last line behind as_items)
-            message = f"the result could not be shown: {str(e).splitlines()[0][:200]}"
-            answered = [(c, o if o.error else Outcome(error="bad_result", message=message,
-                                                      seconds=o.seconds)) for c, o in answered]
+            answered = _instead(answered, "bad_result", "the result could not be shown: "
+                                f"{str(e).splitlines()[0][:200]}")
             ids, obs = self._encode(answered, after, row.length)
         if obs.length > s.max_observation_tokens:  # the results say so instead
-            message = (f"the result is {obs.length} tokens, over the limit of "
-                       f"{s.max_observation_tokens}; ask for less")
-            answered = [(c, o if o.error else Outcome(error="too_long", message=message,
-                                                      seconds=o.seconds)) for c, o in answered]
+            answered = _instead(answered, "too_long", f"the result is {obs.length} tokens, over "
+                                f"the limit of {s.max_observation_tokens}; ask for less")
             ids, obs = self._encode(answered, after, row.length)
         row.record.calls += [ToolCallRecord(name=c.name, arguments=c.arguments, turn=turn,
                                             error=o.error, seconds=o.seconds) for c, o in answered]
@@ -201,6 +198,13 @@ class TrajectoryRollout:
             truncated=torch.tensor([r.truncated for r in rows]),
             loss_mask=stack([r.policy for r in rows], 0, torch.long),
             trajectories=[r.record for r in rows])
+
+
+def _instead(answered: list[tuple[ToolCall, Outcome]], kind: str, message: str):
+    """Every answered call that succeeded becomes an error of `kind` (the turn's observation
+    could not carry the results); calls that failed keep their own error."""
+    return [(c, o if o.error else Outcome(error=kind, message=message, seconds=o.seconds))
+            for c, o in answered]
 
 
 def continuation(prompt: PromptFeatures, pieces: Sequence[torch.Tensor],
