@@ -103,13 +103,17 @@ def crop(context: ToolContext, bbox_2d: Any, image: Any = 1, *, coords: str = "r
                       hi if max_pixels is None else max_pixels, factor=context.factor)]
 
 
+def span_spec(description: str, kind: str) -> dict:
+    """The spec of a tool taking a time span of media item `kind` (video, audio)."""
+    seconds = {"type": "number", "description": f"seconds from the start of the {kind}"}
+    return {"description": description, "parameters": {
+        "type": "object", "required": ["start", "end"], "properties": {
+            "start": seconds, "end": seconds,
+            kind: {"type": "integer", "description": f"which {kind}, from 1 (default 1)"}}}}
+
+
 @TOOLS.register("frames")
-@tool_spec({
-    "description": "Look again at a time span of a video, at a higher frame rate.",
-    "parameters": {"type": "object", "required": ["start", "end"], "properties": {
-        "start": {"type": "number", "description": "seconds from the start of the video"},
-        "end": {"type": "number", "description": "seconds from the start of the video"},
-        "video": {"type": "integer", "description": "which video, from 1 (default 1)"}}}})
+@tool_spec(span_spec("Look again at a time span of a video, at a higher frame rate.", "video"))
 def frames(context: ToolContext, start: Any, end: Any, video: Any = 1, *, fps: float = 4.0,
            max_frames: int = 16) -> list:
     """Look again at a time span of a video: frames from `start` to `end` (seconds) at a higher
@@ -125,12 +129,7 @@ def frames(context: ToolContext, start: Any, end: Any, video: Any = 1, *, fps: f
 
 
 @TOOLS.register("audio_clip")
-@tool_spec({
-    "description": "Listen again to a time span of an audio track, as its own clip.",
-    "parameters": {"type": "object", "required": ["start", "end"], "properties": {
-        "start": {"type": "number", "description": "seconds from the start of the audio"},
-        "end": {"type": "number", "description": "seconds from the start of the audio"},
-        "audio": {"type": "integer", "description": "which audio, from 1 (default 1)"}}}})
+@tool_spec(span_spec("Listen again to a time span of an audio track, as its own clip.", "audio"))
 def audio_clip(context: ToolContext, start: Any, end: Any, audio: Any = 1, *,
                min_seconds: float = 0.1) -> list:
     """Listen again to a time span of an audio track: the clip from `start` to `end` (seconds)
