@@ -134,6 +134,9 @@ class ModelAdapter:
     # Pixels per merged patch side (patch size x spatial merge): the factor image budgets round
     # to (qwen-vl-utils' `factor`). 14 px patches merged 2x2 in Qwen2/2.5-VL.
     image_factor: int = 28
+    # How the family writes a box (rewards.boxes.COORDS): pixels of its resized input
+    # (Qwen2.5-VL) or 0..1000 of the image (Qwen2-VL, Qwen3-VL); the crop tool reads boxes so.
+    box_coords: str = "resized"
 
     # ---- loading ---------------------------------------------------------------------------
 

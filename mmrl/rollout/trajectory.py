@@ -85,7 +85,8 @@ class TrajectoryRollout:
         ones): completion = model and observation turns, `loss_mask` 1 on model tokens,
         `sampler_logp` 0 on observations, `texts` the final turns, `trajectories` the rest."""
         g = sampling.num_generations
-        contexts = [self.toolbox.context(p, self.processor) for p in prompts]
+        contexts = [self.toolbox.context(p, self.processor, self.adapter.box_coords)
+                    for p in prompts]
         rows = [_Row(prompt=p, context=c, offered=self.toolbox.offered(p.sample))
                 for p, c in zip(prompts, contexts) for _ in range(g)]
         turn = 0

@@ -54,6 +54,7 @@ class ToolContext:
     videos: list[str]
     audios: list[str]
     factor: int = 28  # pixels per merged patch side: the smallest crop worth taking
+    coords: str = "resized"  # how the model writes boxes (its adapter's box_coords)
     image_pixels: tuple[int, int] = (28 * 28 * 4, 28 * 28 * 256)  # a returned image's budget
     _cache: dict = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

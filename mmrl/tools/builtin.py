@@ -76,13 +76,13 @@ def enlarge(box: list[float], side: float, width: int, height: int) -> list[int]
         "bbox_2d": {"type": "array", "items": {"type": "number"}, "minItems": 4, "maxItems": 4,
                     "description": "[x1, y1, x2, y2]: the region, top-left then bottom-right"},
         "image": {"type": "integer", "description": "which image, from 1 (default 1)"}}}})
-def crop(context: ToolContext, bbox_2d: Any, image: Any = 1, *, coords: str = "resized",
+def crop(context: ToolContext, bbox_2d: Any, image: Any = 1, *, coords: str | None = None,
          min_pixels: int | None = None, max_pixels: int | None = None) -> list:
     """Zoom in on a region of an image: `bbox_2d` = [x1, y1, x2, y2] in the image as you see it.
 
-    `coords` (a setting): the convention of the box, as the box rewards name them -- resized
-    (the model's input frame, Qwen2.5-VL), norm1000 (0..1000, Qwen2-VL / Qwen3-VL), norm1,
-    absolute (original pixels). The crop is taken from the original image, grown to at least one
+    `coords` (a setting; default: the family's own, `ModelAdapter.box_coords`): the convention of
+    the box, as the box rewards name them -- resized (the model's input frame, Qwen2.5-VL),
+    norm1000 (0..1000, Qwen2-VL / Qwen3-VL), norm1, absolute (original pixels). The crop is taken from the original image, grown to at least one
     merged patch of original pixels, and resized under min_pixels..max_pixels (default: the
     model's image budget)."""
     index, path = context.pick("images", image)
@@ -90,7 +90,7 @@ def crop(context: ToolContext, bbox_2d: Any, image: Any = 1, *, coords: str = "r
     original = context.cached(("image", path), lambda: load_image(path, context.sample.source))
     w, h = original.size
     in_w, in_h = context.input_sizes[index]
-    kind = check_coords(coords)
+    kind = check_coords(coords or context.coords)
     frame = {"resized": (in_w, in_h), "norm1000": (1000, 1000), "norm1": (1, 1),
              "absolute": (w, h)}[kind]
     box = clamp_box(box, *frame)

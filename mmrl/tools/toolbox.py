@@ -92,11 +92,12 @@ class Toolbox:
                              f"not configure (tools.use has: {', '.join(self.tools) or 'none'})")
         return named
 
-    def context(self, prompt, processor) -> ToolContext:
+    def context(self, prompt, processor, coords: str = "resized") -> ToolContext:
         """The tools' view of one prompt (shared by its G trajectories): the frames its images
         reached the model in, read from the processor's grids (patch size x grid), the budgets
-        of the processor, and the originals: a record's full_images / full_videos /
-        full_audios when it has them, else its own media."""
+        of the processor, the family's box convention (`coords`: its adapter's box_coords), and
+        the originals: a record's full_images / full_videos / full_audios when it has them,
+        else its own media."""
         ip = getattr(processor, "image_processor", None)
         patch = int(getattr(ip, "patch_size", 14) or 14)
         factor = patch * int(getattr(ip, "merge_size", 2) or 2)
@@ -112,7 +113,7 @@ class Toolbox:
                            images=s.fields.get("full_images") or list(s.images),
                            videos=s.fields.get("full_videos") or list(s.videos),
                            audios=s.fields.get("full_audios") or list(s.audios),
-                           factor=factor, image_pixels=budget)
+                           factor=factor, coords=coords, image_pixels=budget)
 
     def specs(self, names: Sequence[str]) -> list[dict]:
         """Function specs in the OpenAI/Qwen form chat templates take as `tools`."""

@@ -10,6 +10,7 @@ from PIL import Image
 
 from mmrl.data.media import fit_image, load_audio
 from mmrl.data.synthetic_av import write_mp4, write_wav
+from mmrl.models import get_adapter
 from mmrl.tools import ToolContext, ToolInputError
 from mmrl.tools.builtin import audio_clip, clamp_box, crop, enlarge, frames
 from mmrl.types import PromptFeatures, Sample
@@ -41,9 +42,11 @@ def test_crop_maps_the_input_frame_box_to_the_original(tmp_path):
     assert np.array_equal(np.asarray(out), np.asarray(expected))
     assert out.size == (112, 112)  # 100 x 100 under 28*28..28*28*16 rounds to 112 x 112
     # norm1000 (Qwen2-VL / Qwen3-VL) boxes: [250, 250, 500, 500] of 400 x 300 -> (100, 75, 200, 150)
+    expected = np.asarray(fit_image(original.crop((100, 75, 200, 150)), *BUDGET))
     (norm,) = crop(ctx, [250, 250, 500, 500], coords="norm1000")
-    assert np.array_equal(np.asarray(norm),
-                          np.asarray(fit_image(original.crop((100, 75, 200, 150)), *BUDGET)))
+    assert np.array_equal(np.asarray(norm), expected)
+    ctx.coords = get_adapter("qwen3_vl").box_coords  # the family's convention is the default
+    assert np.array_equal(np.asarray(crop(ctx, [250, 250, 500, 500])[0]), expected)
 
 
 def test_small_boxes_grow_to_one_merged_patch_inside_the_image():
