@@ -75,8 +75,8 @@ class ToolContext:
         paths = getattr(self, kind)
         if not paths:
             raise ToolInputError("bad_arguments", f"this sample has no {kind}")
-        if isinstance(index, bool) or not isinstance(index, (int, float)) or int(index) != index \
-                or not 1 <= index <= len(paths):
+        if isinstance(index, bool) or not isinstance(index, (int, float)) \
+                or not float(index).is_integer() or not 1 <= index <= len(paths):
             raise ToolInputError("bad_arguments", f"{kind[:-1]} must be 1..{len(paths)}, got {index!r}")
         return int(index) - 1, paths[int(index) - 1]
 

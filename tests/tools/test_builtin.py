@@ -77,8 +77,9 @@ def test_boxes_outside_the_image_or_reversed_are_refused(tmp_path):
         with pytest.raises(ToolInputError) as e:
             crop(ctx, bad)
         assert e.value.kind == "bad_arguments"
-    with pytest.raises(ToolInputError, match="image must be 1..1"):
-        crop(ctx, [0, 0, 10, 10], image=2)
+    for index in (2, 0, 1.5, float("nan"), "1"):
+        with pytest.raises(ToolInputError, match="image must be 1..1"):
+            crop(ctx, [0, 0, 10, 10], image=index)
 
 
 @pytest.fixture(scope="module")
