@@ -79,6 +79,14 @@ class TrajectoryRollout:
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.style: ObservationStyle = observation_style(processor)
 
+    @classmethod
+    def from_config(cls, tc, engine, processor, adapter,
+                    evaluation: bool = False) -> "TrajectoryRollout":
+        """From a ToolsConfig (its tools, call format, budgets; eval_max_turns when
+        `evaluation`) over any rollout engine."""
+        return cls(engine, processor, adapter, Toolbox.from_config(tc),
+                   TrajectorySettings.from_config(tc, evaluation))
+
     def rollout(self, prompts: Sequence[PromptFeatures], sampling: SamplingParams,
                 group_offset: int = 0) -> RolloutBatch:
         """G trajectories per prompt as a RolloutBatch (rows group-major, like single-turn

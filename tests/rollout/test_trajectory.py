@@ -215,7 +215,10 @@ def test_the_turn_cap_ends_a_trajectory_that_still_calls(setup):
     assert not bool(batch.truncated[0])
     tools = ToolsConfig(use=[ToolSpec(name="crop")], max_turns=2, eval_max_turns=6)
     assert TrajectorySettings.from_config(tools).max_turns == 2
-    assert TrajectorySettings.from_config(tools, evaluation=True).max_turns == 6
+    adapter, model, processor, _, _ = setup
+    loop = TrajectoryRollout.from_config(tools, HFEngine(model, processor), processor, adapter,
+                                         evaluation=True)
+    assert loop.settings.max_turns == 6 and list(loop.toolbox.tools) == ["crop"]
 
 
 def test_trajectory_and_single_turn_batches_concatenate(setup, sampled):
