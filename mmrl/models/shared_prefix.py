@@ -214,14 +214,11 @@ def pack_groups(model, prompts: Sequence[PromptFeatures], completion_ids: torch.
             # Tokens 0..len-2 of completion i: token len-1's hidden state predicts nothing.
             k = max(lengths[i] - 1, 0)
             ids.append(completion_ids[i, :k].to(p_ids.dtype))
-            if observations is not None and observations[i]:
-                row_pos = prompt_and_completion_positions(model, prompt, lengths[i],
-                                                          completion_ids[i], observations[i])
-                pos.append(row_pos[:, plen:plen + k])
-            else:
-                pos.append(positions[:, plen:plen + k])
-            types.append(completion_token_types(None if observations is None else observations[i],
-                                                lengths[i])[:k])
+            row_obs = None if observations is None else observations[i]
+            row_pos = positions if not row_obs else prompt_and_completion_positions(
+                model, prompt, lengths[i], completion_ids[i], row_obs)  # media in the completion
+            pos.append(row_pos[:, plen:plen + k])
+            types.append(completion_token_types(row_obs, lengths[i])[:k])
             seg.append(torch.full((k,), gid + j + 1, dtype=torch.long))
             valid.append(torch.ones(k, dtype=torch.bool))
             row_of[i] = b
@@ -257,14 +254,20 @@ def pack_groups(model, prompts: Sequence[PromptFeatures], completion_ids: torch.
         if len(type_rows) != len(ids_rows):
             raise ValueError("pack_groups: some prompts carry mm_token_type_ids and some do not")
         inputs["mm_token_type_ids"] = pad(type_rows, 0)
-    # Media in token order: each group's prompt media, then its rows' observation media.
-    media = [row_media(prompts[rows[0]].tensors, [o for i in rows for o in observations[i]]
-                       if observations is not None else None) for rows in groups]
-    for key in dict.fromkeys(k for m in media for k in m):
-        inputs[key] = torch.cat([m[key] for m in media if key in m], 0)
+    inputs.update(_group_media(prompts, groups, observations))
     keep = torch.unique(torch.cat([s for s in src_pos if s.numel()] or [torch.zeros(1, dtype=torch.long)]))
     sources = [torch.searchsorted(keep, s) for s in src_pos]
     return Packed(inputs, keep, row_of, sources, lengths, pad_fraction)
+
+
+def _group_media(prompts: Sequence[PromptFeatures], groups: list[list[int]],
+                 observations: Sequence[Sequence[Observation]] | None) -> dict:
+    """Media tensors in packed token order: each group's prompt media once, then its rows'
+    observation media in row order."""
+    media = [row_media(prompts[rows[0]].tensors, [o for i in rows for o in observations[i]]
+                       if observations is not None else None) for rows in groups]
+    return {key: torch.cat([m[key] for m in media if key in m], 0)
+            for key in dict.fromkeys(k for m in media for k in m)}
 
 
 def group_attention_mask(seg: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

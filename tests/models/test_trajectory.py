@@ -175,17 +175,23 @@ def test_positions_equal_get_rope_index_over_the_whole_trajectory(family):
 
 @pytest.mark.parametrize("family", [*POSITION_FAMILIES, "qwen2_audio"])
 def test_both_layouts_give_the_whole_trajectory_logprobs(family):
-    """Two trajectories of one prompt: the naive and the shared-prefix layouts equal a forward
-    over each whole trajectory processed as one sequence, on the model's tokens, to 1e-5."""
+    """Three trajectories of one prompt (3 turns, 3 turns, 1 turn): the naive and the
+    shared-prefix layouts equal a forward over each whole trajectory processed as one sequence,
+    on the model's tokens, to 1e-5."""
     adapter, model, processor = tiny(family)
     if family == "qwen2_audio":
         return _audio_only(adapter, model, processor)
     a = trajectory(family)
     b = trajectory(family, turns=("Hm. <tool_call>c</tool_call>", "Again <tool_call>d</tool_call>",
                                   "<answer>A</answer>"))
+    # Answered at once (no observation), and longer than b's first turn and image: its tokens
+    # must not take b's image positions (a packer reusing the last row's positions would).
+    c = trajectory(family, turns=("The dot is small and the card is grey. " * 6
+                                  + "<answer>C</answer>",))
     prompt = a[0]
-    rows, obs = [prompt, prompt], [a[2], b[2]]
-    ids, mask = _pad([a[1], b[1]], processor.tokenizer.pad_token_id)
+    # A row without observations after rows with them: it keeps the group's own positions.
+    rows, obs = [prompt, prompt, prompt], [a[2], b[2], c[2]]
+    ids, mask = _pad([a[1], b[1], c[1]], processor.tokenizer.pad_token_id)
     policy = policy_token_mask(mask, obs)
     assert int(policy.sum()) < int(mask.sum())  # observations are not the policy's tokens
     with torch.no_grad():
@@ -193,7 +199,7 @@ def test_both_layouts_give_the_whole_trajectory_logprobs(family):
                                                    observations=obs), ids, policy)
         shared = shared_prefix_logprobs(model, rows, ids, mask, observations=obs,
                                         pad_id=processor.tokenizer.pad_token_id)
-        for i, (_, completion, _, text, media) in enumerate((a, b)):
+        for i, (_, completion, _, text, media) in enumerate((a, b, c)):
             whole = adapter.encode(processor, text, media["images"], media["videos"] or None,
                                    media["audios"] or None)
             logits = model(**whole).logits[0, -len(completion) - 1:-1].float()
