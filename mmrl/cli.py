@@ -132,11 +132,13 @@ def cmd_data_inspect(args) -> int:
     dead = False
     if cfg is not None:
         from mmrl.data.inspect import format_scorability, reward_scorability
+        from mmrl.data.prepare import prepare_samples
         from mmrl.data.schema import load_samples
-        from mmrl.train.setup import prepare_samples
+        from mmrl.models import get_adapter
 
         try:
-            samples = prepare_samples(load_samples(args.file, fmt or cfg.data.format), cfg)
+            samples = prepare_samples(load_samples(args.file, fmt or cfg.data.format), cfg,
+                                      get_adapter(cfg.model.family).image_factor)
         except ValueError:  # malformed records are already listed in the report
             samples = []
         report["scorability"] = reward_scorability(cfg.rewards, samples,

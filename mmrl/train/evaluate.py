@@ -15,11 +15,11 @@ from rich.progress import track
 
 from mmrl.config import RewardSpec, RunConfig
 from mmrl.data.media import MediaError, processor_errors
+from mmrl.data.prepare import media_loader
 from mmrl.models.forward import generate
 from mmrl.train.logging import json_safe
 from mmrl.train.metrics import summarize
 from mmrl.train.scoring import RewardSet
-from mmrl.train.setup import media_loader
 from mmrl.types import Sample, SamplingParams
 from rewards import extract_answer
 
@@ -70,7 +70,7 @@ def evaluate(model, processor, adapter, samples: list[Sample], cfg: RunConfig, *
     metric_key = rewards.keys[[s.name for s in rewards.specs].index(ec.metric_reward)]
     max_new = ec.max_new_tokens or cfg.rollout.max_new_tokens
     k, suppress, load = max(1, ec.num_samples), adapter.placeholder_token_ids(processor), \
-        media_loader(cfg)
+        media_loader(cfg, adapter.image_factor)
     was_training = model.training
     model.eval()
     rows, failed = [], 0
@@ -129,12 +129,13 @@ def evaluate_checkpoint(cfg: RunConfig, checkpoint: str, out_dir: str | None = N
     from mmrl.models import get_adapter
     from mmrl.train.checkpoint import has_weights
     from mmrl.train.consolidate import consolidate, sharded_kind
-    from mmrl.train.setup import DTYPES, build_datasets
+    from mmrl.data.prepare import build_datasets
+    from mmrl.train.setup import DTYPES
 
     if not cfg.data.eval:
         raise SystemExit("mmrl eval: the config has no data.eval; pass data.eval=PATH")
-    _, samples = build_datasets(cfg)
     adapter = get_adapter(cfg.model.family)
+    _, samples = build_datasets(cfg, adapter.image_factor)
     if sharded_kind(checkpoint) and not has_weights(Path(checkpoint)):  # ZeRO-3 / FSDP2 shards
         merged = Path(f"{checkpoint}_hf")
         if not merged.is_dir():

@@ -28,6 +28,7 @@ import torch
 from mmrl import algos
 from mmrl.config import RunConfig, save as save_config
 from mmrl.data.inspect import answer_budget, check_scorable, format_answer_budget
+from mmrl.data.prepare import build_datasets
 from mmrl.models import get_adapter
 from mmrl.train import checkpoint, dist, methods, parallel, setup
 from mmrl.train.checkpointer import Checkpointer
@@ -49,9 +50,9 @@ class Trainer:
         self.info = dist.init()
         strategy = parallel.make(cfg, self.info)
         setup.set_seed(cfg.train.seed)
-        train_set, self.eval_set = setup.build_datasets(cfg)
-        check_scorable(cfg.rewards, train_set, cfg.rollout.max_new_tokens)
         adapter = get_adapter(cfg.model.family)
+        train_set, self.eval_set = build_datasets(cfg, adapter.image_factor)
+        check_scorable(cfg.rewards, train_set, cfg.rollout.max_new_tokens)
         resume = checkpoint.resolve_resume(cfg.train.resume, self.run_dir)
         self.learner = Learner(cfg, self.info, strategy, adapter,
                                resume if checkpoint.has_weights(resume) else None)

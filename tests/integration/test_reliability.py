@@ -21,6 +21,7 @@ from mmrl import config
 from mmrl.data.inspect import inspect_file
 from mmrl.data.media import MediaError
 from mmrl.data.schema import RecordError, load_samples
+from mmrl.data.prepare import build_datasets
 from mmrl.train import checkpoint, rundir, setup
 from mmrl.train.loop import Trainer
 from mmrl.train.run import RunInterrupted, _CtrlC, train
@@ -59,7 +60,7 @@ def tiny_yaml(tmp_path_factory) -> Path:
     path = root / "tiny.yaml"
     path.write_text(TINY.format(data=root / "data"))
     cfg = config.load(path, [f"log.run_dir={root / 'gen'}"])
-    setup.build_datasets(cfg)  # writes the synthetic data once
+    build_datasets(cfg, 28)  # writes the synthetic data once
     yield path
     sys.path.remove(str(root))
 
