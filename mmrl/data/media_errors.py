@@ -1,7 +1,13 @@
-"""The error every media loader raises, and the checks they share (mmrl.data.media, .audio)."""
+"""The errors of mmrl/data, at its bottom so every reader can raise them: RecordError (a record
+or data file that cannot become a Sample) and MediaError with the checks the media loaders share
+(mmrl.data.media, .audio)."""
 from __future__ import annotations
 
 from pathlib import Path
+
+
+class RecordError(ValueError):
+    """A record that cannot become a Sample; the message names file:line."""
 
 
 class MediaError(RuntimeError):

@@ -40,8 +40,11 @@ def build_datasets(cfg: RunConfig, image_factor: int) -> tuple[Sequence[Sample],
     d = cfg.data
     if d.generate:
         generate_once(d)
-    train = load_samples(d.train, d.format, d.max_samples)
-    evals = load_samples(d.eval, d.format, cfg.eval.max_samples) if d.eval else None
+    # data.format is the config's: it reads the file, or detection does (mmrl/data/detect.py).
+    train = load_samples(d.train, None, d.max_samples, configured=d.format,
+                         default_split="train")
+    evals = (load_samples(d.eval, None, cfg.eval.max_samples, configured=d.format)
+             if d.eval else None)
     prepare = functools.partial(prepare_samples, cfg=cfg, image_factor=image_factor)
     return prepare(train), (prepare(evals) if evals else None)
 
@@ -121,3 +124,55 @@ def media_loader(cfg: RunConfig, image_factor: int, stats: dict | None = None):
                  "factor": image_factor}
     return functools.partial(load_media, video_kwargs=video, audio_kwargs=audio, cache=cache,
                              stats=stats, image_kwargs=image)
+
+
+# ------------------------------------------------------------------------- start checks ----
+def check_datasets(cfg: RunConfig, train: Sequence[Sample],
+                   evals: Sequence[Sample] | None) -> list[str]:
+    """What `mmrl train` checks at its start, and `mmrl data inspect --config` on a file, so an
+    inspect that passes means training loads. Raises ValueError where the run would learn or
+    measure nothing: a reward that can score none of its records, an eval set the main metric
+    cannot score. Returns warnings: how a file was read (a configured format that did not fit),
+    records whose prompt holds their own answer. Checked on a spread of the records
+    (mmrl/data/inspect.py `spread`)."""
+    from mmrl.data.chat import answer_in_prompt
+    from mmrl.data.inspect import check_scorable, spread
+
+    warnings = [*getattr(train, "notes", []), *getattr(evals, "notes", [])]
+    check_scorable(cfg.rewards, train, cfg.rollout.max_new_tokens)
+    if evals:
+        check_metric(cfg, evals)
+    picked = spread(train)
+    leaked = [s for s in picked if answer_in_prompt(s.messages, s.solution)]
+    if leaked:
+        warnings.append(f"{len(leaked)} of {len(picked)} records checked hold their own answer in "
+                        f"the prompt (first: {leaked[0].source}, answer {leaked[0].solution!r:.40}):"
+                        f" the model would read it there. Remove it from the prompt, or keep the "
+                        f"answer only as the chat's last assistant turn or the 'solution' field")
+    return warnings
+
+
+def check_metric(cfg: RunConfig, evals: Sequence[Sample]) -> None:
+    """Stop when eval.metric_reward can score no eval record: it is routed to none of their
+    tasks, or returns None for their gold answers (accuracy_after_rl would be NaN)."""
+    from mmrl.config import RewardSpec
+    from mmrl.data.inspect import reward_scorability, spread
+
+    name = cfg.eval.metric_reward
+    specs = [s for s in cfg.rewards if s.name == name] or [RewardSpec(name=name)]
+    picked = spread(evals)
+    rows = reward_scorability(specs, picked, cfg.rollout.max_new_tokens)
+    if any(r["scorable"] for r in rows):
+        return
+    tasks = sorted({s.task for s in picked})
+    routes = sorted({t for s in specs for t in (s.tasks or [])})
+    first = picked[0]
+    if not any(r["of"] for r in rows):
+        why = (f"it is routed to tasks {routes} (rewards[].tasks) and the eval records' tasks are "
+               f"{tasks}")
+    else:
+        why = f"it returns None for their gold answers (first answer {first.solution!r:.40})"
+    raise ValueError(f"eval.metric_reward {name!r} can score none of the {len(picked)} eval "
+                     f"records checked: {why} (first record: {first.source}, task "
+                     f"{first.task!r}); accuracy would be NaN. Route a {name} reward to those "
+                     f"tasks, or set eval.metric_reward to a reward that scores them")

@@ -27,8 +27,8 @@ import torch
 
 from mmrl import algos
 from mmrl.config import RunConfig, save as save_config
-from mmrl.data.inspect import answer_budget, check_scorable, format_answer_budget
-from mmrl.data.prepare import build_datasets
+from mmrl.data.inspect import answer_budget, format_answer_budget
+from mmrl.data.prepare import build_datasets, check_datasets
 from mmrl.models import get_adapter
 from mmrl.train import checkpoint, dist, methods, parallel, setup
 from mmrl.train.checkpointer import Checkpointer
@@ -52,7 +52,7 @@ class Trainer:
         setup.set_seed(cfg.train.seed)
         adapter = get_adapter(cfg.model.family)
         train_set, self.eval_set = build_datasets(cfg, adapter.image_factor)
-        check_scorable(cfg.rewards, train_set, cfg.rollout.max_new_tokens)
+        data_warnings = check_datasets(cfg, train_set, self.eval_set)
         resume = checkpoint.resolve_resume(cfg.train.resume, self.run_dir)
         self.learner = Learner(cfg, self.info, strategy, adapter,
                                resume if checkpoint.has_weights(resume) else None)
@@ -73,6 +73,8 @@ class Trainer:
                                 cfg.rollout.max_new_tokens)
             if cut:
                 self.log.warn(format_answer_budget(cut, cfg.rollout.max_new_tokens))
+            for warning in data_warnings:
+                self.log.warn(warning)
         self.checkpointer = Checkpointer(self.run_dir, cfg.train, self.info, self.log)
         # Saved with the rest: run.py's stage results (SFT, accuracy before RL) and the
         # algorithms' carried values (the adaptive KL-in-reward coefficient).
