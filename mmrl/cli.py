@@ -155,7 +155,7 @@ def cmd_data_inspect(args) -> int:
 def _config_checks(args, fmt, cfg) -> tuple[list[str], list[str], list[dict]]:
     """(problems, warnings, reward scorability) of the file's well-formed records prepared as
     training prepares them."""
-    from mmrl.data.inspect import format_scorability, reward_scorability
+    from mmrl.data.inspect import reward_scorability
     from mmrl.data.prepare import check_datasets, prepare_samples
     from mmrl.data.schema import RecordError, load_samples
     from mmrl.models import get_adapter
@@ -171,14 +171,10 @@ def _config_checks(args, fmt, cfg) -> tuple[list[str], list[str], list[dict]]:
         except (RecordError, ValueError):  # listed in the report already
             continue
     rows = reward_scorability(cfg.rewards, samples, cfg.rollout.max_new_tokens)
-    problems = [f"reward {line}" for r, line in zip(rows, format_scorability(rows))
-                if r["of"] and not r["scorable"]]
-    warnings: list[str] = []
     try:
-        warnings = check_datasets(cfg, samples, samples)
+        return [], check_datasets(cfg, samples, samples), rows
     except ValueError as e:
-        problems.append(str(e))
-    return problems, warnings, rows
+        return [str(e)], [], rows
 
 
 def cmd_report(args) -> int:
