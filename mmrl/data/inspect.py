@@ -12,8 +12,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from mmrl.data.media import MediaError, load_audio, load_image, load_media, load_video, \
-    processor_errors
+from mmrl.data.media import MediaError, frame_folder, load_audio, load_image, load_media, \
+    load_video, processor_errors
 from mmrl.data.schema import RecordError, load_samples
 from mmrl.types import Sample
 
@@ -32,23 +32,30 @@ def render_prompt(sample: Sample) -> str:
     return "\n".join(lines)
 
 
-def check_media(kind: str, path: str, source: str, deep: bool = False) -> str | None:
-    """None if the file opens, else the error message (which names source and path)."""
+def check_media(kind: str, path: str, source: str, deep: bool = False,
+                frame_fps: float | None = None) -> str | None:
+    """None if the file opens, else the error message (which names source and path).
+    `frame_fps`: the record's rate for a video that is a folder of frames."""
     try:
         if deep:
             {"images": lambda: load_image(path, source),
-             "videos": lambda: load_video(path, source=source, nframes=2),
+             "videos": lambda: load_video(path, source=source, nframes=2, frame_fps=frame_fps),
              "audios": lambda: load_audio(path, source=source)}[kind]()
         else:
-            _open_header(kind, path, source)
+            _open_header(kind, path, source, frame_fps)
     except MediaError as e:
         return str(e)
     return None
 
 
-def _open_header(kind: str, path: str, source: str) -> None:
+def _open_header(kind: str, path: str, source: str, frame_fps: float | None = None) -> None:
     where = f"{source}: " if source else ""
     p = Path(path)
+    if kind == "videos" and p.is_dir():
+        frame_folder(path, frame_fps, source)  # frames there, and their rate known
+        return
+    if p.is_dir():
+        raise MediaError(f"{where}{kind[:-1]} {path}: is a folder, not a file")
     if not p.is_file():
         raise MediaError(f"{where}{kind[:-1]} {path}: file not found")
     if p.stat().st_size == 0:
@@ -137,7 +144,8 @@ def inspect_file(path: str | Path, fmt: str | None = None, n_show: int = 3, *, c
             before = len(bad_media)
             for kind in kinds:
                 for media_path in getattr(sample, kind):
-                    error = check_media(kind, media_path, source, deep)
+                    error = check_media(kind, media_path, source, deep,
+                                        sample.fields.get("frame_fps"))
                     if error:
                         bad_media.append({"source": source, "kind": kind[:-1], "path": media_path,
                                           "error": error})

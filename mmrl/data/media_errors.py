@@ -21,6 +21,9 @@ def fail(source: str, what: str, path: str, reason: str) -> MediaError:
 
 def check_file(path: str, what: str, source: str) -> None:
     p = Path(path)
+    if p.is_dir():
+        raise fail(source, what, path, f"is a folder, not a file (only a video may be a folder "
+                                       f"of frames)")
     if not p.is_file():
         raise fail(source, what, path, "file not found")
     if p.stat().st_size == 0:
