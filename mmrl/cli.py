@@ -125,9 +125,10 @@ def cmd_data_inspect(args) -> int:
     """The file read as `mmrl train` reads it (same format rule, same preparation) and, with
     --config, checked as its start checks it (mmrl/data/prepare.py `check_datasets`)."""
     from mmrl import config
+    from mmrl.data.detect import DETECT
     from mmrl.data.inspect import format_report, inspect_file, processor_check
 
-    fmt = None if args.format in (None, "null", "none", "auto") else args.format
+    fmt = None if args.format is None or args.format.lower() in DETECT else args.format
     cfg = config.load(args.config, []) if args.config else None
     family = args.family or (cfg.model.family if cfg else "qwen2_5_vl")
     deep_check = None

@@ -22,6 +22,7 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("mmrl", ("messages",)),  # native, LLaMA-Factory and OpenAI-style chats alike
 ]
 NAMES = "mmrl, sharegpt, vlm_r1, r1v, easyr1, video_r1, r1_aqa, time_r1"
+DETECT = frozenset({"null", "none", "auto"})  # --format words that ask for detection
 
 
 def detect_format(columns: list[str], source: str) -> str:

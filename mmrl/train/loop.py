@@ -158,7 +158,7 @@ class Trainer:
         metrics.update(methods.think_metrics(self.cfg, batch))
         metrics.update(rollout_metrics(sb, self.scorer.keys))
         self.cut_watch(metrics["completion/truncated_frac"], self.log.warn)
-        metrics.update(self.scorer.rewards.step_metrics(self.log.warn))
+        metrics.update(self.scorer.step_metrics(self.log.warn))
         metrics.update(timer.metrics())
         tokens = int(batch.completion_mask.sum()) + sum(p.input_ids.numel() for p in batch.prompts)
         metrics["time/tokens_per_s"] = tokens / max(timer.total, 1e-9)
