@@ -139,12 +139,15 @@ def cmd_data_inspect(args) -> int:
     report = inspect_file(args.file, fmt, n_show=args.show, deep=args.deep, deep_check=deep_check,
                           media_root=args.media_root,
                           configured=cfg.data.format if cfg else None)
-    text = format_report(report)
     problems = []
     if cfg is not None and report["records"]:
-        from mmrl.data.inspect import format_scorability
+        from mmrl.data.inspect import format_scorability, render_prompt
 
-        problems, warnings, report["scorability"] = _config_checks(args, fmt, cfg)
+        problems, warnings, report["scorability"], prepared = _config_checks(args, fmt, cfg)
+        for example, sample in zip(report["examples"], prepared):  # as the recipe prompts
+            example["prompt"] = render_prompt(sample)
+    text = format_report(report)
+    if "scorability" in report:
         text += "\n" + "\n".join(["rewards:", *("  " + line for line in
                                                 format_scorability(report["scorability"])),
                                    *(f"warning: {w}" for w in warnings),
@@ -153,9 +156,9 @@ def cmd_data_inspect(args) -> int:
     return 1 if report["bad_records"] or report["bad_media"] or problems else 0
 
 
-def _config_checks(args, fmt, cfg) -> tuple[list[str], list[str], list[dict]]:
-    """(problems, warnings, reward scorability) of the file's well-formed records prepared as
-    training prepares them."""
+def _config_checks(args, fmt, cfg) -> tuple[list[str], list[str], list[dict], list]:
+    """(problems, warnings, reward scorability, the samples) of the file's well-formed records
+    prepared as training prepares them."""
     from mmrl.data.inspect import reward_scorability
     from mmrl.data.prepare import check_datasets, prepare_samples
     from mmrl.data.schema import RecordError, load_samples
@@ -173,9 +176,9 @@ def _config_checks(args, fmt, cfg) -> tuple[list[str], list[str], list[dict]]:
             continue
     rows = reward_scorability(cfg.rewards, samples, cfg.rollout.max_new_tokens)
     try:
-        return [], check_datasets(cfg, samples, samples), rows
+        return [], check_datasets(cfg, samples, samples), rows, samples
     except ValueError as e:
-        return [str(e)], [], rows
+        return [str(e)], [], rows, samples
 
 
 def cmd_report(args) -> int:

@@ -126,11 +126,12 @@ def inspect_file(path: str | Path, fmt: str | None = None, n_show: int = 3, *, c
     except (RecordError, FileNotFoundError) as e:  # e.g. a line that is not JSON: nothing loads
         return {"path": str(path), "format": fmt or configured, "records": 0, "by_task": {},
                 "by_modality": {}, "bad_records": [str(e)], "bad_media": [], "examples": [],
-                "notes": []}
+                "notes": [], "unreadable": True}
     if media_root:
         samples.base = Path(media_root)
     n = len(samples)
-    for i in range(n):
+    opened: dict[tuple[str, str, float | None], str | None] = {}  # each file is opened once
+    for i in _progress(n):
         try:
             sample = samples[i]
         except RecordError as e:
@@ -144,8 +145,10 @@ def inspect_file(path: str | Path, fmt: str | None = None, n_show: int = 3, *, c
             before = len(bad_media)
             for kind in kinds:
                 for media_path in getattr(sample, kind):
-                    error = check_media(kind, media_path, source, deep,
-                                        sample.fields.get("frame_fps"))
+                    key = (kind, media_path, sample.fields.get("frame_fps"))
+                    if key not in opened:
+                        opened[key] = check_media(kind, media_path, "", deep, key[2])
+                    error = opened[key] and f"{source}: {opened[key]}"
                     if error:
                         bad_media.append({"source": source, "kind": kind[:-1], "path": media_path,
                                           "error": error})
@@ -163,8 +166,21 @@ def inspect_file(path: str | Path, fmt: str | None = None, n_show: int = 3, *, c
             "examples": examples, "notes": samples.notes}
 
 
+def _progress(n: int):
+    """range(n), with a bar on a terminal for files that take a while."""
+    import sys
+
+    from rich.console import Console
+    from rich.progress import track
+
+    return track(range(n), description="inspect", transient=True, console=Console(stderr=True),
+                 disable=n < 5000 or not sys.stderr.isatty())
+
+
 def format_report(report: dict, max_listed: int = 20) -> str:
     """Human-readable text for `mmrl data inspect`."""
+    if report.get("unreadable"):  # nothing loads: the one reason is the report
+        return f"{report['path']}: cannot be read: {report['bad_records'][0]}"
     out = [f"{report['path']} (format {report['format']}): {report['records']} records",
            *[f"note: {note}" for note in report.get("notes", [])],
            "by task:     " + ", ".join(f"{k}={v}" for k, v in sorted(report["by_task"].items())),
