@@ -6,6 +6,7 @@ as Python dicts, records cost about 3 KB each on every rank (100k records added 
 """
 from __future__ import annotations
 
+import bisect
 import codecs
 import json
 import os
@@ -33,7 +34,21 @@ def utf8(data: bytes, path: Path, lineno: int | None = None) -> str:
                           f"`iconv -f latin1 -t utf-8`") from None
 
 
-class _OffsetTable(Sequence):
+class _Rows(Sequence):
+    """Indexing of a table: slices, negative indices and bounds; `_row(i)` reads row i."""
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        return self._row(i % len(self))
+
+    def _row(self, i: int):
+        raise NotImplementedError
+
+
+class _OffsetTable(_Rows):
     """Records at (offset, length) in one file; sources are "file:line" or "file[i]"."""
 
     columns = None  # records may differ in their keys
@@ -53,12 +68,7 @@ class _OffsetTable(Sequence):
         self._file.seek(self.offsets[i])
         return self._file.read(self.lengths[i])
 
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        if not -len(self) <= i < len(self):
-            raise IndexError(i)
-        i %= len(self)
+    def _row(self, i: int) -> tuple[dict, str]:
         return json.loads(self._read(i)), self.source(i)
 
     def source(self, i: int) -> str:
@@ -160,7 +170,7 @@ class JsonListTable(_OffsetTable):
         return f"{self.path}[{i}]"
 
 
-class ConcatTable(Sequence):
+class ConcatTable(_Rows):
     """Several tables read as one (the files of one split)."""
 
     columns = None
@@ -174,13 +184,6 @@ class ConcatTable(Sequence):
     def __len__(self) -> int:
         return self._starts[-1]
 
-    def __getitem__(self, i):
-        import bisect
-
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        if not -len(self) <= i < len(self):
-            raise IndexError(i)
-        i %= len(self)
+    def _row(self, i: int) -> tuple[dict, str]:
         t = bisect.bisect_right(self._starts, i) - 1
         return self.tables[t][i - self._starts[t]]

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from mmrl.data import synthetic
 from mmrl.data.media import add_resized_sizes, load_media
-from mmrl.data.prompts import apply_template
+from mmrl.data.prompts import apply_template, last_user
 from mmrl.data.schema import LazySamples, load_samples
 from mmrl.types import Sample
 
@@ -94,10 +94,7 @@ def think_mode(sample: Sample, d: DataConfig, seed: int) -> Sample:
         return sample
     mode = "no_think" if asks_nothink(sample.id, d.think_hybrid, seed) else "think"
     text = d.nothink_instruction if mode == "no_think" else d.think_instruction
-    messages = [dict(m) for m in sample.messages]
-    user = next((m for m in reversed(messages) if m.get("role") == "user"), None)
-    if user is None:
-        raise ValueError(f"{sample.source}: data.think_hybrid needs a user message")
+    messages, user = last_user(sample, "data.think_hybrid")
     content = user["content"]
     if isinstance(content, str):
         user["content"] = f"{content}\n{text}"
