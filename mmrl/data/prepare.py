@@ -142,9 +142,10 @@ def check_datasets(cfg: RunConfig, train: Sequence[Sample],
     picked = spread(train)
     leaked = [s for s in picked if answer_in_prompt(s.messages, s.solution)]
     if leaked:
+        first = leaked[0]
         warnings.append(f"{len(leaked)} of {len(picked)} records checked hold their own answer in "
-                        f"the prompt (first: {leaked[0].source}, answer {leaked[0].solution!r:.40}):"
-                        f" the model would read it there. Remove it from the prompt, or keep the "
+                        f"the prompt (first: {first.source}, answer {first.solution!r:.40}): the "
+                        f"model would read it there. Remove it from the prompt, or keep the "
                         f"answer only as the chat's last assistant turn or the 'solution' field")
     return warnings
 

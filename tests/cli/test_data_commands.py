@@ -19,8 +19,8 @@ COUNTING = "recipes/counting/config.yaml"
 def clevr_file(tmp_path):
     """R1-V's CLEVR counting rows, the counting recipe's source format (r1v)."""
     Image.new("RGB", (32, 32)).save(tmp_path / "a.png")
-    rows = [{"problem": f"How many items are there? ({i})", "solution": f"<answer> {i % 4} </answer>",
-             "image": "a.png"} for i in range(8)]
+    rows = [{"problem": f"How many items are there? ({i})",
+             "solution": f"<answer> {i % 4} </answer>", "image": "a.png"} for i in range(8)]
     path = tmp_path / "clevr.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
