@@ -206,6 +206,9 @@ class AlgoConfig:
     kl_cov_coef: float = 1.0  # kl_cov: weight of |logp - old_logp| on the selected tokens
     pos_weight: float = 1.0  # scales positive advantages (W-REINFORCE: 0.1; NSR: 0)
     neg_weight: float = 1.0  # scales negative advantages (PSR: 0)
+    # added to every total reward before the advantages: NSR/PSR's +-1 from 0/1 accuracy is
+    # weight 2 and offset -1 (baselines that centre on the group mean cancel it)
+    reward_offset: float = 0.0
     ref_reset_every: int = 0  # ProRL: reference := current policy every N steps (0 = never)
     # Methods from the papers (README "Methods from the papers"); every one is off by default.
     history_epochs: int = 0  # ReST-GRPO/Temporal-R1: filter prompts all-solved/none-solved on their last k visits (0 = off)

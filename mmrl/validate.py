@@ -48,8 +48,10 @@ def validate(cfg, world: int = 1) -> list[str]:
 
 def data_warnings(cfg) -> list[str]:
     """Missing data files are warnings, not errors: recipes name data you prepare first."""
+    from mmrl.data.hub import split_selector
+
     if cfg.data.generate:
         return []
     return [f"data.{k}: {getattr(cfg.data, k)} does not exist yet (see the recipe README to "
             f"prepare it)" for k in ("train", "eval")
-            if getattr(cfg.data, k) and not Path(getattr(cfg.data, k)).exists()]
+            if getattr(cfg.data, k) and not Path(split_selector(getattr(cfg.data, k))[0]).exists()]
