@@ -15,7 +15,8 @@ import torch
 
 from mmrl.config import RunConfig
 from mmrl.data.media import MediaError, processor_errors
-from mmrl.train import dist, setup
+from mmrl.data.prepare import media_loader
+from mmrl.train import dist
 from mmrl.train.methods import HistoryFilter
 from mmrl.types import PromptFeatures, RolloutBatch, Sample
 
@@ -33,7 +34,7 @@ class PromptSource:
         self.dataset, self.adapter, self.processor, self.info = dataset, adapter, processor, info
         self.cache_size, self.skips_bad_samples = cfg.data.feature_cache, cfg.data.skips_bad_samples
         self.media_stats: dict[str, int] = {}  # e.g. audio_truncated, counted into metrics
-        self.load_media = setup.media_loader(cfg, self.media_stats)
+        self.load_media = media_loader(cfg, adapter.image_factor, self.media_stats)
         self.sampler = PromptSampler(len(dataset), cfg.train.seed, cfg.data.shuffle,
                                      blocks=getattr(dataset, "blocks", None))
         self.history = HistoryFilter.make(cfg.algo)
