@@ -246,17 +246,20 @@ def logits_bytes(shared_prefix: bool, b: int) -> int:
 
 
 def rollout_terms(f: Facts, w: Workload, shared_prefill: bool = False) -> dict:
-    """HF generate: the KV cache of every row at full length, the prefill's largest layer
-    working set, and per decoding step a few [rows, V] float32 tensors."""
+    """HF generate: the KV cache of every row at full length; the prefill's working set (one
+    layer's no-grad intermediates over every prompt token of every row: generate expands the
+    prompt to G rows before prefilling it, but encodes each prompt's media once); per decoding
+    step a few [rows, V] float32 tensors."""
     rows = w.prompts * w.group
-    prefill_rows = w.prompts if shared_prefill else rows
-    text = f.blocks["text"].saved_per_token
+    b = f.dtype_bytes
     out = {"KV cache": rows * (w.prompt_tokens + w.completion) * f.kv_per_token,
-           "prefill working set": prefill_rows * w.prompt_tokens * text,
+           "prefill working set": (w.prompts if shared_prefill else rows) * w.prompt_tokens *
+           f.blocks["text"].nograd_per_token(b),
            "sampling logits": 4 * rows * f.vocab * 4}
-    if "vision" in f.blocks and w.media_tokens:
-        out["vision prefill"] = prefill_rows * w.media_tokens * f.merge ** 2 * \
-            f.blocks["vision"].saved_per_token
+    media = {"vision": w.media_tokens * f.merge ** 2, "audio": w.audio_frames}
+    for kind, n in media.items():
+        if kind in f.blocks and n:
+            out[f"{kind} prefill"] = w.prompts * n * f.blocks[kind].nograd_per_token(b)
     return out
 
 
@@ -266,11 +269,11 @@ def predict(f: Facts, w: Workload, c: Cluster, *, shared_prefill: bool = False) 
     acts = activation_terms(f, w, w.micro_batch)
     roll = rollout_terms(f, w, shared_prefill)
     base = sum(static.values())
-    # A no-grad logprob pass (reference / old policy) keeps one layer's working set and the
-    # logits of one micro-batch.
+    # A no-grad logprob pass (reference / old policy): one layer's working set and the logits
+    # of one micro-batch (logits, their gathered copy, float32 logits/T).
     tokens = _tokens(w, w.micro_batch)[0]
     b = f.dtype_bytes
-    logprob = tokens * f.blocks["text"].saved_per_token + \
+    logprob = tokens * f.blocks["text"].nograd_per_token(b) + \
         acts["logits"] * (8 + 2 * b) / logits_bytes(w.shared_prefix, b)
     phases = {
         "rollout": base + sum(roll.values()),

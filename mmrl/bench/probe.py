@@ -65,6 +65,13 @@ class BlockCost:
     saved_per_token: float
     width: int
     count: int  # blocks of this kind in the model
+    intermediate: int  # MLP width: no-grad forwards peak at a few tensors this wide
+
+    def nograd_per_token(self, b: int) -> int:
+        """Bytes per token live inside one block in a no-grad forward (prefill, reference
+        logprobs): at most three MLP intermediates (gate, up, their product) and a few
+        hidden-width tensors; nothing is kept after the block."""
+        return (3 * self.intermediate + 4 * self.width) * b
 
 
 def _saved_bytes(block, run, shared: list[torch.Tensor]) -> int:
@@ -104,7 +111,7 @@ def _text(model, dtype) -> BlockCost:
     cos_sin = tuple(t.to(dtype) for t in cos_sin)
     saved = _saved_bytes(layer, lambda: layer(x, attention_mask=None, position_ids=pos,
                                               position_embeddings=cos_sin), list(cos_sin))
-    return BlockCost(saved / PROBE_TOKENS, h, len(lm.layers))
+    return BlockCost(saved / PROBE_TOKENS, h, len(lm.layers), lm.config.intermediate_size)
 
 
 def _vision(model, dtype) -> BlockCost | None:
@@ -128,7 +135,9 @@ def _vision(model, dtype) -> BlockCost | None:
     shared = [t for v in kwargs.values() for t in (v if isinstance(v, tuple) else (v,))
               if t.device.type == "meta"]
     saved = _saved_bytes(block, lambda: block(x, **kwargs), shared)
-    return BlockCost(saved / PROBE_TOKENS, width, len(visual.blocks))
+    vc = visual.config
+    mlp = getattr(vc, "intermediate_size", None) or int(getattr(vc, "mlp_ratio", 4) * width)
+    return BlockCost(saved / PROBE_TOKENS, width, len(visual.blocks), mlp)
 
 
 def _audio(model, dtype) -> BlockCost | None:
@@ -147,7 +156,7 @@ def _audio(model, dtype) -> BlockCost | None:
         x = torch.empty(1, PROBE_TOKENS, width, device="meta", dtype=dtype, requires_grad=True)
         kwargs = {"attention_mask": None}
     saved = _saved_bytes(layer, lambda: layer(x, **kwargs), [])
-    return BlockCost(saved / PROBE_TOKENS, width, len(tower.layers))
+    return BlockCost(saved / PROBE_TOKENS, width, len(tower.layers), tower.config.encoder_ffn_dim)
 
 
 def _find(model, name: str):
