@@ -203,7 +203,7 @@ def run(out: Path, cpu: bool, budget_s: float, log=print) -> dict:
         try:
             results["stages"][name] = fn()
         except Exception as e:  # a stage's failure is a result, not the end of the check
-            results["stages"][name] = {"error": f"{type(e).__name__}: {e}",
+            results["stages"][name] = {"failure": f"{type(e).__name__}: {e}",
                                        "traceback": traceback.format_exc()[-3000:]}
         results["stages"][name]["wall_s"] = time.perf_counter() - t
         log(f"[gpu-check] {name}: {time.perf_counter() - t:.0f} s")

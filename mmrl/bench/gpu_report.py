@@ -20,8 +20,8 @@ def markdown(r: dict) -> str:
                      ("grpo step", _grpo), ("trl", _trl)):
         part = s.get(name, {"skipped": "not run"})
         lines += [f"## {_TITLES[name]}", ""]
-        if "error" in part:
-            lines += [f"Failed: `{part['error']}`", "", "```", part.get("traceback", ""), "```", ""]
+        if "failure" in part:
+            lines += [f"Failed: `{part['failure']}`", "", "```", part.get("traceback", ""), "```", ""]
         elif "skipped" in part:
             lines += [f"Not run: {part['skipped']}.", ""]
         else:
@@ -89,8 +89,8 @@ def _update(u: dict, r: dict) -> list[str]:
             if v is None:
                 continue
             head = f"| {row['kind']} | {row['prompt_tokens']} | {row['group']} | {layout} |"
-            if "error" in v:
-                lines.append(f"{head} {v['error']} | | | | | |")
+            if "failure" in v:
+                lines.append(f"{head} {v['failure']} | | | | | |")
                 continue
             mfu = f"{v['flops'] / v['seconds'] / (peak * 1e12):.1%}" if peak else "-"
             ratio = f"{naive / v['seconds']:.2f}x" if naive else "-"

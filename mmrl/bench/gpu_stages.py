@@ -180,7 +180,7 @@ def update_phase(bundle, *, cells, completion: int, micro_batch: int, trials: in
                                                           mask, adv, pad_id=pad,
                                                           micro_batch=micro_batch), trials)
             except torch.OutOfMemoryError as e:
-                row[layout] = {"error": f"out of memory ({str(e).splitlines()[0][:120]})"}
+                row[layout] = {"failure": f"out of memory ({str(e).splitlines()[0][:120]})"}
                 torch.cuda.empty_cache()
                 continue
             flops = 5 * forward_flops(model, layout, p_len, patches, group, completion)

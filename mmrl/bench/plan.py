@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import torch
 
@@ -163,43 +164,61 @@ class Prediction:
         return self.peak <= self.usable
 
 
+@dataclass(frozen=True)
+class Sharding:
+    """How a strategy spreads a process's memory (elements; times bytes where used)."""
+
+    params: bool  # weights (and the KL reference) sharded over the processes
+    master: bool  # DeepSpeed: fp32 master weights + Adam state, partitioned
+    gathered: Callable[[Facts], float]  # weights gathered whole while they run
+    grads: Callable[[Facts, float, int], float]  # gradients per process, (facts, Nt, W)
+    flat_all_reduce: bool = False  # dist.all_reduce_grads: one flat copy of the gradients
+
+
+SHARDING = {
+    "ddp": Sharding(False, False, lambda f: 0, lambda f, nt, w: nt, flat_all_reduce=True),
+    # two reduce buckets (overlap_comm) of scripts/deepspeed/zero2.json's 5e8 elements
+    "zero2": Sharding(False, True, lambda f: 0,
+                      lambda f, nt, w: nt / w + 2 * min(ZERO2_BUCKET, nt)),
+    # the module being run gathered (the embedding is the largest) + the prefetch bucket
+    "zero3": Sharding(True, True, lambda f: max(f.root_params, f.layer_params) + 0.9 * f.hidden ** 2,
+                      lambda f, nt, w: nt / w + 2 * f.hidden ** 2),
+    # the root unit stays gathered; two layers (current + prefetch); one layer's gradient
+    # unsharded while it is reduce-scattered
+    "fsdp2": Sharding(True, False, lambda f: f.root_params + 2 * f.layer_params,
+                      lambda f, nt, w: nt / w + f.layer_params),
+}
+
+
 def static_terms(f: Facts, w: Workload, c: Cluster) -> dict:
     """Weights, gradients, optimizer state and the KL reference, per process."""
     n, nt, b, world = f.params, f.trainable, f.dtype_bytes, c.gpus
-    shard = world if c.strategy in ("zero3", "fsdp2") else 1
+    s = SHARDING[c.strategy]
+    shard = world if s.params else 1
     terms = {"weights": n * b / shard}
-    if c.strategy == "zero3":  # the gathered module (the embedding is the largest) + prefetch
-        terms["weights gathered"] = (max(f.root_params, f.layer_params) + 0.9 * f.hidden ** 2) * b
-    if c.strategy == "fsdp2":  # the root unit stays gathered; two layers (current + prefetch)
-        terms["weights gathered"] = (f.root_params + 2 * f.layer_params) * b
-    reference = w.reference and not w.lora_r
-    if reference:
+    if s.gathered(f):
+        terms["weights gathered"] = s.gathered(f) * b
+    if w.reference and not w.lora_r:
         terms["KL reference"] = n * b / shard
-    if c.strategy in ("zero2", "zero3"):  # DeepSpeed: fp32 master + Adam m, v, partitioned
+    if s.master:  # no separate master copy when the weights are float32 already
         terms["optimizer (fp32 master, m, v)"] = (8 + (4 if b < 4 else 0)) * nt / world
     else:  # torch AdamW: m and v in the parameters' dtype
-        terms["optimizer (m, v)"] = 2 * nt * b / (world if c.strategy == "fsdp2" else 1)
+        terms["optimizer (m, v)"] = 2 * nt * b / shard
     return terms
 
 
 def gradient_terms(f: Facts, w: Workload, c: Cluster) -> dict:
     """Gradient memory while the update runs, and the extra the optimizer step needs."""
     nt, b, world = f.trainable, f.dtype_bytes, c.gpus
-    if c.strategy == "ddp":
-        grads = nt * b
-    elif c.strategy == "zero2":  # partitions + two reduce buckets (overlap_comm)
-        grads = nt * b / world + 2 * min(ZERO2_BUCKET, nt) * b
-    elif c.strategy == "zero3":
-        grads = nt * b / world + 2 * f.hidden ** 2 * b
-    else:  # fsdp2: sharded, plus one unit's unsharded gradient as it is reduce-scattered
-        grads = nt * b / world + f.layer_params * b
+    s = SHARDING[c.strategy]
+    grads = s.grads(f, nt, world) * b
     if c.device == "cpu":  # single-tensor AdamW: one tensor's temporaries at a time
         step = f.largest * b
-    elif c.strategy in ("zero2", "zero3"):  # foreach AdamW over the fp32 partition
+    elif s.master:  # foreach AdamW over the fp32 partition
         step = 4 * nt / world
     else:  # foreach AdamW: a temporary as large as the (local) parameters
-        step = nt * b / (world if c.strategy == "fsdp2" else 1)
-    if c.strategy == "ddp" and world > 1:  # dist.all_reduce_grads: one flat copy of the grads
+        step = nt * b / (world if s.params else 1)
+    if s.flat_all_reduce and world > 1:
         step = max(step, nt * b)
     return {"gradients": grads, "optimizer step temporaries": step}
 
@@ -304,22 +323,27 @@ def update_working_set(grads: float, acts: float, logits: float, n_micro: int,
     return max(acts, grads + acts - logits)
 
 
-def largest(f: Facts, w: Workload, c: Cluster, knob: str, limit: int = 1024) -> int:
-    """The largest micro_batch or group (knob) at which the run fits (0: not even 1)."""
+def largest_micro_batch(f: Facts, w: Workload, c: Cluster) -> int:
+    """The largest train.micro_batch_size at which the run fits (0: not even 1)."""
+    return _largest(f, c, [replace(w, micro_batch=m) for m in range(1, w.prompts * w.group + 1)])
+
+
+def largest_group(f: Facts, w: Workload, c: Cluster, limit: int = 1024) -> int:
+    """The largest rollout.num_generations at the configured micro-batch (0: not even 1)."""
+    return _largest(f, c, [replace(w, group=g, micro_batch=min(w.micro_batch, g * w.prompts))
+                           for g in range(1, limit + 1)])
+
+
+def _largest(f: Facts, c: Cluster, trials: list[Workload]) -> int:
     best = 0
-    for value in range(1, limit + 1):
-        trial = replace(w, **{knob: value})
-        if knob == "group":
-            trial = replace(trial, micro_batch=min(w.micro_batch, value * w.prompts))
-        if knob == "micro_batch" and value > w.prompts * w.group:
-            break
+    for i, trial in enumerate(trials, start=1):
         if not predict(f, trial, c).fits:
             break
-        best = value
+        best = i
     return best
 
 
-__all__ = ["Cluster", "Facts", "Prediction", "Workload", "facts", "largest", "model_facts",
+__all__ = ["Cluster", "Facts", "Prediction", "Workload", "facts", "largest_group", "largest_micro_batch", "model_facts",
            "predict"]
 
 

@@ -84,8 +84,8 @@ def main(argv=None) -> int:
     cluster = plan.Cluster(args.gpu_gib, args.gpus, args.strategy)
     p, facts, what, media = analyse(cfg, cluster, shape=args.shape, media_tokens=args.media_tokens,
                                     text_tokens=args.text_tokens)
-    best_mb = plan.largest(facts, p.workload, cluster, "micro_batch")
-    best_g = plan.largest(facts, p.workload, cluster, "group")
+    best_mb = plan.largest_micro_batch(facts, p.workload, cluster)
+    best_g = plan.largest_group(facts, p.workload, cluster)
     if args.json:
         print(json.dumps({"terms": p.terms, "phases": p.phases, "peak": p.peak, "fits": p.fits,
                           "usable": p.usable, "largest_micro_batch": best_mb,
@@ -114,7 +114,7 @@ def readme_section(config_path: Path) -> str:
         cluster = plan.Cluster(README_GPU_GIB, gpus, strategy)
         w, said = plan.config_workload(cfg, facts, gpus, media_tokens=media)
         p = plan.predict(facts, w, cluster)
-        mb = plan.largest(facts, w, cluster, "micro_batch")
+        mb = plan.largest_micro_batch(facts, w, cluster)
         rows.append(f"| {gpus} x {README_GPU_GIB} GB | {strategy} | {gib(p.peak)} ({p.phase}) | "
                     f"{'yes' if p.fits else 'no'} | {mb or '-'} |")
     assumed = (f" The config sets no image budget: the table assumes prompts of up to {media} "

@@ -82,7 +82,7 @@ def test_more_gpus_and_sharding_lower_the_peak_and_the_largest_knobs_fit():
     one = plan.predict(f, w, plan.Cluster(80, 1, "ddp"))
     sharded = plan.predict(f, w, plan.Cluster(80, 8, "zero3"))
     assert sharded.peak < one.peak
-    best = plan.largest(f, w, plan.Cluster(80, 8, "zero3"), "micro_batch")
+    best = plan.largest_micro_batch(f, w, plan.Cluster(80, 8, "zero3"))
     assert best >= 1
     assert plan.predict(f, plan.replace(w, micro_batch=best), plan.Cluster(80, 8, "zero3")).fits
     if best < w.prompts * w.group:

@@ -21,8 +21,8 @@ def test_gpu_check_cpu_dry_run_writes_every_section(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp_path / "gpu.json").read_text())
     stages = results["stages"]
-    assert not [name for name, s in stages.items() if "error" in s], \
-        {name: s["error"] for name, s in stages.items() if "error" in s}
+    assert not [name for name, s in stages.items() if "failure" in s], \
+        {name: s["failure"] for name, s in stages.items() if "failure" in s}
     for kernel, row in stages["correctness"]["kernels"].items():
         assert row["ok"], (kernel, row)
     for cell in stages["update"]["cells"]:
