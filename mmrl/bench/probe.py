@@ -96,11 +96,17 @@ def _set_attention(module) -> None:
         config._attn_implementation = SHIM
 
 
+def _first_block(owner, blocks: str):
+    """The first block of `owner.<blocks>`, its attention switched to the fused-kernel shim."""
+    block = getattr(owner, blocks)[0]
+    for m in block.modules():
+        _set_attention(m)
+    return block
+
+
 def _text(model, dtype) -> BlockCost:
     lm = _find(model, "language_model") or _find(model, "model")
-    layer = lm.layers[0]
-    for m in layer.modules():
-        _set_attention(m)
+    layer = _first_block(lm, "layers")
     h = lm.config.hidden_size
     x = torch.empty(1, PROBE_TOKENS, h, device="meta", dtype=dtype, requires_grad=True)
     pos = torch.arange(PROBE_TOKENS, device="meta")[None]
@@ -118,9 +124,7 @@ def _vision(model, dtype) -> BlockCost | None:
     visual = _find(model, "visual")
     if visual is None:
         return None
-    block = visual.blocks[0]
-    for m in block.modules():
-        _set_attention(m)
+    block = _first_block(visual, "blocks")
     width = getattr(visual.config, "embed_dim", None) or visual.config.hidden_size  # Qwen2-VL
     heads = visual.config.num_heads
     x = torch.empty(PROBE_TOKENS, width, device="meta", dtype=dtype, requires_grad=True)
@@ -144,9 +148,7 @@ def _audio(model, dtype) -> BlockCost | None:
     tower = _find(model, "audio_tower")
     if tower is None:
         return None
-    layer = tower.layers[0]
-    for m in layer.modules():
-        _set_attention(m)
+    layer = _first_block(tower, "layers")
     width = tower.config.d_model
     names = inspect.signature(layer.forward).parameters
     if "cu_seqlens" in names:  # Omni: packed [T, C] with window boundaries
