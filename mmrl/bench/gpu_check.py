@@ -173,7 +173,8 @@ def trl_step(cpu: bool, s: dict, workdir: Path) -> dict:
                 placeholders=data["placeholders"], cuda=not cpu)
     out = {"trl_version": trl.__version__}
     for name in ("mmrl", "trl"):
-        out[name] = e2e._run_side(name, workdir, side, st["steps"], threads=None, log=lambda *a: None)
+        out[name] = e2e._run_side(name, workdir, side, st["steps"], threads=None,
+                                  log=lambda *a: None)
     out["ratio"] = (sorted(out["trl"]["times_s"][1:])[0] /
                     max(1e-9, sorted(out["mmrl"]["times_s"][1:])[0]))
     return out
@@ -196,7 +197,8 @@ def run(out: Path, cpu: bool, budget_s: float, log=print) -> dict:
     def stage(name, fn, needs_s: float):
         left = budget_s - (time.perf_counter() - started)
         if left < needs_s:
-            results["stages"][name] = {"skipped": f"time budget: {left:.0f} s left, needs ~{needs_s:.0f} s"}
+            results["stages"][name] = {
+                "skipped": f"time budget: {left:.0f} s left, needs ~{needs_s:.0f} s"}
             return
         t = time.perf_counter()
         log(f"[gpu-check] {name} ...")

@@ -21,7 +21,8 @@ def markdown(r: dict) -> str:
         part = s.get(name, {"skipped": "not run"})
         lines += [f"## {_TITLES[name]}", ""]
         if "failure" in part:
-            lines += [f"Failed: `{part['failure']}`", "", "```", part.get("traceback", ""), "```", ""]
+            lines += [f"Failed: `{part['failure']}`", "", "```", part.get("traceback", ""),
+                      "```", ""]
         elif "skipped" in part:
             lines += [f"Not run: {part['skipped']}.", ""]
         else:
@@ -135,9 +136,9 @@ def _trl(t: dict, r: dict) -> list[str]:
     def best(side):
         times = t[side]["times_s"][1:] or t[side]["times_s"]
         return min(times)
-    return [f"TRL {t['trl_version']}, the same model (saved and loaded by both), data, G, completion "
-            f"budget, loss (token mean), beta and precision; each side in its own process, the "
-            f"first step dropped.", "",
+    return [f"TRL {t['trl_version']}, the same model (saved and loaded by both), data, G, "
+            f"completion budget, loss (token mean), beta and precision; each side in its own "
+            f"process, the first step dropped.", "",
             "| trainer | best step s | peak GiB (CUDA) |", "|---|---:|---:|",
             *[f"| {side} | {best(side):.2f} | "
               f"{(t[side].get('peak_cuda_mb') or 0) / 1024:.1f} |" for side in ("mmrl", "trl")],

@@ -85,7 +85,8 @@ def matmul_params(model) -> dict[str, int]:
     return out
 
 
-def forward_flops(model, layout: str, prompt: int, patches: int, group: int, completion: int) -> float:
+def forward_flops(model, layout: str, prompt: int, patches: int, group: int,
+                  completion: int) -> float:
     """Model FLOPs of one forward over a group in `layout` (the tokens that layout runs): 2 per
     weight per token for every matmul, plus causal text attention (QK and AV). Vision
     attention is not counted (windowed, a few percent of the tower)."""
@@ -107,8 +108,6 @@ def forward_flops(model, layout: str, prompt: int, patches: int, group: int, com
 def correctness(bundle, *, prompt_tokens: int, group: int, completion: int, kernels) -> dict:
     """Per kernel: the shared-prefix layout's and the naive layout's errors against a float32
     naive reference (logprobs: max abs; gradients: worst relative error over tensors)."""
-    from mmrl.bench.update import kernel_for, layout_forward
-
     adapter, model, processor = bundle
     pad = processor.tokenizer.pad_token_id
     prompt = make_prompt(adapter, processor, "image", prompt_tokens)
@@ -130,12 +129,12 @@ def correctness(bundle, *, prompt_tokens: int, group: int, completion: int, kern
                 model.set_attn_implementation(impl)
             m = mask.bool()
             row[f"{layout}_logp"] = float((logp - ref_logp)[m].abs().max())
-            row[f"{layout}_grad"] = max(float((g - ref_grads[k]).norm() / ref_grads[k].norm().clamp(min=1e-30))
-                                        for k, g in grads.items())
+            row[f"{layout}_grad"] = max(
+                float((g - ref_grads[k]).norm() / ref_grads[k].norm().clamp(min=1e-30))
+                for k, g in grads.items())
         row["ok"] = (row["shared_logp"] <= 2 * row["naive_logp"] + 1e-4
                      and row["shared_grad"] <= 2 * row["naive_grad"] + 1e-4)
         rows[kernel] = row
-    _ = kernel_for, layout_forward
     return {"prompt_tokens": prompt.input_ids.shape[0], "group": group, "completion": completion,
             "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "kernels": rows}
 

@@ -181,7 +181,8 @@ SHARDING = {
     "zero2": Sharding(False, True, lambda f: 0,
                       lambda f, nt, w: nt / w + 2 * min(ZERO2_BUCKET, nt)),
     # the module being run gathered (the embedding is the largest) + the prefetch bucket
-    "zero3": Sharding(True, True, lambda f: max(f.root_params, f.layer_params) + 0.9 * f.hidden ** 2,
+    "zero3": Sharding(True, True,
+                      lambda f: max(f.root_params, f.layer_params) + 0.9 * f.hidden ** 2,
                       lambda f, nt, w: nt / w + 2 * f.hidden ** 2),
     # the root unit stays gathered; two layers (current + prefetch); one layer's gradient
     # unsharded while it is reduce-scattered
@@ -225,9 +226,9 @@ def gradient_terms(f: Facts, w: Workload, c: Cluster) -> dict:
 
 def _tokens(w: Workload, rows: int) -> tuple[int, int, int]:
     """(text-model tokens, vision patches, audio frames) of one forward over `rows` rows."""
-    if w.shared_prefix:  # one prompt per group in the micro-batch; a completion's last token dropped
-        n = w.prompts * w.group  # the most groups any micro-batch of consecutive rows touches
-        prompts = max((min(n, k + rows) - 1) // w.group - k // w.group + 1 for k in range(0, n, rows))
+    if w.shared_prefix:  # each group's prompt once; a completion's last token dropped
+        n, g = w.prompts * w.group, w.group  # the most groups a micro-batch of rows touches
+        prompts = max((min(n, k + rows) - 1) // g - k // g + 1 for k in range(0, n, rows))
         return prompts * w.prompt_tokens + rows * max(1, w.completion - 1), prompts, prompts
     return rows * (w.prompt_tokens + w.completion), rows, rows
 
@@ -343,8 +344,8 @@ def _largest(f: Facts, c: Cluster, trials: list[Workload]) -> int:
     return best
 
 
-__all__ = ["Cluster", "Facts", "Prediction", "Workload", "facts", "largest_group", "largest_micro_batch", "model_facts",
-           "predict"]
+__all__ = ["Cluster", "Facts", "Prediction", "Workload", "facts", "largest_group",
+           "largest_micro_batch", "model_facts", "predict"]
 
 
 # ----------------------------------------------------------------- from a run config ----------
@@ -440,7 +441,8 @@ def config_workload(cfg, f: Facts, world: int, *, media_tokens: int | None = Non
     w = Workload(prompt_tokens=prompt_tokens or text_tokens + vision + audio_tokens,
                  media_tokens=vision,
                  audio_frames=frames, completion=r.max_new_tokens, group=r.num_generations,
-                 prompts=r.prompts_per_step // world, micro_batch=max(1, cfg.train.micro_batch_size),
+                 prompts=r.prompts_per_step // world,
+                 micro_batch=max(1, cfg.train.micro_batch_size),
                  shared_prefix=cfg.train.shared_prefix,
                  checkpointing=cfg.model.gradient_checkpointing,
                  reference=cfg.algo.uses_reference, lora_r=cfg.model.lora.r)

@@ -208,8 +208,8 @@ def build(name: str, layers: int | None = None, *, dtype: torch.dtype = torch.bf
             torch.set_default_dtype(default)
     model.eval()
     eos = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id]
-    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id,
-                                               bos_token_id=None)
+    model.generation_config = GenerationConfig(eos_token_id=eos, bos_token_id=None,
+                                               pad_token_id=tokenizer.pad_token_id)
     return model, processor(name, cfg, tokenizer)
 
 
@@ -227,5 +227,5 @@ def build_for(path: str, family: str, *, dtype: torch.dtype, seed: int = 0):
     return build(name, layers, dtype=dtype, device=device, seed=seed)
 
 
-__all__ = ["CHECKPOINTS", "SCHEME", "SHAPES", "Shape", "build", "build_for", "config", "dims", "parse",
-           "processor"]
+__all__ = ["CHECKPOINTS", "SCHEME", "SHAPES", "Shape", "build", "build_for", "config", "dims",
+           "parse", "processor"]

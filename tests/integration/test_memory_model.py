@@ -56,7 +56,8 @@ def test_plan_predicts_the_measured_cpu_peak_within_15_percent(name, tmp_path):
     cfg = load(None, overrides)
     facts, _ = plan.config_facts(cfg)
     workload, _ = plan.config_workload(
-        cfg, facts, 1, media_tokens=measured["vision_tokens"], prompt_tokens=measured["prompt_tokens"],
+        cfg, facts, 1, media_tokens=measured["vision_tokens"],
+        prompt_tokens=measured["prompt_tokens"],
         audio_frames=facts.audio_window if measured["audio_tokens"] else 0)
     predicted = plan.predict(facts, workload, plan.Cluster(gpu_gib=24, device="cpu"))
     ratio = predicted.peak / measured["peak_bytes"]

@@ -76,13 +76,15 @@ def test_model_path_shape_builds_through_the_trainer_setup():
     from mmrl.models import get_adapter
     from mmrl.train import setup
 
-    cfg = config.load(None, ["data.train=x.jsonl", "model.family=qwen2_5_vl", "model.path=shape:qwen2_5_vl-3b:1",
+    cfg = config.load(None, ["data.train=x.jsonl", "model.family=qwen2_5_vl",
+                             "model.path=shape:qwen2_5_vl-3b:1",
                              "model.dtype=bfloat16"])
     setup.check_environment(cfg)
     model, processor, peft = setup.build_model(cfg, get_adapter("qwen2_5_vl"))
     assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration" and peft is None
     assert model.lm_head.weight.shape == (151936, 2048) and model.dtype == torch.bfloat16
     assert len(model.model.language_model.layers) == 1
-    wrong = config.load(None, ["data.train=x.jsonl", "model.family=qwen2_vl", "model.path=shape:qwen2_5_vl-3b:1"])
+    wrong = config.load(None, ["data.train=x.jsonl", "model.family=qwen2_vl",
+                               "model.path=shape:qwen2_5_vl-3b:1"])
     with pytest.raises(ValueError, match="set model.family=qwen2_5_vl"):
         setup.build_model(wrong, get_adapter("qwen2_vl"))
