@@ -101,6 +101,10 @@ def test_cli_prints_the_prediction_and_exits_1_when_it_does_not_fit(capsys):
     assert "does NOT fit" in capsys.readouterr().out
     with pytest.raises(ValueError, match="--media-tokens"):
         plan_report.main([config, "model.path=tiny"])
+    from mmrl.cli import main  # the `mmrl plan` entry reaches the same
+
+    assert main(["plan", config, "model.path=tiny", "--media-tokens", "64"]) == 0
+    assert "fits" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("config", sorted(Path(plan_report.RECIPES).glob("*/config.yaml")),
