@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,37 @@ def test_gpu_check_cpu_dry_run_writes_every_section(tmp_path):
                   "## Generation", "## One full GRPO step", "## TRL"):
         assert title in text
     assert "CPU dry run" in text
+
+
+def _wheel(folder: Path, name: str) -> Path:
+    """A minimal pure-Python wheel of package `name` (one module that says its name)."""
+    import zipfile
+
+    path = folder / f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{name}/__init__.py", f"NAME = {name!r}\n")
+        z.writestr(f"{name}-1.0.dist-info/METADATA",
+                   f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        z.writestr(f"{name}-1.0.dist-info/WHEEL",
+                   "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{name}-1.0.dist-info/RECORD", "")
+    return path
+
+
+def test_gpu_wheels_downloads_and_gpu_site_installs_only_what_is_missing(tmp_path):
+    """gpu_wheels.sh fetches the wheels it is told to (one small one here); gpu_site.py installs,
+    offline, the brought wheels this Python cannot import and leaves the others alone."""
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    env = dict(os.environ, GPU_WHEELS="mdurl==0.1.2", GPU_WHEELS_DIR=str(wheels),
+               PYTHON=sys.executable)
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_wheels.sh")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [p.name for p in wheels.glob("*.whl")] == ["mdurl-0.1.2-py3-none-any.whl"]
+    _wheel(wheels, "mmrl_gpu_site_probe")
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_site.py"), str(wheels),
+                           str(site)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "installing mmrl_gpu_site_probe" in proc.stdout and "mdurl" not in proc.stdout
+    assert (site / "mmrl_gpu_site_probe" / "__init__.py").is_file()
+    assert not (site / "mdurl").exists()  # importable here already: the image's own wins
