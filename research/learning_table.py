@@ -2,11 +2,13 @@
 
 For each row: write the task in the recipe's anchor format (mmrl.data.anchor_tasks), convert it
 with `mmrl data convert --from FORMAT` (a subprocess, as a user runs it), train with
-`mmrl train recipes/R/config.yaml recipes/R/learn.yaml` (SFT warm-up, then GRPO) and read
+`mmrl train recipes/R/config.yaml research/layers/R.yaml` (SFT warm-up, then GRPO) and read
 summary.json: the held-out metric before RL, after RL, and after RL with the media shuffled
 across samples. Rows run one after another (the machine is small and shared).
 
-    python scripts/learning_table.py [--rows counting,detection] [--seeds 0,1,2] [--out docs]
+    bash research/learning_table.sh [--rows counting,detection] [--seeds 0,1,2] [--render-only]
+
+Research, not product: nothing under mmrl/ or rewards/ imports this folder (research/README.md).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,10 +24,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+HERE = ROOT / "research"
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
 
-from learning_findings import FINDINGS  # noqa: E402  (rendered under the table)
+
+def read_findings(path: Path = HERE / "findings.md") -> dict[str, str]:
+    """findings.md's `## row` sections, each joined into one paragraph (a bullet under the table).
+    Prose lives in Markdown, where it is read and reviewed, rather than in Python strings."""
+    parts = re.split(r"^## (.+)$", path.read_text(), flags=re.M)
+    return {parts[i].strip(): " ".join(parts[i + 1].split()) for i in range(1, len(parts), 2)}
+
+
+FINDINGS = read_findings()  # rendered under the table, for the rows measured
 
 # row -> (recipe, extra overrides). The metric is the recipe's eval.metric_reward.
 ROWS: dict[str, tuple[str, list[str]]] = {
@@ -47,7 +58,7 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     # 200 training prompts: 150 steps x 8 prompts are 6 passes, so a prompt's history (which
     # spans passes) has visits to remember; the plain row for history filtering.
     "vqa_200": ("vqa", ["data.max_samples=200"]),
-    # A pretext task (README "Methods from the papers", 5): `mmrl data generate rotation` on a
+    # A pretext task (docs/methods.md, pretext tasks): `mmrl data generate rotation` on a
     # folder of photo-like scenes (PRETEXT), trained with the vqa recipe's accuracy reward.
     "rotation": ("vqa", []),
     # The same for videos: `mmrl data generate temporal_jigsaw` (2 clips: in order or swapped)
@@ -72,7 +83,7 @@ PRETEXT = {"rotation": ("photos", {"size": 56, "n_train": 600, "n_eval": 100}),
                                           "clips": 2, "frames_per_clip": 2, "fps": 2}),
            "clip_counting": ("videos", {"size": 56, "n_train": 1000, "n_eval": 100,
                                         "max_clips": 3, "frames_per_clip": 2, "fps": 2})}
-# The seeds' methods (README "Methods from the papers"), each a row on top of a recipe row and
+# The seeds' methods (docs/methods.md), each a row on top of a recipe row and
 # compared with it seed by seed: method row -> (plain GRPO row, overrides).
 METHODS: dict[str, tuple[str, list[str]]] = {
     # TTRL / MM-UPT: no labels in RL. TTRL's plain majority: with min_agreement 0.5 a majority
@@ -211,7 +222,7 @@ def run_row(row: str, seed: int, data_root: Path, runs_root: Path) -> dict:
     log.write_text("")
     train, evalf = (prepare_pretext(row, data_root, log) if row in PRETEXT
                     else prepare(recipe, data_root, log))
-    cfg = [f"recipes/{recipe}/config.yaml", f"recipes/{recipe}/learn.yaml"]
+    cfg = [f"recipes/{recipe}/config.yaml", f"research/layers/{recipe}.yaml"]
     started = time.perf_counter()
     _mmrl(["train", *cfg, f"data.train={train}", f"data.eval={evalf}", f"train.seed={seed}",
            f"log.run_dir={run_dir}", f"name=learn_{run_dir.name[:-len(f'_s{seed}')]}", *extra], log)
@@ -248,8 +259,7 @@ def methods_table(results: list[dict]) -> list[str]:
     warm-up schedule), and the mean difference over the seeds both have."""
     ok = {(r["row"], r["seed"]): r for r in results if "error" not in r}
     lines = ["", "## The seeds' methods against plain GRPO", "",
-             "Each method is its recipe row with the method's keys on (README, *Methods from the "
-             "papers*); `bash scripts/learning_table.sh --rows methods` runs them. *after* is the "
+             "Each method is its recipe row with the method's keys on (docs/methods.md); `bash research/learning_table.sh --rows methods` runs them. *after* is the "
              "held-out metric after RL; *diff* is method minus plain GRPO on the same seed; *rate* "
              "is the method's own logged rate, averaged over steps and seeds.", "",
              "| method row | plain row | metric | seeds | plain after | method after | diff | "
@@ -320,9 +330,9 @@ def findings(results: list[dict]) -> list[str]:
         return []
     lines = ["", "## What was found on the way, and why rows miss", "",
              "Numbers below for settings other than a row's own (seed 0) are the same run with "
-             "the overrides named in the text: after `bash scripts/learning_table.sh --rows R "
+             "the overrides named in the text: after `bash research/learning_table.sh --rows R "
              "--seeds 0` has written "
-             "the data, `mmrl train recipes/R/config.yaml recipes/R/learn.yaml "
+             "the data, `mmrl train recipes/R/config.yaml research/layers/R.yaml "
              "data.train=data/learning/R/converted/train.jsonl "
              "data.eval=data/learning/R/converted/eval.jsonl train.seed=0 KEY=VALUE ...` (e.g. "
              "`rollout.temperature=1.0`, `algo.neg_weight=0`, `rollout.top_k=10`); the run's "
@@ -343,7 +353,7 @@ def write_markdown(results: list[dict], out: Path, png: Path | None) -> None:
         "",
         "Each recipe learns a tiny offline task whose answer is only in the media, on a tiny",
         "random model on CPU (2 cores). The task is written in the recipe's anchor format and",
-        "converted with `mmrl data convert`; `mmrl train recipes/R/config.yaml recipes/R/learn.yaml`",
+        "converted with `mmrl data convert`; `mmrl train recipes/R/config.yaml research/layers/R.yaml`",
         "runs an SFT warm-up, then GRPO. Metrics are the held-out `mmrl eval` metric reward:",
         "*before* RL (after the warm-up), *after* RL, and after RL with media (images, videos,",
         "audio) shuffled across samples (*shuffled*). *Chance* is the majority-answer rate (exact-",
@@ -351,8 +361,9 @@ def write_markdown(results: list[dict], out: Path, png: Path | None) -> None:
         "chance or no better than before RL, in <= 6 min wall on 2 cores. *load* is the 5-min load",
         "average at the run's end: on a shared machine wall time grows with it.",
         "",
-        "Reproduce: `bash scripts/learning_table.sh` (all rows, seeds 0 1 2) or "
-        "`bash scripts/learning_table.sh --rows counting --seeds 0`.",
+        "Reproduce: `bash research/learning_table.sh` (all rows, seeds 0 1 2) or "
+        "`bash research/learning_table.sh --rows counting --seeds 0`. How the rows are built, "
+        "and the crutches the tiny models need: research/README.md.",
         "",
         "| row | recipe | metric | seed | before | after | shuffled | chance | SFT/RL steps | wall | load | bar |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -425,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "docs"), help="folder for learning.md and .png")
     p.add_argument("--data", default=str(ROOT / "data" / "learning"))
     p.add_argument("--runs", default=str(ROOT / "runs" / "learning"))
+    p.add_argument("--results", default=str(HERE / "learning_results.json"),
+                   help="every measured (row, seed); rows run in separate invocations add up")
     p.add_argument("--render-only", action="store_true",
                    help="rewrite learning.md and the plot from learning_results.json")
     args = p.parse_args(argv)
@@ -434,9 +447,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"learning_table: unknown rows {unknown}; known: {', '.join(ROWS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    # Kept next to learning.md (and committed with it): rows run in separate invocations, or in
-    # another session, add up; a (row, seed) measured again replaces the old one.
-    results_file = out / "learning_results.json"
+    # Committed with learning.md: rows run in separate invocations, or in another session, add
+    # up; a (row, seed) measured again replaces the old one.
+    results_file = Path(args.results)
     results: list[dict] = json.loads(results_file.read_text()) if results_file.exists() else []
     if args.render_only:
         results.sort(key=_order)

@@ -5,7 +5,7 @@ import ast
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[1]
 PACKAGES = ("mmrl", "rewards")
 
 
@@ -134,3 +134,12 @@ def test_no_private_names_imported_across_modules_in_data_and_rollout():
                 bad += [f"{name}: {node.module}.{a.name}" for a in node.names
                         if a.name.startswith("_") and not a.name.startswith("__")]
     assert bad == []
+
+
+def test_the_product_imports_nothing_from_research():
+    """research/ (the learning table, its probes) uses the product; the product never uses it:
+    not as `research.x`, and not as a bare module name found there through sys.path."""
+    names = {"research"} | {p.stem for p in (ROOT / "research").rglob("*.py")}
+    bad = {m: sorted(i for i in _imports(m, p) if i.split(".")[0] in names)
+           for m, p in MODULES.items()}
+    assert {m: i for m, i in bad.items() if i} == {}

@@ -6,7 +6,7 @@ Reads `mmrl eval` rows (a run's eval/<name>.jsonl: `answer` "[x1, y1, x2, y2]", 
 near chance (1/cells) beside a good row rate is the M-RoPE width fault of
 recipes/detection/README.md.
 
-    python scripts/box_cells.py runs/learning/detection_s0/eval/before_rl.jsonl [--cells 3]
+    python research/probes/box_cells.py runs/learning/detection_s0/eval/before_rl.jsonl [--cells 3]
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ among those, and how often each of `--words` is said against how often the refer
 A word the references use that no answer says (a shape never named) is a word the model does not
 read.
 
-    python scripts/caption_words.py runs/learning/captioning_s0/eval/before_rl.jsonl \\
+    python research/probes/caption_words.py runs/learning/captioning_s0/eval/before_rl.jsonl \\
         runs/learning/captioning_s0/eval/after_rl.jsonl [--words circle,square,triangle]
 """
 from __future__ import annotations

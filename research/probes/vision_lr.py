@@ -5,7 +5,7 @@ synthetic object per 56 px image, cross-entropy on the first token of the three 
 the generation prompt. The learning table's finding (docs/learning.md): at lr 1e-3 the tiny
 Qwen2.5-VL stays at chance for colour and shape; at 1e-4 / 3e-4 it learns them.
 
-    python scripts/probe_vision_lr.py --what shape --lr 3e-4 [--family qwen2_5_vl] [--steps 300]
+    python research/probes/vision_lr.py --what shape --lr 3e-4 [--family qwen2_5_vl] [--steps 300]
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from mmrl.data.synthetic_av import COLORS, SHAPES, _scene  # noqa: E402
 from mmrl.models import get_adapter  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""scripts/box_cells.py: boxes scored by grid column, row and cell against hand-worked rows."""
+"""research/probes/box_cells.py: boxes scored by grid column, row and cell against hand-worked rows."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+SCRIPT = Path(__file__).resolve().parents[2] / "research" / "probes" / "box_cells.py"
+sys.path.insert(0, str(SCRIPT.parent))
 import box_cells  # noqa: E402
 
 
@@ -31,12 +32,11 @@ def test_column_row_and_cell_rates_on_a_3x3_grid():
 
 
 def test_command_line_prints_the_rates_of_each_file(tmp_path):
-    """Run as users run it: `python scripts/box_cells.py RUN/eval/before_rl.jsonl`."""
+    """Run as users run it: `python research/probes/box_cells.py RUN/eval/before_rl.jsonl`."""
     path = tmp_path / "before_rl.jsonl"
     rows = [_row("[0, 0, 20, 20]", [0, 0, 20, 20]), _row("[28, 0, 48, 20]", [0, 0, 20, 20])]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    script = Path(__file__).resolve().parents[2] / "scripts" / "box_cells.py"
-    proc = subprocess.run([sys.executable, str(script), str(path), "--cells", "3"],
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(path), "--cells", "3"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == (f"{path}: 2 boxes  column 0.50  row 1.00  cell 0.50  "

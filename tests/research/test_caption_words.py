@@ -1,4 +1,4 @@
-"""scripts/caption_words.py: captions scored word by word against hand-worked rows."""
+"""research/probes/caption_words.py: captions scored word by word against hand-worked rows."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "caption_words.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "research" / "probes" / "caption_words.py"
 sys.path.insert(0, str(SCRIPT.parent))
 import caption_words  # noqa: E402
 
@@ -29,7 +29,7 @@ def test_length_position_and_word_counts():
 
 
 def test_command_line_prints_one_line_per_file(tmp_path):
-    """Run as users run it: `python scripts/caption_words.py RUN/eval/after_rl.jsonl`."""
+    """Run as users run it: `python research/probes/caption_words.py RUN/eval/after_rl.jsonl`."""
     path = tmp_path / "after_rl.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     proc = subprocess.run([sys.executable, str(SCRIPT), str(path), "--words", "circle,square"],

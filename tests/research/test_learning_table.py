@@ -1,6 +1,6 @@
-"""The learning table's pieces that need no training: anchor-format task files convert back to
-the native task (solutions and media), the shuffled-media control moves
-videos and audio too, and the bar's verdict."""
+"""research/learning_table.py's pieces that need no training: the layers resolve and fit every
+gold answer, the bar's verdict, the rendered table, the methods' comparison and the pretext and
+transfer rows."""
 from __future__ import annotations
 
 import json
@@ -12,37 +12,14 @@ import numpy as np
 import pytest
 
 from mmrl.data import anchor_tasks
-from mmrl.data.formats import convert
 from mmrl.data.synthetic import GENERATORS
-from mmrl.train.evaluate import shuffle_media
 from mmrl.types import Sample
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "research"))
 import learning_table  # noqa: E402
 
-
-@pytest.mark.parametrize("recipe", sorted(anchor_tasks.ANCHORS))
-def test_anchor_records_convert_back_to_the_native_task(recipe, tmp_path):
-    base, fixed, fmt, _ = anchor_tasks.ANCHORS[recipe]
-    native = GENERATORS.get(base)(tmp_path / "native", **{**fixed, "n_train": 3, "n_eval": 2})
-    want = [json.loads(line) for line in Path(native["train"]).read_text().splitlines()]
-    made = GENERATORS.get(f"anchor_{recipe}")(tmp_path / "anchor", n_train=3, n_eval=2)
-    assert made["format"] == fmt
-    assert not (tmp_path / "anchor" / "train.jsonl").exists()  # only the anchor's file is left
-    out = tmp_path / "conv.jsonl"
-    convert(fmt, made["train"], out)  # what `mmrl data convert --from FMT` runs
-    got = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g["solution"] == w["solution"]  # boxes and segments: the same numbers
-        for kind in ("images", "videos", "audios"):
-            assert [Path(p).name for p in g.get(kind, [])] == \
-                   [Path(p).name for p in w.get(kind, [])]
-        text = " ".join(c.get("text", "") for m in g["messages"] for c in m["content"]
-                        if isinstance(c, dict))
-        for option in g.get("options") or []:  # listed once, by the anchor's template
-            assert text.count(option) == 1, text
+LAYERS = {"learn": "research/layers/{}.yaml", "tiny": "recipes/{}/tiny.yaml"}
 
 
 @pytest.mark.parametrize("layer", ["learn", "tiny"])
@@ -61,21 +38,9 @@ def test_layer_budget_fits_every_gold_answer(recipe, layer, tmp_path):
     samples = [Sample(id=str(i), messages=[], solution=json.loads(line)["solution"])
                for i, line in enumerate(Path(native["train"]).read_text().splitlines())]
     cfg = config.load(ROOT / "recipes" / recipe / "config.yaml",
-                      [str(ROOT / "recipes" / recipe / f"{layer}.yaml")])
+                      [str(ROOT / LAYERS[layer].format(recipe))])
     assert answer_budget(samples, tiny_tokenizer(), cfg.sft.target,
                          cfg.rollout.max_new_tokens) is None
-
-
-def test_shuffle_media_moves_images_videos_and_audio_from_one_donor():
-    samples = [Sample(id=str(i), messages=[], images=[f"i{i}"], videos=[f"v{i}"],
-                      audios=[f"a{i}"], fields={"duration": i}) for i in range(5)]
-    out = shuffle_media(samples, seed=0)
-    for s, o in zip(samples, out):
-        donor = o.images[0][1:]
-        assert donor != s.id  # a derangement
-        assert o.videos == [f"v{donor}"] and o.audios == [f"a{donor}"]
-        assert o.fields == s.fields and o.id == s.id
-    assert sorted(o.images[0] for o in out) == sorted(s.images[0] for s in samples)
 
 
 def _row(metric="count", before=0.5, after=0.7, shuffled=0.26, chance=0.25, wall_s=100.0):
@@ -98,7 +63,7 @@ def test_bar_verdict():
 
 
 def test_learning_table_sh_names_unknown_rows():
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "learning_table.sh"), "--rows", "bogus"],
+    proc = subprocess.run(["bash", str(ROOT / "research" / "learning_table.sh"), "--rows", "bogus"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "unknown rows ['bogus']" in proc.stderr
 
@@ -109,9 +74,10 @@ def test_learning_table_py_renders_table_and_plot_from_results(tmp_path):
     row = dict(row="asr", recipe="asr", seed=1, sft_steps=40, rl_steps=150, load=2.0,
                curve=[[0, 0.4], [50, 0.5], [150, 0.6]], **_row(metric="wer", before=0.4,
                                                                after=0.6, shuffled=0.3, chance=None))
-    (docs / "learning_results.json").write_text(json.dumps([row]))
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "learning_table.py"),
-                           "--render-only", "--out", str(docs)],
+    results = tmp_path / "learning_results.json"
+    results.write_text(json.dumps([row]))
+    proc = subprocess.run(["bash", str(ROOT / "research" / "learning_table.sh"),
+                           "--render-only", "--out", str(docs), "--results", str(results)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     md = (tmp_path / "docs" / "learning.md").read_text()
@@ -122,13 +88,14 @@ def test_learning_table_py_renders_table_and_plot_from_results(tmp_path):
     assert (tmp_path / "docs" / "learning.png").stat().st_size > 1000
 
 
-@pytest.mark.parametrize("recipe", sorted(p.parent.name for p in (ROOT / "recipes").rglob("learn.yaml")))
-def test_every_learn_layer_validates_on_the_converted_task(recipe):
-    """config.yaml + learn.yaml + the table's data overrides resolve, on a tiny model."""
+@pytest.mark.parametrize("recipe", sorted(p.stem for p in (ROOT / "research" / "layers").glob("*.yaml")))
+def test_every_layer_validates_on_the_converted_task(recipe):
+    """recipes/R/config.yaml + research/layers/R.yaml + the table's data overrides resolve, on a
+    tiny model."""
     from mmrl import config
 
     cfg = config.load(ROOT / "recipes" / recipe / "config.yaml",
-                      [str(ROOT / "recipes" / recipe / "learn.yaml"), "data.train=t.jsonl",
+                      [str(ROOT / "research" / "layers" / f"{recipe}.yaml"), "data.train=t.jsonl",
                        "data.eval=e.jsonl"])
     assert cfg.model.path == "tiny" and cfg.data.format == "mmrl" and cfg.eval.shuffled_images
     assert cfg.eval.metric_reward in {r.name for r in cfg.rewards}
@@ -148,9 +115,12 @@ def test_methods_table_compares_seed_by_seed_with_the_methods_rate():
     assert "| vqa+history_skip | vqa_200 | – | – | – | – | – | not measured | – | – | – |" in text
 
 
-def test_findings_in_learning_findings_py_name_known_rows():
-    text = (ROOT / "scripts" / "learning_findings.py").read_text()
-    assert "FINDINGS" in text and set(learning_table.FINDINGS) <= set(learning_table.ROWS)
+def test_findings_md_sections_name_known_rows_and_read_as_one_paragraph(tmp_path):
+    assert set(learning_table.FINDINGS) <= set(learning_table.ROWS)
+    assert all(learning_table.FINDINGS.values())
+    md = tmp_path / "findings.md"
+    md.write_text("# Findings\n\nIntro.\n\n## asr\n\nfirst line\nsecond `line`.\n\n## vqa\n\nx\n")
+    assert learning_table.read_findings(md) == {"asr": "first line second `line`.", "vqa": "x"}
 
 
 def test_pretext_row_is_rotation_of_unseen_photos_generated_by_the_cli(tmp_path, monkeypatch):
@@ -198,19 +168,6 @@ def test_transfer_row_starts_from_the_last_checkpoint_of_its_source_row(tmp_path
     monkeypatch.setattr(learning_table, "run_row", lambda *a: None)
     with pytest.raises(RuntimeError, match="saved no checkpoint"):
         learning_table._final_checkpoint("rotation", 2, tmp_path / "data", tmp_path)
-
-
-def test_falling_ball_clips_give_time_a_direction(tmp_path):
-    """The temporal_jigsaw row's stand-in for the user's videos: in every clip the ball is lower
-    in each frame than in the one before, so in-order and swapped halves differ."""
-    from mmrl.data.media import load_video
-    from mmrl.data.synthetic_av import paint_falling
-
-    for path in paint_falling(tmp_path, n=3, size=56, frames=8, fps=4):
-        frames = load_video(str(path), nframes=8, max_frames=8).frames.astype(float)
-        dark = frames.mean(-1) < frames.mean(-1).mean() - 20  # the ball is darker than the back
-        rows = [np.nonzero(d.any(1))[0].mean() for d in dark]
-        assert all(b > a for a, b in zip(rows, rows[1:])), rows
 
 
 def test_transfer_rows_rate_is_the_pretext_rows_own_result():

@@ -1,9 +1,12 @@
-"""Evaluation metrics against hand-computed values and the reference libraries."""
+"""Evaluation metrics against hand-computed values and the reference libraries; the
+shuffled-media control."""
 import jiwer
 import pytest
 import sacrebleu
 
+from mmrl.train.evaluate import shuffle_media
 from mmrl.train.metrics import pass_at_k, summarize, task_metrics
+from mmrl.types import Sample
 
 
 def test_pass_at_k_hand_values():
@@ -55,3 +58,15 @@ def test_summarize_pass_at_k_over_draws():
     m = summarize(rows, "accuracy", 4)
     assert m["pass@1"] == pytest.approx((0.25 + 0) / 2)
     assert m["pass@4"] == pytest.approx((1 + 0) / 2)
+
+
+def test_shuffle_media_moves_images_videos_and_audio_from_one_donor():
+    samples = [Sample(id=str(i), messages=[], images=[f"i{i}"], videos=[f"v{i}"],
+                      audios=[f"a{i}"], fields={"duration": i}) for i in range(5)]
+    out = shuffle_media(samples, seed=0)
+    for s, o in zip(samples, out):
+        donor = o.images[0][1:]
+        assert donor != s.id  # a derangement
+        assert o.videos == [f"v{donor}"] and o.audios == [f"a{donor}"]
+        assert o.fields == s.fields and o.id == s.id
+    assert sorted(o.images[0] for o in out) == sorted(s.images[0] for s in samples)
