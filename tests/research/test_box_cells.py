@@ -1,4 +1,5 @@
-"""research/probes/box_cells.py: boxes scored by grid column, row and cell against hand-worked rows."""
+"""research/probes/box_cells.py: boxes scored by grid column, row and cell against hand-worked
+rows."""
 from __future__ import annotations
 
 import json

@@ -88,7 +88,7 @@ def test_learning_table_py_renders_table_and_plot_from_results(tmp_path):
     assert (tmp_path / "docs" / "learning.png").stat().st_size > 1000
 
 
-@pytest.mark.parametrize("recipe", sorted(p.stem for p in (ROOT / "research" / "layers").glob("*.yaml")))
+@pytest.mark.parametrize("recipe", sorted(p.stem for p in (ROOT / "research/layers").glob("*.yaml")))
 def test_every_layer_validates_on_the_converted_task(recipe):
     """recipes/R/config.yaml + research/layers/R.yaml + the table's data overrides resolve, on a
     tiny model."""
