@@ -349,7 +349,7 @@ def _fmt(v, metric: str) -> str:
 
 def write_markdown(results: list[dict], out: Path, png: Path | None) -> None:
     lines = [
-        "# Learning table",
+        "# Learning table: each recipe learning a tiny task from its media, before and after RL",
         "",
         "Each recipe learns a tiny offline task whose answer is only in the media, on a tiny",
         "random model on CPU (2 cores). The task is written in the recipe's anchor format and",
