@@ -16,8 +16,8 @@ from mmrl.models import prefix_attention as pa
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.models.shared_prefix import pack_groups, shared_prefix_logprobs, uses_varlen
 from mmrl.types import Sample
-from tests.unit.test_models_av import media, messages
-from tests.unit.test_shared_prefix import completions, logprobs_and_grads
+from tests.models.test_adapters_av import media, messages
+from tests.models.test_shared_prefix import completions, logprobs_and_grads
 
 G = 4
 FAMILIES = [("qwen2_vl", "image"), ("qwen2_5_vl", "video"), ("qwen3_vl", "image"),
