@@ -3,7 +3,7 @@ advantage estimator, a data format, a model family, a data generator: every regi
 hatch).
 
 A leaf: it imports only the standard library (and `mmrl/__init__.py` imports nothing), so
-mmrl.algos, which is pure torch, may import it too; tests/unit/test_import_graph.py allows algos
+mmrl.algos, which is pure torch, may import it too; tests/test_import_graph.py allows algos
 exactly such stdlib-only leaves. rewards/registry.py keeps its own copy of `load` for rewards,
 because rewards/ imports nothing from mmrl (it is usable on its own);
 tests/rewards/test_loader.py holds the two to the same behaviour.

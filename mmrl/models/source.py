@@ -1,6 +1,8 @@
 """Where a model comes from (`model.path`): one small frozen record per kind, parsed once.
 
     tiny             the family adapter's offline tiny twin: random weights built in-process
+    shape:NAME[:L]   random weights at a published checkpoint's shape (mmrl/models/shapes.py),
+                     optionally with L text layers
     DIR              a local Hugging Face checkpoint directory (a run's checkpoint included)
     ORG/NAME         a Hub repository id (transformers downloads it unless HF_HUB_OFFLINE=1)
 
@@ -89,6 +91,30 @@ class HubId:
         return adapter.load(self.repo_id, dtype=dtype, attn_implementation=attn_implementation)
 
 
+@dataclass(frozen=True)
+class Shape:
+    """Random weights at a published checkpoint's shape, built on this process's GPU when there
+    is one (an 8B model is never materialised on the host first)."""
+    path: str  # "shape:NAME[:LAYERS]", checked by shapes.parse when parsed
+    zero3_init = False  # built by its class constructor, which zero.Init does not reach
+
+    def check(self) -> None:
+        pass
+
+    def build(self, adapter: ModelAdapter, *, dtype: torch.dtype, attn_implementation: str,
+              seed: int = 0, tiny: dict | None = None) -> tuple[Any, Any]:
+        from mmrl.models import shapes
+
+        return shapes.build_for(self.path, adapter.family, dtype=dtype, seed=seed)
+
+
+def _shape(argument: str) -> Shape:
+    from mmrl.models import shapes
+
+    shapes.parse(f"shape:{argument}")  # an unknown name or layer count fails here
+    return Shape(f"shape:{argument}")
+
+
 def _tiny(argument: str) -> Tiny:
     if argument:
         raise ValueError(f"model.path=tiny:{argument}: tiny takes no argument; its sizes are "
@@ -97,7 +123,7 @@ def _tiny(argument: str) -> Tiny:
 
 
 # model.path kinds written as a name (or name:argument) -> the record of that kind
-KINDS: dict[str, Callable[[str], ModelSource]] = {"tiny": _tiny}
+KINDS: dict[str, Callable[[str], ModelSource]] = {"tiny": _tiny, "shape": _shape}
 
 
 def parse(path: str | Path) -> ModelSource:

@@ -9,14 +9,18 @@ from mmrl.models.shared_prefix import attn_implementation
 
 def test_each_kind_of_path_parses_to_its_record(tmp_path):
     assert source.parse("tiny") == source.Tiny()
+    assert source.parse("shape:qwen2_5_vl-7b:2") == source.Shape("shape:qwen2_5_vl-7b:2")
     assert source.parse(tmp_path) == source.LocalDir(tmp_path)
     assert source.parse("Qwen/Qwen2.5-VL-3B-Instruct") == source.HubId("Qwen/Qwen2.5-VL-3B-Instruct")
-    assert source.Tiny.zero3_init is False and source.LocalDir.zero3_init is source.HubId.zero3_init
+    assert source.Tiny.zero3_init is source.Shape.zero3_init is False
+    assert source.LocalDir.zero3_init is source.HubId.zero3_init is True
 
 
 def test_bad_paths_say_what_to_do(monkeypatch):
     with pytest.raises(ValueError, match="tiny takes no argument.*model.tiny"):
         source.parse("tiny:7b")
+    with pytest.raises(ValueError, match="unknown shape 'qwen2_5_vl-9b'"):
+        source.parse("shape:qwen2_5_vl-9b")
     with pytest.raises(FileNotFoundError, match="no such local directory"):
         source.parse("./models/Qwen2.5-VL-3B-Instruc")
     hub = source.parse("Qwen/Qwen2.5-VL-3B-Instruct")
@@ -28,8 +32,8 @@ def test_bad_paths_say_what_to_do(monkeypatch):
 
 
 def test_a_new_kind_is_one_table_entry(monkeypatch):
-    monkeypatch.setitem(source.KINDS, "shape", lambda name: ("shape", name))
-    assert source.parse("shape:qwen2_5_vl-7b") == ("shape", "qwen2_5_vl-7b")
+    monkeypatch.setitem(source.KINDS, "mirror", lambda name: ("mirror", name))
+    assert source.parse("mirror:qwen2_5_vl-7b") == ("mirror", "qwen2_5_vl-7b")
 
 
 def test_tiny_builds_the_adapters_twin_and_a_directory_loads_it_back(tmp_path):
