@@ -353,27 +353,26 @@ __all__ = ["Cluster", "Facts", "Prediction", "Workload", "facts", "largest_group
 def config_facts(cfg, *, lora_r: int | None = None) -> tuple[Facts, str]:
     """(Facts, what the model is) for a RunConfig's model: a shape:NAME, a published checkpoint
     id with a shape here, the tiny twin (with model.tiny overrides), or a local checkpoint dir."""
-    from pathlib import Path
-
-    from mmrl.models import get_adapter, shapes
+    from mmrl.models import get_adapter, shapes, source
     from mmrl.train.policy import DTYPES
 
     m = cfg.model
     dtype = DTYPES[m.dtype]
     r = m.lora.r if lora_r is None else lora_r
     targets = tuple(m.lora.target_modules)
-    name = shapes.CHECKPOINTS.get(m.path)
-    if m.path.startswith(shapes.SCHEME) or name:
-        shape = m.path[len(shapes.SCHEME):] if name is None else name
+    name = shapes.CHECKPOINTS.get(m.path)  # a published checkpoint's Hub id
+    origin = None if name else source.parse(m.path)
+    if name or isinstance(origin, source.Shape):
+        shape = name or origin.path[len(shapes.SCHEME):]
         return facts(shape, dtype=dtype, lora_r=r, lora_targets=targets), f"shape {shape}"
-    if m.path == "tiny":
+    if isinstance(origin, source.Tiny):
         from mmrl.models.tiny_tokenizer import tiny_tokenizer
 
         overrides = {k: v for k, v in m.tiny.items()
                      if k not in get_adapter(m.family).processor_override_keys and k != "init"}
         model_config = get_adapter(m.family).tiny_model_config(tiny_tokenizer(), **overrides)
         what = "the tiny twin"
-    elif Path(m.path).is_dir():
+    elif isinstance(origin, source.LocalDir):
         from transformers import AutoConfig
 
         model_config, what = AutoConfig.from_pretrained(m.path), m.path
