@@ -43,6 +43,8 @@ MASKED_ATTENTION = {"sdpa": lambda mask, dtype: mask,
                     "eager": lambda mask, dtype: _additive(mask, dtype)}
 # Implementations the layout swaps for its varlen kernel (same kernel family, packed groups).
 _VARLEN_FOR = {"flash_attention_2": prefix_attention.NAME}
+# Names of the Ulysses sequence-parallel kernels: this prefix + the kernel they wrap.
+SP_PREFIX = "mmrl_ulysses_"
 
 
 def unwrap(model):
@@ -58,9 +60,12 @@ def unwrap(model):
 
 
 def attn_implementation(model) -> str:
+    """The text decoder's attention kernel (under sequence parallelism: the kernel Ulysses
+    runs on the whole sequence, models/ulysses.py)."""
     config = unwrap(model).config
     text = getattr(config, "text_config", None) or config
-    return getattr(text, "_attn_implementation", None) or getattr(config, "_attn_implementation", "eager")
+    name = getattr(text, "_attn_implementation", None) or getattr(config, "_attn_implementation", "eager")
+    return name.removeprefix(SP_PREFIX)
 
 
 def supports_shared_prefix(model) -> bool:
@@ -132,25 +137,34 @@ def prompt_and_completion_positions(model, prompt: PromptFeatures, length: int) 
     positions do not depend on their values: dummy ids stand in for them."""
     ids = prompt.tensors["input_ids"]
     attn = prompt.tensors.get("attention_mask", torch.ones_like(ids))
+    full = dict(prompt.tensors, input_ids=torch.cat([ids, ids.new_zeros(1, length)], 1),
+                attention_mask=torch.cat([attn, attn.new_ones(1, length)], 1))
+    if "mm_token_type_ids" in prompt.tensors:
+        types = prompt.tensors["mm_token_type_ids"]
+        full["mm_token_type_ids"] = torch.cat([types, types.new_zeros(1, length)], 1)
+    positions = rope_positions(model, full)
+    return positions[:, 0] if positions.ndim == 3 else positions
+
+
+def rope_positions(model, tensors: dict) -> torch.Tensor:
+    """Position ids of the rows in `tensors` (input_ids [B, T], attention_mask, media tensors)
+    as the model's forward computes them: [3, B, T] from its `get_rope_index` (M-RoPE), or
+    arange over each row [B, T] (1-D RoPE: relative, so a left pad shifts nothing)."""
+    ids = tensors["input_ids"]
     fn = _rope_index_fn(model)
     if fn is None:
-        # 1-D RoPE: the naive layout uses arange over the (left-padded) row; RoPE is relative,
-        # so the shift by the left pad changes nothing, and arange over the prompt is exact.
-        return torch.arange(ids.shape[1] + length, device=ids.device)[None]
-    full_ids = torch.cat([ids, ids.new_zeros(1, length)], 1)
-    full_attn = torch.cat([attn, attn.new_ones(1, length)], 1)
+        return torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
     accepted = inspect.signature(fn).parameters
-    media = {k: v for k, v in prompt.tensors.items() if k not in TOKEN_KEYS and k in accepted}
+    media = {k: v for k, v in tensors.items() if k not in TOKEN_KEYS and k in accepted}
     if "mm_token_type_ids" in accepted:  # Qwen2-VL / 2.5-VL / 3-VL
-        types = prompt.tensors["mm_token_type_ids"]
-        media["mm_token_type_ids"] = torch.cat([types, types.new_zeros(1, length)], 1)
-    if "audio_seqlens" in accepted and "feature_attention_mask" in prompt.tensors:
+        media["mm_token_type_ids"] = tensors["mm_token_type_ids"]
+    if "audio_seqlens" in accepted and "feature_attention_mask" in tensors:
         # Qwen2.5-Omni names its inputs differently: as its own forward passes them.
-        media["audio_seqlens"] = prompt.tensors["feature_attention_mask"].sum(-1)
-    if "second_per_grids" in accepted and "video_second_per_grid" in prompt.tensors:
-        media["second_per_grids"] = prompt.tensors["video_second_per_grid"]
-    positions, _ = fn(full_ids, attention_mask=full_attn, **media)
-    return positions[:, 0]  # [3, P + length]
+        media["audio_seqlens"] = tensors["feature_attention_mask"].sum(-1)
+    if "second_per_grids" in accepted and "video_second_per_grid" in tensors:
+        media["second_per_grids"] = tensors["video_second_per_grid"]
+    positions, _ = fn(ids, attention_mask=tensors.get("attention_mask"), **media)
+    return positions
 
 
 # ----------------------------------------------------------------------------- packing ----------
@@ -246,6 +260,16 @@ def pack_groups(model, prompts: Sequence[PromptFeatures], completion_ids: torch.
     return Packed(inputs, keep, row_of, sources, lengths, pad_fraction)
 
 
+def token_index(packed: Packed, width: int, device) -> tuple[torch.Tensor, ...]:
+    """Every completion token's (packed row, index into `keep` of the position predicting it,
+    flat slot in the [N, width] output), over all rows at once."""
+    n = len(packed.lengths)
+    rows = torch.cat([torch.full((packed.lengths[i],), packed.row_of[i]) for i in range(n)])
+    cols = torch.cat([packed.sources[i] for i in range(n)])
+    slots = torch.cat([i * width + torch.arange(packed.lengths[i]) for i in range(n)])
+    return rows.to(device), cols.to(device), slots.to(device)
+
+
 def group_attention_mask(seg: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """[B, 1, T, T] bool (True = attend) from segment ids [B, T] (0 prompt, j>0 completion j,
     -1 pad) and key validity [B, T]: causal, and a completion sees the prompt and itself only.
@@ -300,10 +324,7 @@ def shared_prefix_logprobs(model, prompts: Sequence[PromptFeatures], completion_
     else:  # e.g. Qwen2-Audio's forward has no logits_to_keep: full logits, then select
         logits = model(**inputs, use_cache=False).logits[:, keep]
     n, width = completion_ids.shape
-    # Every row's predicting positions at once: (packed row, position in keep) per token.
-    rows = torch.cat([torch.full((packed.lengths[i],), packed.row_of[i]) for i in range(n)]).to(device)
-    cols = torch.cat([packed.sources[i] for i in range(n)]).to(device)
-    slots = torch.cat([i * width + torch.arange(packed.lengths[i]) for i in range(n)]).to(device)
+    rows, cols, slots = token_index(packed, width, device)
     scaled = logits[rows, cols].float() / temperature  # [tokens, V]
     lse = torch.logsumexp(scaled, dim=-1)
     targets = completion_ids.to(device).flatten()[slots]

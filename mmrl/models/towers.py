@@ -40,7 +40,7 @@ def _encoder(owner, kind: str):
     return fn
 
 
-def _parts(model):
+def model_parts(model):
     """(innermost module that encodes media, the text decoder it calls after its towers)."""
     def encodes(m):
         return any(_encoder(m, k) is not None for k in KINDS)
@@ -79,7 +79,7 @@ class TowerToucher:
     """`with toucher(): model(**inputs)` runs every tower the model has, present media or not."""
 
     def __init__(self, model, adapter, processor):
-        owner, _ = _parts(model)
+        owner, _ = model_parts(model)
         kinds = [k for k in adapter.media_kinds
                  if owner is not None and _encoder(owner, k) is not None]
         missing = [k for k in adapter.media_kinds if k not in kinds]
@@ -96,7 +96,7 @@ class TowerToucher:
     def attach(self, model) -> None:
         """Hook `model` (the policy, or a sharded KL reference of the same family) so that its
         forwards inside `with toucher():` run every tower."""
-        owner, text = _parts(model)
+        owner, text = model_parts(model)
         self.owners[text] = owner
         # First among the hooks: ZeRO-3/FSDP2 gather the decoder's weights in theirs, and a rank
         # with an image encodes it before that gather, so the dummy must run before it too.
