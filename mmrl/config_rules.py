@@ -123,7 +123,7 @@ def problems(cfg, world: int = 1) -> list[str]:
         out.append(f"train.sequence_parallel={sp}: must divide the process count {world}")
     split = sp > 1 and world % sp == 0  # sequence groups share rows: count data-parallel ranks
     ranks = world // sp if split else world
-    if r.prompts_per_step >= 1 and r.prompts_per_step % ranks:
+    if r.prompts_per_step >= 1 and r.prompts_per_step % ranks and not (sp >= 1 and world % sp):
         what = (f"number of data-parallel ranks {ranks} (processes / train.sequence_parallel)"
                 if split else f"process count {world}")
         out.append(f"rollout.prompts_per_step={r.prompts_per_step}: must be divisible by the {what}")

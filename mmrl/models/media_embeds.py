@@ -91,11 +91,12 @@ def _qwen2_audio_features(owner, features: torch.Tensor, mask: torch.Tensor) -> 
     return projected[keep]
 
 
-def encoder_modules(owner, kind: str) -> list[torch.nn.Module]:
-    """The modules `encode(owner, kind, ...)` runs (to decide whether its output can be cached)."""
+def encoder_modules(owner, kind: str) -> dict[str, torch.nn.Module]:
+    """{attribute: module} that `encode(owner, kind, ...)` runs (whether its output can be
+    cached, whether its gradient is gathered)."""
     names = {"images": ("visual", "vision_tower"), "videos": ("visual", "vision_tower"),
              "audios": ("audio_tower", "multi_modal_projector")}[kind]
-    return [m for m in (getattr(owner, n, None) for n in names) if isinstance(m, torch.nn.Module)]
+    return {n: getattr(owner, n) for n in names if isinstance(getattr(owner, n, None), torch.nn.Module)}
 
 
 def owner_of(model) -> torch.nn.Module:

@@ -239,7 +239,8 @@ class ShardedEncoder:
             mine = torch.zeros(0, width, device=tensors[KINDS[kind][0]].device)
             # As the other ranks' parts: the gather's backward (a collective) runs on every
             # rank exactly when the encoder trains.
-            trains = any(p.requires_grad for m in encoder_modules(owner, kind) for p in m.parameters())
+            trains = any(p.requires_grad for m in encoder_modules(owner, kind).values()
+                         for p in m.parameters())
             mine.requires_grad_(trains and torch.is_grad_enabled())
         return _GatherParts.apply(mine, self.sp)
 
