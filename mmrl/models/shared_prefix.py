@@ -341,59 +341,66 @@ def shared_prefix_logprobs(model, prompts: Sequence[PromptFeatures], completion_
 
 # ----------------------------------------------------------------------------- micro-batches ----
 
-def group_micro_batches(prompts: Sequence[PromptFeatures], completion_mask: torch.Tensor,
-                        max_tokens: int, max_rows: int | None = None) -> list[list[int]]:
-    """Partition rows into micro-batches of whole groups, packing groups in order while the
-    packed token count (prompt once + each completion) stays within `max_tokens` (and the row
-    count within `max_rows`). A group larger than the budget is split into runs of rows.
+def token_budget_micro_batches(prompts: Sequence[PromptFeatures], completion_mask: torch.Tensor,
+                               max_tokens: int, *, shared_prefix: bool = True, padded: bool = True,
+                               min_batches: int = 1) -> list[list[int]]:
+    """Rows partitioned into as few micro-batches as fit `max_tokens` tokens per forward (at
+    least `min_batches`, e.g. the most any data-parallel rank needs, so every rank runs as many
+    forwards; at most one per item), as verl's dynamic batch size does. The loss normaliser is
+    global, so any partition gives the same loss and gradients.
 
-    The loss normaliser is global, so any partition gives the same loss and gradients; this one
-    keeps each prompt in one forward and bounds memory by tokens instead of rows.
+    Items: whole groups under `shared_prefix` (the prompt once + its completions; a group over
+    the budget is cut into runs of rows that fit, each run paying the prompt again), else rows
+    (prompt + completion). `padded`: a forward pads its items to the longest one (naive rows; the
+    dense 4-D group mask), so it costs items x longest: items go longest-first into consecutive
+    micro-batches, which keeps alike lengths together. Unpadded (the varlen kernel packs groups
+    with no pad): a forward costs the sum, and items go longest-first to the least-filled
+    micro-batch, which balances them. A single row over the budget gets a micro-batch alone.
     """
     lengths = completion_mask.long().sum(1).tolist()
-    batches: list[list[int]] = []
-    current: list[int] = []
-    used = 0
+    items = _budget_items(prompts, lengths, max_tokens, shared_prefix)
+    items.sort(key=lambda item: -item[0])
+    if padded:
+        batches: list[list[tuple[int, list[int]]]] = []
+        for item in items:  # longest first: a batch's first item is its widest
+            if not batches or (len(batches[-1]) + 1) * batches[-1][0][0] > max_tokens:
+                batches.append([])
+            batches[-1].append(item)
+        while len(batches) < min(min_batches, len(items)):  # halve the costliest batch
+            big = max((b for b in batches if len(b) > 1), key=lambda b: len(b) * b[0][0])
+            batches.remove(big)
+            batches += [big[:len(big) // 2], big[len(big) // 2:]]
+    else:
+        alone = sum(1 for c, _ in items if c > max_tokens)  # each needs a micro-batch of its own
+        count = max(min_batches, alone - (-sum(c for c, _ in items if c <= max_tokens) // max_tokens))
+        while True:
+            count = min(count, len(items))
+            batches = [[] for _ in range(count)]
+            loads = [0] * count
+            for item in items:
+                k = loads.index(min(loads))
+                batches[k].append(item)
+                loads[k] += item[0]
+            if count == len(items) or all(load <= max_tokens or len(b) == 1
+                                          for load, b in zip(loads, batches)):
+                break
+            count += 1
+    return [sorted(i for _, rows in batch for i in rows) for batch in batches if batch]
+
+
+def _budget_items(prompts, lengths: list[int], max_tokens: int, shared: bool) -> list[tuple[int, list[int]]]:
+    """(tokens, rows) per packing item: rows alone, or groups (cut into runs over the budget)."""
+    if not shared:
+        return [(p.tensors["input_ids"].shape[1] + n, [i]) for i, (p, n) in enumerate(zip(prompts, lengths))]
+    items = []
     for rows in group_rows(prompts):
         plen = prompts[rows[0]].tensors["input_ids"].shape[1]
-        cost = plen + sum(lengths[i] for i in rows)
-        if current and (used + cost > max_tokens or (max_rows and len(current) + len(rows) > max_rows)):
-            batches.append(current)
-            current, used = [], 0
-        if cost <= max_tokens and (not max_rows or len(rows) <= max_rows):
-            current += rows
-            used += cost
-            continue
-        # The group alone overflows: split it, each piece re-running the prompt once.
-        piece, piece_used = [], plen
+        run, used = [], plen
         for i in rows:
-            if piece and (piece_used + lengths[i] > max_tokens or (max_rows and len(piece) >= max_rows)):
-                batches.append(piece)
-                piece, piece_used = [], plen
-            piece.append(i)
-            piece_used += lengths[i]
-        current, used = piece, piece_used
-    if current:
-        batches.append(current)
-    return batches
-
-
-def length_bucketed_micro_batches(prompts: Sequence[PromptFeatures], completion_mask: torch.Tensor,
-                                  max_tokens: int) -> list[list[int]]:
-    """Micro-batches for the naive (unshared) layout: rows sorted by length (prompt +
-    completion), then filled while rows x the longest row stays within `max_tokens`, so each
-    forward pads only to rows of similar length. Any partition gives the same loss (the
-    normaliser is global)."""
-    lengths = completion_mask.long().sum(1).tolist()
-    totals = [p.tensors["input_ids"].shape[1] + c for p, c in zip(prompts, lengths)]
-    order = sorted(range(len(totals)), key=lambda i: -totals[i])
-    batches, current = [], []
-    for i in order:
-        # Sorted descending: the first row of a batch is its longest.
-        if current and (len(current) + 1) * totals[current[0]] > max_tokens:
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
+            if run and used + lengths[i] > max_tokens:
+                items.append((used, run))
+                run, used = [], plen
+            run.append(i)
+            used += lengths[i]
+        items.append((used, run))
+    return items
