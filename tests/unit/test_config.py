@@ -8,8 +8,11 @@ from mmrl import algos, cli, config_rules
 from mmrl.validate import validate
 
 RECIPE_DIR = Path(__file__).parents[2] / "recipes"
-RECIPES = sorted(p for p in RECIPE_DIR.rglob("*.yaml") if p.name not in ("tiny.yaml", "learn.yaml"))
+RECIPES = sorted([*RECIPE_DIR.glob("*.yaml"), *RECIPE_DIR.glob("*/config.yaml")])
 TINY = sorted(RECIPE_DIR.rglob("tiny.yaml"))
+# User layers over a recipe's config.yaml (e.g. video_qa/long.yaml), for the processes they name.
+LAYERS = sorted(p for p in RECIPE_DIR.glob("*/*.yaml")
+                if p.name not in ("config.yaml", "tiny.yaml", "learn.yaml"))
 
 
 def _write(tmp_path, text: str) -> Path:
@@ -87,6 +90,16 @@ def test_every_recipe_tiny_layer_validates(tiny):
     cfg = config.load(tiny.with_name("config.yaml"), [str(tiny)])
     assert validate(cfg) == []
     assert cfg.model.path == "tiny" and cfg.data.generate and cfg.train.steps <= 2
+
+
+@pytest.mark.parametrize("layer", LAYERS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_recipe_layer_validates_for_its_process_count(layer, monkeypatch):
+    first = layer.read_text().splitlines()[0]
+    launch = first.split("scripts/train.sh ", 1)[1].split()
+    assert launch[1:] == [f"recipes/{layer.parent.name}/config.yaml", f"recipes/{layer.parent.name}/{layer.name}"]
+    monkeypatch.setenv("WORLD_SIZE", launch[0])
+    cfg = config.load(layer.with_name("config.yaml"), [str(layer)])
+    assert validate(cfg, world=int(launch[0])) == []
 
 
 def test_every_recipe_has_launch_command_and_readme():
