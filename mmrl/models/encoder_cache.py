@@ -12,7 +12,9 @@ media_embeds.splice_media; the numbers are the same (tests/models/test_encoder_c
 An encoder that trains is never cached (its output changes with every update and carries the
 gradient); `EncoderCache.reason` says which kinds are cached and why the others are not, for the
 start-of-run summary. Entries are keyed by the PromptFeatures object (a group's rows share one)
-and live until `clear()`, which the trainer calls at the start of each step.
+and live until `clear()`, which the trainer calls at the start of each step. Under ZeRO-3 and
+FSDP2 an encoder call is a collective, so the step starts with `fill` (every rank encodes its
+prompts, one call per prompt and kind) and the TowerToucher skips the cached kinds.
 """
 from __future__ import annotations
 
@@ -100,6 +102,22 @@ class EncoderCache:
                     parts.append(self._features(owner, kind, prompt, inner))
             return torch.cat(parts)
         return provide
+
+    def fill(self, model, prompts: Sequence[PromptFeatures], dummies: dict | None = None) -> None:
+        """Encode every cached kind of `prompts` now (each distinct prompt once, one call per
+        prompt and kind), so the step's forwards run no cached encoder at all. With `dummies`
+        (TowerToucher.dummies) a prompt without a kind runs that encoder on the dummy instead:
+        under ZeRO-3 / FSDP2 every rank then calls each encoder equally often (ranks hold the
+        same number of prompts), as their per-module collectives need."""
+        owner = owner_of(model)
+        device = next(owner.parameters()).device
+        for prompt in {id(p): p for p in prompts}.values():
+            for kind in self.kinds:
+                if KINDS[kind][0] in prompt.tensors:
+                    self._features(owner, kind, prompt, local_encoder)
+                elif dummies is not None and kind in dummies:
+                    with torch.no_grad():
+                        local_encoder(owner, kind, {k: v.to(device) for k, v in dummies[kind].items()})
 
     def serve(self, model, prompts: Sequence[PromptFeatures], shared_prefix: bool):
         """Context for one forward of `model` over `prompts` (nothing when no kind is cached)."""

@@ -89,6 +89,9 @@ class TowerToucher:
                              f"{', '.join(KINDS[k][1] for k in missing)}; use ddp or ZeRO-1")
         self.dummies = dummy_inputs(adapter, processor, kinds)
         self.present: set[str] = set()
+        # Kinds never touched: those whose frozen encoder's outputs are cached for the step
+        # (models/encoder_cache.py; EncoderCache.fill ran them on every rank already).
+        self.skip: set[str] = set()
         self.active = False
         self.owners: dict[torch.nn.Module, torch.nn.Module] = {}  # text decoder -> its model
         self.attach(model)
@@ -121,7 +124,7 @@ class TowerToucher:
             return None
         extra = None
         for kind, inputs in self.dummies.items():
-            if kind in self.present:
+            if kind in self.present or kind in self.skip:
                 continue
             fn = _encoder(self.owners[module], kind)
             accepted = inspect.signature(fn).parameters

@@ -173,3 +173,34 @@ def test_splice_with_the_local_encoder_is_the_models_own_forward(family_case):
         with splice_media(model, local_encoder):
             spliced = _forward(model, rows, ids, mask, pad, list(range(len(rows))), shared)
         assert torch.equal(plain, spliced)
+
+
+def test_fill_runs_every_encoder_equally_often_then_no_forward_encodes():
+    """ZeRO-3 / FSDP2: `fill` calls each cached encoder once per prompt and kind (a dummy where
+    the prompt has none), and the step's forwards then run no encoder at all."""
+    from mmrl.models.towers import dummy_inputs
+
+    family, (kinds, media, frozen) = "qwen2_5_omni", MEDIA["qwen2_5_omni"]
+    adapter = get_adapter(family)
+    model, processor = adapter.tiny(seed=0, num_hidden_layers=1)
+    _freeze(model, adapter, frozen)
+    prompts = [adapter.prompt_features(processor, Sample(id=f"f{i}", messages=[{"role": "user", "content": [
+        {"type": k} for k in ks] + [{"type": "text", "text": "?"}]}]), **kw)
+        for i, (ks, kw) in enumerate(zip(kinds, media))]
+    rows = [p for p in prompts for _ in range(2)]
+    pad = processor.tokenizer.pad_token_id
+    ids = torch.randint(0, 700, (len(rows), 3), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    calls = []
+    hooks = [m.register_forward_hook(lambda *a: calls.append(1)) for m in (model.visual, model.audio_tower)]
+    try:
+        cache = EncoderCache(model)
+        cache.fill(model, rows, dummy_inputs(adapter, processor, ["images", "videos", "audios"]))
+        assert len(calls) == 2 * 3  # 2 prompts x 3 kinds, dummies included
+        assert cache.encoded == 3  # the real media: audio + video, image
+        with cache.serve(model, rows, True):
+            shared_prefix_logprobs(model, rows, ids, mask, pad_id=pad)
+        assert len(calls) == 6 and cache.served == 3
+    finally:
+        for h in hooks:
+            h.remove()
