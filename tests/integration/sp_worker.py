@@ -114,6 +114,45 @@ def compare(family, model, rows, ids, mask, pad, layout, sp, *, shared, fsdp=Fal
             "encoder_grads": sum(1 for k, v in g_2.items() if k.startswith(ENCODER[family]) and v.abs().sum() > 0)}
 
 
+def zero3_case(layout, sp):
+    """DeepSpeed ZeRO-3 over both ranks: partitioned weights gathered per module, gradients
+    averaged over the world (the trainer scales the loss by it, so SP's parts add up)."""
+    try:
+        import deepspeed
+        from deepspeed.utils import safe_get_full_grad
+    except ImportError:
+        return {"skipped": "deepspeed is not installed"}
+    deepspeed.init_distributed(dist_backend="gloo")  # joins the group torchrun made
+    model, rows, ids, mask, pad = build("qwen2_5_vl")
+    enable_shared_prefix(model)
+    ulysses.install(model, sp)
+    config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+              "train_batch_size": layout.world.world, "zero_force_ds_cpu_optimizer": False,
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()),
+                                      config=config)
+    m = mask.float()
+    weights = torch.linspace(0.5, 1.5, m.shape[0])[:, None]
+
+    def run(fn, scale):
+        logp = fn()
+        engine.backward((logp * m * weights).sum() * scale)
+        grads = {n: safe_get_full_grad(p) for n, p in engine.module.named_parameters()}
+        engine.optimizer.zero_grad(set_to_none=True)
+        return logp.detach(), {n: g.clone() for n, g in grads.items() if g is not None}
+
+    lp_1, g_1 = run(lambda: shared_prefix_logprobs(engine, rows, ids, mask, pad_id=pad), 1.0)
+    lp_2, g_2 = run(lambda: ulysses.sequence_parallel_logprobs(
+        engine, rows, ids, mask, sp, shared_prefix=True, pad_id=pad,
+        provider=ulysses.ShardedEncoder(sp, touch=True)), float(layout.world.world))
+    worst = max(g_1, key=lambda k: float((g_1[k] - g_2[k]).norm() / g_1[k].norm().clamp(min=1e-20)))
+    return {"logp": float(((lp_1 - lp_2).abs() * m).max()),
+            "grad": float((g_1[worst] - g_2[worst]).norm() / g_1[worst].norm().clamp(min=1e-20)),
+            "worst": worst, "grads": len(g_1), "same_names": sorted(g_1) == sorted(g_2),
+            "encoder_grads": sum(1 for k, v in g_2.items() if k.startswith(ENCODER["qwen2_5_vl"])
+                                 and v.abs().sum() > 0)}
+
+
 def main(out_path):
     dist.init_process_group("gloo")
     info = DistInfo(dist.get_rank(), dist.get_world_size())
@@ -155,6 +194,7 @@ def main(out_path):
     fully_shard(model, mesh=mesh)
     results["fsdp2-shared"] = compare("qwen2_5_vl", model, rows, ids, mask, pad, layout, sp,
                                       shared=True, fsdp=True)
+    results["zero3-shared"] = zero3_case(layout, sp)
     if info.main:
         with open(out_path, "w") as f:
             json.dump(results, f, indent=1)
