@@ -294,6 +294,10 @@ def sequence_parallel_logprobs(model, prompts: Sequence, completion_ids: torch.T
     (and entropies), identical on every rank of `sp`, differentiable, with this rank computing
     1/N of the sequence. `provider` supplies the media embeddings (default: ShardedEncoder)."""
     check_no_placeholders(completion_ids, completion_mask, placeholder_ids)
+    text = unwrap(model).config.get_text_config()
+    if _STATE["sp"] is not sp or not text._attn_implementation.startswith(SP_PREFIX):
+        raise ValueError("sequence_parallel_logprobs: call ulysses.install(model, sp) first "
+                         "(with this SPGroup)")
     ids, mask = completion_ids.cpu(), completion_mask.cpu()
     packed = (pack_groups(model, prompts, ids, mask, pad_id, varlen=uses_varlen(model))
               if shared_prefix else naive_packed(model, prompts, ids, mask, pad_id))
