@@ -136,15 +136,15 @@ def check_heads(model, size: int) -> None:
                          f"use a degree that divides them or a multiple of them (repeated)")
 
 
-def _eager_for(module):
-    """The family's own eager kernel (each modeling file defines one)."""
-    return sys.modules[type(module).__module__].eager_attention_forward
+# Kernels that transformers does not register: each family's modeling file defines its own.
+_FAMILY_KERNELS = {"eager": lambda module: sys.modules[type(module).__module__].eager_attention_forward}
 
 
 def _inner_function(inner: str, module):
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    return _eager_for(module) if inner == "eager" else ALL_ATTENTION_FUNCTIONS[inner]
+    own = _FAMILY_KERNELS.get(inner)
+    return own(module) if own else ALL_ATTENTION_FUNCTIONS[inner]
 
 
 class _GroupsView:
