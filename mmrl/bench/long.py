@@ -24,8 +24,10 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -72,7 +74,7 @@ def _loss(logp, old, adv, mask, normalizer):
 # ----------------------------------------------------------------------------- 1: SP ------------
 
 def _sp_worker(spec: dict) -> None:
-    """One rank of the SP benchmark (run under torchrun): prints `BENCH_LONG {json}`."""
+    """One rank of the SP benchmark (run under torchrun): writes rank<r>.json to spec["out"]."""
     import torch.distributed as dist
 
     from mmrl.models import ulysses
@@ -111,25 +113,26 @@ def _sp_worker(spec: dict) -> None:
         if info.enabled:
             dist.barrier()
         times.append(time.perf_counter() - start)
-    print("BENCH_LONG " + json.dumps({"rank": info.rank, "peak_mb": mem.extra / 2**20,
-                                      "times_s": times, "tokens": int(prompt.input_ids.shape[0])}),
-          flush=True)
+    with open(os.path.join(spec["out"], f"rank{info.rank}.json"), "w") as f:
+        json.dump({"rank": info.rank, "peak_mb": mem.extra / 2**20, "times_s": times,
+                   "tokens": int(prompt.input_ids.shape[0])}, f)
     if info.enabled:
         dist.destroy_process_group()
 
 
 def measure_sp(frames: int, size: int, *, group: int, completion: int, trials: int) -> dict:
-    spec = dict(frames=frames, group=group, completion=completion, trials=trials)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
                TOKENIZERS_PARALLELISM="false")
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={size}",
-           "--master_addr=127.0.0.1", f"--master_port={29400 + os.getpid() % 500}",
-           "-m", "mmrl.bench.long", json.dumps(spec)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    rows = [json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines()
-            if line.startswith("BENCH_LONG ")]
-    if proc.returncode != 0 or len(rows) != size:
-        raise RuntimeError(f"SP benchmark ({frames} frames, SP={size}) failed:\n{proc.stderr[-3000:]}")
+    with tempfile.TemporaryDirectory() as out:
+        spec = dict(frames=frames, group=group, completion=completion, trials=trials, out=out)
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={size}",
+               "--master_addr=127.0.0.1", f"--master_port={29400 + os.getpid() % 500}",
+               "-m", "mmrl.bench.long", json.dumps(spec)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        files = sorted(Path(out).glob("rank*.json"))
+        if proc.returncode != 0 or len(files) != size:
+            raise RuntimeError(f"SP benchmark ({frames} frames, SP={size}) failed:\n{proc.stderr[-3000:]}")
+        rows = [json.loads(f.read_text()) for f in files]
     slowest = [max(r["times_s"][t] for r in rows) for t in range(trials)]
     return {"peak_mb": max(r["peak_mb"] for r in rows), "median_s": float(np.median(slowest)),
             "times_s": slowest, "prompt_tokens": rows[0]["tokens"]}
