@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from mmrl import algos
-from mmrl.bench.common import PeakRSS, interleaved, random_completions
+from mmrl.bench.common import PeakAllocated, interleaved, random_completions
 from mmrl.models import get_adapter, prefix_attention
 from mmrl.models.encoder_cache import EncoderCache
 from mmrl.models.shared_prefix import shared_prefix_logprobs, token_budget_micro_batches
@@ -102,7 +102,7 @@ def _sp_worker(spec: dict) -> None:
             logp = shared_prefix_logprobs(model, rows, ids, mask, pad_id=pad)
         (logp * mask).sum().backward()
 
-    with PeakRSS() as mem:  # the first step in a fresh process: nothing freed-but-kept yet
+    with PeakAllocated() as mem:  # tensor memory, as a GPU counts it (not timed)
         step()
     times = []
     for _ in range(spec["trials"]):

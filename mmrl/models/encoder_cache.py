@@ -110,14 +110,13 @@ class EncoderCache:
         under ZeRO-3 / FSDP2 every rank then calls each encoder equally often (ranks hold the
         same number of prompts), as their per-module collectives need."""
         owner = owner_of(model)
-        device = next(owner.parameters()).device
         for prompt in {id(p): p for p in prompts}.values():
             for kind in self.kinds:
                 if KINDS[kind][0] in prompt.tensors:
                     self._features(owner, kind, prompt, local_encoder)
                 elif dummies is not None and kind in dummies:
                     with torch.no_grad():
-                        local_encoder(owner, kind, {k: v.to(device) for k, v in dummies[kind].items()})
+                        local_encoder(owner, kind, dummies[kind])
 
     def serve(self, model, prompts: Sequence[PromptFeatures], shared_prefix: bool):
         """Context for one forward of `model` over `prompts` (nothing when no kind is cached)."""
@@ -128,10 +127,8 @@ class EncoderCache:
     def _features(self, owner, kind: str, prompt: PromptFeatures, inner: Provider) -> torch.Tensor:
         _, entry = self._store.setdefault(id(prompt), (prompt, {}))  # the object kept: ids stay unique
         if kind not in entry:
-            device = next(owner.parameters()).device
-            tensors = {k: v.to(device) for k, v in kind_tensors(prompt.tensors, kind).items()}
             with torch.no_grad():
-                entry[kind] = inner(owner, kind, tensors)
+                entry[kind] = inner(owner, kind, kind_tensors(prompt.tensors, kind))
             self.encoded += 1
         else:
             self.served += 1

@@ -54,7 +54,10 @@ def kind_tensors(tensors: dict, kind: str) -> dict:
 
 def encode(owner, kind: str, tensors: dict) -> torch.Tensor:
     """[tokens, D] embeddings of every `kind` item in `tensors` (item order), exactly as the
-    family's forward computes them before writing them into its placeholder positions."""
+    family's forward computes them before writing them into its placeholder positions. Inputs
+    may sit on the host: they move to the encoder's device here."""
+    device = next(owner.parameters()).device
+    tensors = {k: v.to(device) for k, v in tensors.items()}
     if kind == "images":
         out = owner.get_image_features(tensors["pixel_values"], tensors["image_grid_thw"],
                                        return_dict=True)
@@ -151,7 +154,9 @@ def select_units(kind: str, tensors: dict, units: list[Unit]) -> dict:
         first = starts[item] + t0 * h * w
         pixels.append(tensors[heavy][first:first + (t1 - t0) * h * w])
         grids.append(torch.tensor([t1 - t0, h, w], dtype=grid.dtype))
-    return {heavy: torch.cat(pixels), grid_key: torch.stack(grids).to(grid.device)}
+    # One run (what a rank's share of one video is) stays a view of the input: no copy.
+    return {heavy: pixels[0] if len(pixels) == 1 else torch.cat(pixels),
+            grid_key: torch.stack(grids).to(grid.device)}
 
 
 def balanced_ranges(costs: list[int], parts: int) -> list[tuple[int, int]]:
@@ -199,6 +204,8 @@ def splice_media(model, provider: Provider, shard: tuple[int, int] | None = None
         if embeds is None:
             raise ValueError("splice_media: the text decoder was called without inputs_embeds")
         ids = stash.get("input_ids")
+        lo, hi = shard or (0, embeds.shape[1])
+        embeds = embeds[:, lo:hi]  # the decoder's own shard: nothing whole is kept
         for kind in KINDS:
             if kind not in stash:
                 continue
@@ -207,13 +214,14 @@ def splice_media(model, provider: Provider, shard: tuple[int, int] | None = None
             if int(where.sum()) != features.shape[0]:
                 raise ValueError(f"{kind} features and placeholder tokens do not match: "
                                  f"{int(where.sum())} tokens, {features.shape[0]} features")
+            if shard is not None:  # the features of this shard's placeholders, in order
+                order = where.flatten().cumsum(0).view_as(where)[:, lo:hi] - 1
+                where = where[:, lo:hi]
+                features = features[order[where]]
             embeds = embeds.masked_scatter(where[..., None], features)
         kwargs = dict(kwargs, inputs_embeds=embeds)
-        if shard is not None:
-            lo, hi = shard
-            kwargs["inputs_embeds"] = embeds[:, lo:hi]
-            if kwargs.get("position_ids") is not None:
-                kwargs["position_ids"] = kwargs["position_ids"][..., lo:hi]
+        if shard is not None and kwargs.get("position_ids") is not None:
+            kwargs["position_ids"] = kwargs["position_ids"][..., lo:hi]
         return args, kwargs
 
     hooks = [owner.register_forward_pre_hook(take_media, with_kwargs=True),

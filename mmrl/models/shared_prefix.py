@@ -254,7 +254,9 @@ def pack_groups(model, prompts: Sequence[PromptFeatures], completion_ids: torch.
     group_prompts = [prompts[rows[0]] for rows in groups]
     media_keys = dict.fromkeys(k for p in group_prompts for k in p.tensors if k not in TOKEN_KEYS)
     for key in media_keys:
-        inputs[key] = torch.cat([p.tensors[key] for p in group_prompts if key in p.tensors], 0)
+        parts = [p.tensors[key] for p in group_prompts if key in p.tensors]
+        # One group's media (a long video) is the prompt's own tensor, not a copy of it.
+        inputs[key] = parts[0] if len(parts) == 1 else torch.cat(parts, 0)
     keep = torch.unique(torch.cat([s for s in src_pos if s.numel()] or [torch.zeros(1, dtype=torch.long)]))
     sources = [torch.searchsorted(keep, s) for s in src_pos]
     return Packed(inputs, keep, row_of, sources, lengths, pad_fraction)

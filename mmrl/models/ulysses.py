@@ -236,7 +236,7 @@ class ShardedEncoder:
             mine = dummy[:0] + 0.0 * dummy.sum()
         else:
             width = owner.config.get_text_config().hidden_size
-            mine = torch.zeros(0, width, device=tensors[KINDS[kind][0]].device)
+            mine = torch.zeros(0, width, device=next(owner.parameters()).device)
             # As the other ranks' parts: the gather's backward (a collective) runs on every
             # rank exactly when the encoder trains.
             trains = any(p.requires_grad for m in encoder_modules(owner, kind).values()
@@ -312,7 +312,9 @@ def sequence_parallel_logprobs(model, prompts: Sequence, completion_ids: torch.T
     to_mask = MASKED_ATTENTION.get(attn_implementation(model))
     if to_mask is not None:
         inputs["attention_mask"] = to_mask(inputs["attention_mask"], dtype)
-    inputs = {k: v.to(device) for k, v in inputs.items()}
+    # The encoder inputs stay where they are: each rank moves only its share (ShardedEncoder).
+    heavy = {KINDS[kind][0] for kind in KINDS}
+    inputs = {k: v if k in heavy else v.to(device) for k, v in inputs.items()}
     # This rank's kept positions: a contiguous run keep[first:last] (keep is sorted).
     first = int(torch.searchsorted(packed.keep, lo))
     last = int(torch.searchsorted(packed.keep, hi))
