@@ -10,9 +10,10 @@ frames), in the shared-prefix layout on the varlen kernel (what flash_attention_
   torchrun (SP=2); one thread per process, each measured in fresh processes: peak RSS growth
   (the larger rank's) and the median time.
 2 micro-batches: the update phase (old logprobs, then loss + backward) of a mixed batch
-  (images, short and long videos) with row-count micro-batches of G rows, one whole group each
-  (the best a row count can do), and with token-budget ones whose budget is the longest group,
-  so no token-budget forward holds more tokens than the largest row-count one.
+  (images, short and long videos) with row-count micro-batches of G rows (one whole group each,
+  the best a row count can do) and of G/2 rows (what a tighter memory allows), each against
+  token-budget ones whose budget is the largest row-count micro-batch, so no token-budget
+  forward holds more tokens than the row count's largest one.
 3 encoder cache: a step with num_iterations = 2 and beta > 0 (old and reference logprobs, two
   update iterations) with the vision tower frozen: the tower's time and the step's, with and
   without the cache.
@@ -169,13 +170,14 @@ class MixedBatch:
                                                  uneven=True)
         self.adv = torch.randn(len(self.rows), generator=torch.Generator().manual_seed(seed))
 
-    def batches(self, by: str) -> list[list[int]]:
+    def plans(self, rows_per_batch: int) -> dict[str, list[list[int]]]:
+        """Row-count micro-batches of `rows_per_batch` rows, and token-budget ones whose budget
+        is the largest row-count micro-batch (the memory the row count needs anyway)."""
         n = len(self.rows)
-        by_rows = [list(range(i, min(n, i + self.group))) for i in range(0, n, self.group)]
-        if by == "rows":
-            return by_rows
-        budget = max(self.tokens(b) for b in by_rows)  # the longest group
-        return token_budget_micro_batches(self.rows, self.mask, budget, padded=False)
+        by_rows = [list(range(i, min(n, i + rows_per_batch))) for i in range(0, n, rows_per_batch)]
+        budget = max(self.tokens(b) for b in by_rows)
+        return {"rows": by_rows,
+                "tokens": token_budget_micro_batches(self.rows, self.mask, budget, padded=False)}
 
     def tokens(self, rows: list[int]) -> int:
         prompts = {id(self.rows[i]): self.rows[i].input_ids.shape[0] for i in rows}
@@ -208,25 +210,31 @@ class MixedBatch:
 
 
 def bench_micro_batches(*, group: int = 8, completion: int = 32, trials: int = 5, log=print) -> dict:
+    """Per row count (a whole group; half a group, what a tighter memory allows): both plans'
+    update time, interleaved, and their forwards and largest forward."""
     case = MixedBatch(*model_and_processor(), group=group, completion=completion)
-    plans = {by: case.batches(by) for by in ("rows", "tokens")}
-    losses = {}
+    cells = []
+    for rows_per_batch in (group, group // 2):
+        plans = case.plans(rows_per_batch)
+        losses = {}
 
-    def runner(by):
-        def fn():
-            losses[by] = case.update(plans[by])
-        return fn
+        def runner(by, plans=plans, losses=losses):
+            def fn():
+                losses[by] = case.update(plans[by])
+            return fn
 
-    timings = interleaved({by: runner(by) for by in plans}, trials)
-    out = {"group": group, "completion": completion, "trials": trials,
-           "prompt_tokens": sorted({int(p.input_ids.shape[0]) for p in case.rows})}
-    for by, plan in plans.items():
-        out[by] = {**timings[by].as_dict(), "forwards": len(plan),
-                   "largest_forward_tokens": max(case.tokens(b) for b in plan), "loss": losses[by]}
-    out["speedup"] = timings["rows"].median / timings["tokens"].median
-    log(f"  row-count {len(plans['rows'])} forwards {timings['rows'].median:.2f} s, token budget "
-        f"{len(plans['tokens'])} forwards {timings['tokens'].median:.2f} s: x{out['speedup']:.2f}")
-    return out
+        timings = interleaved({by: runner(by) for by in plans}, trials)
+        cell = {"rows_per_batch": rows_per_batch,
+                "speedup": timings["rows"].median / timings["tokens"].median}
+        for by, plan in plans.items():
+            cell[by] = {**timings[by].as_dict(), "forwards": len(plan), "loss": losses[by],
+                        "largest_forward_tokens": max(case.tokens(b) for b in plan)}
+        cells.append(cell)
+        log(f"  {rows_per_batch} rows: {len(plans['rows'])} forwards {timings['rows'].median:.2f} s;"
+            f" token budget {cell['tokens']['largest_forward_tokens']}: {len(plans['tokens'])} "
+            f"forwards {timings['tokens'].median:.2f} s: x{cell['speedup']:.2f}")
+    return {"group": group, "completion": completion, "trials": trials, "cells": cells,
+            "prompt_tokens": sorted({int(p.input_ids.shape[0]) for p in case.rows})}
 
 
 # ----------------------------------------------------------------------------- 3: cache ---------
@@ -332,15 +340,18 @@ def long_tables(r: dict) -> list[str]:
                      f"{row['sp1']['median_s']:.2f} | {row['sp2']['median_s']:.2f} | {row['speedup']:.2f}x |")
     lines += ["", f"**Micro-batches** on a mixed batch (prompts of {mb['prompt_tokens']} tokens, "
                   f"G = {mb['group']}, completions up to {mb['completion']} tokens): update phase "
-                  f"(old logprobs, loss, backward), median of {mb['trials']} interleaved trials.", "",
-              "| micro-batches | forwards | largest forward (tokens) | median s | min s | loss |",
-              "|---|---:|---:|---:|---:|---:|"]
-    for by, label in (("rows", f"row count ({mb['group']} rows = one group)"), ("tokens", "token budget")):
-        m = mb[by]
-        lines.append(f"| {label} | {m['forwards']} | {m['largest_forward_tokens']} | "
-                     f"{m['median_s']:.2f} | {m['min_s']:.2f} | {m['loss']:.6f} |")
-    lines += ["", f"Token budget: **{mb['speedup']:.2f}x** faster.", "",
-              f"**Encoder cache**: a step with num_iterations = 2 and beta > 0 over {ec['prompts']} "
+                  f"(old logprobs, loss, backward); the token budget is the largest row-count "
+                  f"micro-batch, so both hold as much at most. Median of {mb['trials']} "
+                  f"interleaved trials.", "",
+              "| row count | micro-batches | forwards | largest forward (tokens) | median s | min s "
+              "| loss | speed-up |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for cell in mb["cells"]:
+        for by, label in (("rows", "rows"), ("tokens", "token budget")):
+            m = cell[by]
+            lines.append(f"| {cell['rows_per_batch']} | {label} | {m['forwards']} | "
+                         f"{m['largest_forward_tokens']} | {m['median_s']:.2f} | {m['min_s']:.2f} | "
+                         f"{m['loss']:.6f} | {'%.2fx' % cell['speedup'] if by == 'tokens' else ''} |")
+    lines += ["", f"**Encoder cache**: a step with num_iterations = 2 and beta > 0 over {ec['prompts']} "
               f"prompts of {ec['frames']} frames, G = {ec['group']}, vision frozen "
               f"({ec['cache_reason']}); median of {ec['trials']} interleaved trials.", "",
               "| vision encoder | encoder s per step | step median s |", "|---|---:|---:|"]
