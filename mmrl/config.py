@@ -39,6 +39,7 @@ LossType = Literal["ppo", "cispo", "gpg", "clip_cov", "kl_cov"]
 LRSchedule = Literal["constant", "linear", "cosine"]
 Parallel = Literal["auto", "ddp", "deepspeed", "fsdp2"]
 Progress = Literal["auto", "bar", "lines", "off"]
+CallFormat = Literal["qwen", "json_box"]  # <tool_call>{"name", "arguments"}</tool_call> | MGPO's {"bbox_2d"}
 
 
 @dataclass
@@ -136,6 +137,35 @@ class RolloutConfig:
 
 
 @dataclass
+class ToolSpec:
+    name: str = MISSING  # crop | frames | audio_clip (`mmrl.tools.TOOLS`), or "pkg.mod:fn"
+    params: dict[str, Any] = field(default_factory=dict)  # settings: the tool's keyword-only args
+
+
+@dataclass
+class ToolsConfig:
+    """Multi-turn rollouts with tools (docs/tools.md). `use` empty: single-turn, as before."""
+
+    use: list[ToolSpec] = field(default_factory=list)
+    call_format: CallFormat = "qwen"
+    max_turns: int = 3  # model turns per trajectory in training
+    eval_max_turns: Optional[int] = None  # at evaluation (may be larger); None: max_turns
+    # Completion tokens of a whole trajectory (model and observation turns); each model turn is
+    # also capped by rollout.max_new_tokens. An observation that would not fit is dropped whole.
+    max_tokens: int = 1024
+    max_observation_tokens: int = 512  # one observation turn; longer: a too_long error instead
+    # Trajectories that hit max_turns still calling tools leave the loss (Mini-o3's over-turn
+    # masking) instead of training as failures.
+    mask_truncated_trajectories: bool = False
+    timeout_s: float = 30.0  # per tool call; past it the model reads a timeout error
+    workers: int = 8  # tool calls running at once
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.use)
+
+
+@dataclass
 class RewardSpec:
     name: str = MISSING  # a reward in `mmrl ls rewards`, or "pkg.mod:fn"
     weight: float = 1.0
@@ -176,6 +206,9 @@ class AlgoConfig:
     kl_cov_coef: float = 1.0  # kl_cov: weight of |logp - old_logp| on the selected tokens
     pos_weight: float = 1.0  # scales positive advantages (W-REINFORCE: 0.1; NSR: 0)
     neg_weight: float = 1.0  # scales negative advantages (PSR: 0)
+    # added to every total reward before the advantages: NSR/PSR's +-1 from 0/1 accuracy is
+    # weight 2 and offset -1 (baselines that centre on the group mean cancel it)
+    reward_offset: float = 0.0
     ref_reset_every: int = 0  # ProRL: reference := current policy every N steps (0 = never)
     # Methods from the papers (README "Methods from the papers"); every one is off by default.
     history_epochs: int = 0  # ReST-GRPO/Temporal-R1: filter prompts all-solved/none-solved on their last k visits (0 = off)
@@ -317,6 +350,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     rewards: list[RewardSpec] = field(default_factory=list)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

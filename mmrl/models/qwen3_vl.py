@@ -15,6 +15,7 @@ from mmrl.models.qwen2_vl import GEOMETRY_KEYS, Qwen2VLAdapter, mrope_sections
 
 class Qwen3VLAdapter(Qwen2VLAdapter):
     family = "qwen3_vl"
+    box_coords = "norm1000"
     image_factor = 32  # 16 px patches, merged 2x2
     model_class = "Qwen3VLForConditionalGeneration"
     processor_class = "Qwen3VLProcessor"

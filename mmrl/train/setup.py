@@ -6,7 +6,6 @@ the same resolution rules without building anything heavy.
 from __future__ import annotations
 
 import copy as copy_module
-import functools
 import importlib
 import math
 import os
@@ -18,11 +17,8 @@ import numpy as np
 import torch
 
 from mmrl.config import RunConfig, TrainConfig
-from mmrl.data import synthetic
-from mmrl.data.schema import load_samples
 from mmrl.models.shared_prefix import attn_implementation
 from mmrl.train import lora
-from mmrl.types import Sample
 
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*|[A-Za-z0-9][\w.-]*")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -32,58 +28,6 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def build_datasets(cfg: RunConfig) -> tuple[list[Sample], list[Sample] | None]:
-    """Load train/eval samples, generating the synthetic dataset first if asked and missing."""
-    d = cfg.data
-    if d.generate:
-        _generate_once(d)
-    train = load_samples(d.train, d.format, d.max_samples)
-    evals = load_samples(d.eval, d.format, cfg.eval.max_samples) if d.eval else None
-    return prepare_samples(train, cfg), (prepare_samples(evals, cfg) if evals else None)
-
-
-def _generate_once(d) -> None:
-    """Writes data.generate's dataset unless data.train exists. Every process of a launch gets
-    here, on one node or several sharing a disk: the first takes a file lock and writes, the
-    others wait on it and then find the file (without the lock one process read the train file
-    while another was writing it: "no records")."""
-    import fcntl
-
-    out = Path(d.train).parent
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / ".mmrl-generate.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if not Path(d.train).exists():
-            synthetic.GENERATORS.get(d.generate)(out, **d.generate_kwargs)
-
-
-def prepare_samples(samples, cfg: RunConfig):
-    """What the config adds to loaded samples: the prompt template, the think / no-think
-    instruction of data.think_hybrid (by a hash of the id, so held-out prompts are asked what
-    training asks and a hybrid-trained model is measured in the modes it learned), and the resized
-    image size the box rewards need (data.image_min/max_pixels). Lazily read tables stay lazy:
-    each sample is prepared when drawn."""
-    from mmrl.data.media import add_resized_sizes
-    from mmrl.data.prompts import apply_template
-    from mmrl.data.schema import LazySamples
-    from mmrl.train.methods import hybrid_sample
-
-    d = cfg.data
-
-    def prepare(sample: Sample) -> Sample:
-        if d.prompt_template:
-            sample = apply_template(sample, d.prompt_template)
-        sample = hybrid_sample(d, cfg.train.seed, sample)  # off: as it is
-        add_resized_sizes([sample], d.image_min_pixels, d.image_max_pixels, image_factor(cfg))
-        return sample
-
-    if isinstance(samples, LazySamples):
-        convert = samples.convert
-        samples.convert = lambda record, source, base: prepare(convert(record, source, base))
-        return samples
-    return [prepare(s) for s in samples]
 
 
 # Option values this machine may not run, with what to do instead (check_environment).
@@ -119,33 +63,6 @@ def check_environment(cfg: RunConfig) -> None:
             importlib.import_module(package)
         except ImportError:
             raise RuntimeError(hint) from None
-
-
-def image_factor(cfg: RunConfig) -> int:
-    """Pixels per merged patch side, as the model family's adapter says (Qwen3-VL 32, else 28)."""
-    from mmrl.models import get_adapter
-
-    return get_adapter(cfg.model.family).image_factor
-
-
-def media_loader(cfg: RunConfig, stats: dict | None = None):
-    """`sample -> {"images", "videos", "audios"}` with the config's decode settings and cache."""
-    from mmrl.data.cache import MediaCache
-    from mmrl.data.media import load_media
-
-    d = cfg.data  # video_fps and video_nframes are exclusive (mmrl/config_rules.py)
-    video = {"fps": d.video_fps if d.video_nframes is None else None, "nframes": d.video_nframes,
-             "max_frames": d.video_max_frames, "max_total_pixels": d.video_max_pixels}
-    audio = {"max_seconds": d.audio_max_seconds, "truncate": d.audio_truncate}
-    cache = MediaCache(d.media_cache) if d.media_cache else None
-    # A configured image budget: qwen-vl-utils resizes images before the processor, as the
-    # anchors do, so the model's frame is the `resized_size` the box rewards map through.
-    image = None
-    if d.image_min_pixels is not None or d.image_max_pixels is not None:
-        image = {"min_pixels": d.image_min_pixels, "max_pixels": d.image_max_pixels,
-                 "factor": image_factor(cfg)}
-    return functools.partial(load_media, video_kwargs=video, audio_kwargs=audio, cache=cache,
-                             stats=stats, image_kwargs=image)
 
 
 def build_model(cfg: RunConfig, adapter, checkpoint: Path | None = None):

@@ -175,7 +175,7 @@ def test_tgrpo_samples_shuffled_videos_and_adds_the_bonus(tiny_yaml, tmp_path):
 
 
 def test_think_hybrid_asks_both_modes_and_logs_their_shares(tiny_yaml, tmp_path):
-    from mmrl.train.methods import asks_nothink
+    from mmrl.data.prepare import asks_nothink
     from rewards.thinking import think_format, think_shares
     t = _trainer(tiny_yaml, tmp_path, "data.think_hybrid=0.5", "rewards=[{name: think_format}]",
                  "rollout.prompts_per_step=6")
@@ -198,15 +198,15 @@ def test_think_hybrid_asks_both_modes_and_logs_their_shares(tiny_yaml, tmp_path)
 
 def test_sft_warm_up_imitates_the_think_target_where_the_hybrid_asked_to_think(tiny_yaml,
                                                                                  tmp_path):
-    from mmrl.train.methods import asks_nothink
+    from mmrl.data.prepare import asks_nothink
     from mmrl.train.sft import target_text
     t = _trainer(tiny_yaml, tmp_path, "data.think_hybrid=0.5",
                  "sft.think_target='<think>I count.</think><answer>{solution}</answer>'")
     # Held-out prompts are asked as training asks them (by id), with the same instruction.
-    from mmrl.train.setup import build_datasets
+    from mmrl.data.prepare import build_datasets
     cfg = config.load(tiny_yaml, [f"log.run_dir={tmp_path}", "data.think_hybrid=0.5",
                                   f"data.eval={t.cfg.data.train}"])
-    for s in build_datasets(cfg)[1]:
+    for s in build_datasets(cfg, 28)[1]:
         mode = "no_think" if asks_nothink(s.id, 0.5, t.cfg.train.seed) else "think"
         want = t.cfg.data.nothink_instruction if mode == "no_think" else t.cfg.data.think_instruction
         assert s.fields["think_mode"] == mode and s.messages[-1]["content"][-1]["text"].endswith(want)

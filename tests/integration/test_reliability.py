@@ -21,6 +21,7 @@ from mmrl import config
 from mmrl.data.inspect import inspect_file
 from mmrl.data.media import MediaError
 from mmrl.data.schema import RecordError, load_samples
+from mmrl.data.prepare import build_datasets
 from mmrl.train import checkpoint, rundir, setup
 from mmrl.train.loop import Trainer
 from mmrl.train.run import RunInterrupted, _CtrlC, train
@@ -59,7 +60,7 @@ def tiny_yaml(tmp_path_factory) -> Path:
     path = root / "tiny.yaml"
     path.write_text(TINY.format(data=root / "data"))
     cfg = config.load(path, [f"log.run_dir={root / 'gen'}"])
-    setup.build_datasets(cfg)  # writes the synthetic data once
+    build_datasets(cfg, 28)  # writes the synthetic data once
     yield path
     sys.path.remove(str(root))
 
@@ -172,8 +173,12 @@ def test_processor_rejection_names_record_and_sft_eval_skip(tiny_yaml, tmp_path)
     assert on_disk["eval_after_rl"]["failed"] == 4 and on_disk["accuracy_after_rl"] is None
     assert _rows(tmp_path / "skip" / "metrics.jsonl")[0]["data/skipped"] > 0
     # ... and `data inspect --deep` finds the same record; the header check alone does not.
+    from mmrl.data.inspect import processor_check
+    from mmrl.models import get_adapter
+
+    deep = processor_check(get_adapter("qwen2_5_vl"))
     assert any("aspect ratio" in m["error"] and m["source"].endswith(":8")
-               for m in inspect_file(train_file, deep=True)["bad_media"])
+               for m in inspect_file(train_file, deep=True, deep_check=deep)["bad_media"])
     assert not any(m["kind"] == "processor" for m in inspect_file(train_file)["bad_media"])
 
 

@@ -199,7 +199,8 @@ def test_convert_round_trips_through_the_native_schema(tmp_path):
     _write_jsonl(src, records)
     out = tmp_path / "native" / "train.jsonl"
     summary = convert("video_r1", src, out)
-    assert summary == {"records": 3, "out": str(out), "by_task": {"multiple_choice": 3}}
+    assert summary == {"records": 3, "out": str(out), "by_task": {"multiple_choice": 3},
+                       "format": "video_r1"}
     direct = load_samples(src, fmt="video_r1")
     native = load_samples(out)
     for a, b in zip(direct, native):

@@ -7,7 +7,7 @@ import time
 
 from mmrl import config
 from mmrl.data.synthetic import GENERATORS
-from mmrl.train.setup import build_datasets
+from mmrl.data.prepare import build_datasets
 
 CALLS = []
 
@@ -30,7 +30,7 @@ def test_concurrent_runs_generate_once_and_read_every_record(tmp_path):
 
     def run():
         try:
-            got.append(len(build_datasets(cfg)[0]))
+            got.append(len(build_datasets(cfg, 28)[0]))
         except Exception as e:  # noqa: BLE001 (reported below)
             errors.append(e)
 

@@ -164,7 +164,7 @@ def test_think_kinds_shares_and_hybrid_format():
 
 
 def test_asks_nothink_is_stable_and_close_to_the_share():
-    from mmrl.train.methods import asks_nothink
+    from mmrl.data.prepare import asks_nothink
     ids = [f"s{i}" for i in range(2000)]
     picks = [asks_nothink(i, 0.3, seed=0) for i in ids]
     assert picks == [asks_nothink(i, 0.3, seed=0) for i in ids]

@@ -10,7 +10,7 @@ from mmrl.config import RewardSpec
 from mmrl.data.prompts import TEMPLATES, apply_template
 from mmrl.data.schema import FORMATS
 from mmrl.train.scoring import RewardSet
-from mmrl.train.setup import build_datasets
+from mmrl.data.prepare import build_datasets
 from rewards import get_reward
 
 
@@ -58,7 +58,7 @@ def test_train_and_eval_get_the_template_and_the_processor_budget(tmp_path):
     cfg = config.load(None, [f"data.train={tmp_path / 'd.jsonl'}",
                              f"data.eval={tmp_path / 'd.jsonl'}", "data.format=vlm_r1",
                              "data.prompt_template=vlm_r1", "data.image_max_pixels=1003520"])
-    train, evals = build_datasets(cfg)
+    train, evals = build_datasets(cfg, 28)
     for s in (train[0], evals[0]):
         assert "<think> </think>" in _text(s)
         # 1600x1200 under 1003520 pixels: the processor's input is 1148x840, as transformers'
@@ -79,15 +79,15 @@ def test_the_image_the_processor_gets_is_the_box_rewards_resized_size(tmp_path):
     from qwen_vl_utils import fetch_image
     from transformers import Qwen2VLImageProcessor
 
-    from mmrl.train.setup import media_loader
+    from mmrl.data.prepare import media_loader
 
     Image.new("RGB", (1600, 1200), (200, 30, 30)).save(tmp_path / "a.png")
     (tmp_path / "d.jsonl").write_text(json.dumps({"image": "a.png", "conversations": [
         {"from": "human", "value": "<image>Where?"}, {"from": "gpt", "value": "[1, 2, 3, 4]"}]}))
     cfg = config.load(None, [f"data.train={tmp_path / 'd.jsonl'}", "data.format=vlm_r1",
                              "data.image_max_pixels=1003520"])
-    (s,) = build_datasets(cfg)[0]
-    (image,) = media_loader(cfg)(s)["images"]
+    (s,) = build_datasets(cfg, 28)[0]
+    (image,) = media_loader(cfg, 28)(s)["images"]
     assert list(image.size) == s.fields["resized_size"] == [1148, 840]
     ref = fetch_image({"image": str(tmp_path / "a.png"), "min_pixels": 56 * 56,
                        "max_pixels": 1003520})

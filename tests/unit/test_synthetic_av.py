@@ -38,7 +38,7 @@ def test_deterministic_and_loadable(name, generated, tmp_path):
     assert _tree(first) != _tree(tmp_path / "other")
     train, evals = load_samples(generated[name]["train"]), load_samples(generated[name]["eval"])
     assert len(train) == 6 and len(evals) == 2
-    assert {s.task for s in train + evals} == {name}
+    assert {s.task for s in [*train, *evals]} == {name}
     for s in train:
         for p in s.images + s.videos + s.audios:
             assert Path(p).is_file()
