@@ -7,8 +7,8 @@ frames), in the shared-prefix layout on the varlen kernel (what flash_attention_
 
 1 sequence parallelism: forward + backward of one group (G completions after a prompt holding
   one video of 16 / 64 / 256 frames) in one process (SP=1) and in two gloo processes under
-  torchrun (SP=2); one thread per process, each measured in fresh processes: peak RSS growth
-  (the larger rank's) and the median time.
+  torchrun (SP=2); one thread per process, each measured in fresh processes: the peak growth
+  of tensor memory (the larger rank's; the profiler's allocation record) and the median time.
 2 micro-batches: the update phase (old logprobs, then loss + backward) of a mixed batch
   (images, short and long videos) with row-count micro-batches of G rows (one whole group each,
   the best a row count can do) and of G/2 rows (what a tighter memory allows), each against
@@ -330,8 +330,9 @@ def long_tables(r: dict) -> list[str]:
              f"Tiny-width Qwen2.5-VL ({TINY['hidden_size']} wide, {TINY['num_hidden_layers']} layers), "
              f"{FRAME}x{FRAME} frames, shared-prefix layout on the varlen kernel.", "",
              f"**Sequence parallelism**: forward + backward of one group (G = {sp['group']}, "
-             f"completions {sp['completion']} tokens), one thread per process, peak RSS growth of "
-             f"the larger rank, median of {sp['trials']} trials.", "",
+             f"completions {sp['completion']} tokens), one thread per process; peak tensor memory "
+             f"of the larger rank (the profiler's allocation record, as a GPU's "
+             f"max_memory_allocated counts), median time of {sp['trials']} trials.", "",
              "| frames | prompt tokens | SP=1 peak MB | SP=2 peak MB per rank | SP=2 / SP=1 memory "
              "| SP=1 s | SP=2 s | speed-up |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in sp["rows"]:
