@@ -253,6 +253,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("bench_args", nargs=argparse.REMAINDER,
                     help="--out DIR --which update,e2e,rollout,scaling --quick ...")
     sp.set_defaults(fn=cmd_bench)
+    sp = sub.add_parser("plan", help="predict peak memory per GPU for a config (docs/memory.md)")
+    sp.add_argument("plan_args", nargs=argparse.REMAINDER,
+                    help="CONFIG [key=value ...] --gpu-gib 80 --gpus 8 --strategy ddp|zero2|... "
+                         "(all options: mmrl plan CONFIG --help)")
+    sp.set_defaults(fn=lambda args: __import__("mmrl.bench.plan_report", fromlist=["main"])
+                    .main(args.plan_args))
     sp = sub.add_parser("checkpoint", help="checkpoint tools")
     csub = sp.add_subparsers(dest="checkpoint_cmd", required=True)
     cc = csub.add_parser("consolidate", help="sharded ZeRO / FSDP2 checkpoint -> HF model dir")

@@ -96,7 +96,9 @@ class LoraSpec:
 @dataclass
 class ModelConfig:
     family: str = "qwen2_5_vl"  # registered adapter: `mmrl ls models`
-    path: str = "tiny"  # HF-format checkpoint dir, or "tiny" for the adapter's offline tiny twin
+    # HF-format checkpoint dir, "tiny" (the adapter's offline tiny twin) or "shape:NAME[:LAYERS]"
+    # (random weights at a published checkpoint's shape: mmrl/models/shapes.py)
+    path: str = "tiny"
     tiny: dict[str, Any] = field(default_factory=dict)  # overrides for adapter.tiny()
     dtype: DType = "float32"
     attn_implementation: AttnImplementation = "sdpa"

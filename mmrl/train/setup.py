@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from mmrl.config import RunConfig, TrainConfig
+from mmrl.models import shapes
 from mmrl.models.shared_prefix import attn_implementation
 from mmrl.train import lora
 
@@ -49,11 +50,13 @@ def check_environment(cfg: RunConfig) -> None:
         raise RuntimeError(_GPU_ONLY_ATTN[m.attn_implementation])
     if not cuda and m.dtype in _GPU_ONLY_DTYPE:
         raise RuntimeError(_GPU_ONLY_DTYPE[m.dtype])
-    if m.path != "tiny" and not Path(m.path).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
+    if _builds_in_process(m.path):
+        pass
+    elif not Path(m.path).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise FileNotFoundError(f"model.path={m.path}: not a local directory and HF_HUB_OFFLINE=1; "
                                 f"download the checkpoint first (huggingface-cli download "
                                 f"{m.path} --local-dir DIR) and point model.path at DIR")
-    if m.path != "tiny" and not Path(m.path).exists() and not _REPO_ID.fullmatch(m.path):
+    elif not Path(m.path).exists() and not _REPO_ID.fullmatch(m.path):
         # Without this the Hub client answers "Repo id must be in the form 'repo_name' ...".
         raise FileNotFoundError(f"model.path={m.path}: no such local directory (and not a Hub "
                                 f"repo id like Qwen/Qwen2.5-VL-3B-Instruct); check the path")
@@ -65,6 +68,11 @@ def check_environment(cfg: RunConfig) -> None:
             raise RuntimeError(hint) from None
 
 
+def _builds_in_process(path: str) -> bool:
+    """model.path values that name no checkpoint: "tiny" and "shape:NAME" (mmrl.models.shapes)."""
+    return path == "tiny" or path.startswith(shapes.SCHEME)
+
+
 def build_model(cfg: RunConfig, adapter, checkpoint: Path | None = None):
     """-> (model, processor, peft_model or None). From a checkpoint when resuming (an adapter-only
     LoRA checkpoint is applied on top of model.path), else from model.path / tiny."""
@@ -72,7 +80,9 @@ def build_model(cfg: RunConfig, adapter, checkpoint: Path | None = None):
     dtype = DTYPES[m.dtype]
     full_ckpt = checkpoint is not None and not lora.is_adapter_checkpoint(checkpoint)
     source = str(checkpoint) if full_ckpt else m.path
-    if source == "tiny":
+    if source.startswith(shapes.SCHEME):  # random weights at a published checkpoint's shape
+        model, processor = shapes.build_for(source, m.family, dtype=dtype, seed=cfg.train.seed)
+    elif source == "tiny":
         model, processor = adapter.tiny(seed=cfg.train.seed, **m.tiny)
         model = model.to(dtype)
         if attn_implementation(model) != m.attn_implementation:  # tiny models are built with sdpa

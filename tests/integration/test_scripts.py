@@ -134,3 +134,14 @@ def test_probe_vision_lr_learns_colour_at_1e4():
     assert proc.returncode == 0, proc.stderr[-2000:]
     last = [line for line in proc.stdout.splitlines() if line.startswith("step 100")][0]
     assert float(last.split("val accuracy")[1]) >= 0.9, proc.stdout
+
+
+def test_bench_data_scale_measures_inspect_and_a_short_run(tmp_path):
+    out = tmp_path / "rows.json"
+    proc = _run([sys.executable, SCRIPTS / "bench_data_scale.py", "--sizes", "40",
+                 "--out", out], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {r["what"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {"inspect", "train"}
+    for row in rows.values():  # each measured in its own process, which exited cleanly
+        assert row["records"] == 40 and row["exit"] == 0 and row["peak_rss_mb"] > 50, row
