@@ -124,14 +124,13 @@ def problems(cfg, world: int = 1) -> list[str]:
     if a.dynamic_sampling and r.num_generations < 2:
         out.append(f"rollout.num_generations={r.num_generations}: must be >= 2 with "
                    f"algo.dynamic_sampling=true (it keeps groups whose rewards differ)")
-    sp = cfg.train.sequence_parallel
-    if sp >= 1 and world % sp:
+    sp = max(cfg.train.sequence_parallel, 1)  # below 1: reported by RANGES
+    if world % sp:
         out.append(f"train.sequence_parallel={sp}: must divide the process count {world}")
-    split = sp > 1 and world % sp == 0  # sequence groups share rows: count data-parallel ranks
-    ranks = world // sp if split else world
-    if r.prompts_per_step >= 1 and r.prompts_per_step % ranks and not (sp >= 1 and world % sp):
-        what = (f"number of data-parallel ranks {ranks} (processes / train.sequence_parallel)"
-                if split else f"process count {world}")
+    elif r.prompts_per_step >= 1 and r.prompts_per_step % (world // sp):
+        # A sequence group's processes share their rows: prompts split over data-parallel ranks.
+        what = (f"process count {world}" if sp == 1 else f"number of data-parallel ranks "
+                f"{world // sp} (processes / train.sequence_parallel)")
         out.append(f"rollout.prompts_per_step={r.prompts_per_step}: must be divisible by the {what}")
     if sp > 1 and cfg.model.attn_implementation == "flash_attention_2" and not cfg.train.shared_prefix:
         out.append(f"train.sequence_parallel={sp} with model.attn_implementation="
