@@ -48,7 +48,7 @@ from mmrl.types import Sample
 # "default" derives it from the answer).
 ACCU_METHOD_TASKS = {"iou": "detection", "od": "detection", "od_ap": "detection",
                      "odLength": "detection", "mcq": "multiple_choice", "default": None}
-# Video-R1 problem_type -> the sample's task, which `rewards[].tasks` routes on (README: rewards).
+# Video-R1 problem_type -> the sample's task, which `rewards[].tasks` routes on (docs/rewards.md).
 PROBLEM_TASKS = {"multiple choice": "multiple_choice", "numerical": "numerical", "OCR": "ocr",
                  "free-form": "free_form", "regression": "regression"}
 HINTS = {

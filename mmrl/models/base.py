@@ -80,7 +80,7 @@ def fan_in_init(model: torch.nn.Module) -> None:
 
     transformers' std 0.02 is sized for widths near 2500 (1/sqrt(2500)); in a 64-wide vision
     tower it leaves attention uniform and the MLPs near-linear, and the tiny tower learned to
-    tell a circle from a square about half as fast (scripts/probe_vision_lr.py --init).
+    tell a circle from a square about half as fast (research/probes/vision_lr.py --init).
     Biases stay zero and embeddings and norms keep their init; uses the global torch RNG.
     """
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""Trainer glue for the methods from the papers (README "Methods from the papers").
+"""Trainer glue for the methods from the papers (docs/methods.md).
 
 Each function is called from one line of a stage of the loop (or of the part it belongs to),
 with the parts it needs; the decisions themselves are pure functions in mmrl/algos and rewards/.
