@@ -289,10 +289,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _message(e: BaseException) -> str:
-    text = str(e.args[0] if isinstance(e, KeyError) and e.args else e).strip() or type(e).__name__
+    from mmrl.config import clip
+
+    # A KeyError's str() is the repr of its key; ours carry a sentence, a foreign one a bare key
+    # ("difficulty"), which says nothing without its type.
+    arg = e.args[0] if isinstance(e, KeyError) and e.args else None
+    own_key_error = isinstance(arg, str) and " " in arg
+    text = str(arg if own_key_error else e).strip() or type(e).__name__
+    text = "\n".join(clip(line, 2000) for line in text.splitlines())  # never 10 MB of a value
     # Our own errors say what to do; a foreign one is named by its type so it can be searched.
-    if type(e).__module__.startswith(("mmrl", "rewards")) or isinstance(
-            e, (FileNotFoundError, FloatingPointError, KeyError, ValueError, RuntimeError)):
+    if own_key_error or type(e).__module__.startswith(("mmrl", "rewards")) or isinstance(
+            e, (FileNotFoundError, FloatingPointError, ValueError, RuntimeError)):
         return text
     return f"{type(e).__name__}: {text}"
 
