@@ -18,7 +18,7 @@ from mmrl.data.media import MediaError, processor_errors
 from mmrl.models.forward import generate
 from mmrl.train.logging import json_safe
 from mmrl.train.metrics import summarize
-from mmrl.train.scoring import RewardSet
+from mmrl.train.scoring import RewardSet, rewards_at
 from mmrl.train.setup import media_loader
 from mmrl.types import Sample, SamplingParams
 from rewards import extract_answer
@@ -89,8 +89,10 @@ def evaluate(model, processor, adapter, samples: list[Sample], cfg: RunConfig, *
         texts = processor.tokenizer.batch_decode([r[m.bool()] for r, m in zip(ids, mask)],
                                                  skip_special_tokens=True)
         drawn = [s for s in chunk for _ in range(k)]
-        totals, per = rewards.score(drawn, texts, {"completion_length": mask.sum(1).tolist(),
-                                                   "max_completion_length": [max_new] * len(drawn)})
+        with rewards_at("evaluation"):
+            totals, per = rewards.score(drawn, texts, {
+                "completion_length": mask.sum(1).tolist(),
+                "max_completion_length": [max_new] * len(drawn)})
         for i, s in enumerate(drawn):
             rows.append({"id": s.id, "draw": i % k, "task": s.task, "completion": texts[i],
                          "answer": extract_answer(texts[i]), "solution": s.solution,

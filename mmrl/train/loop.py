@@ -36,7 +36,7 @@ from mmrl.train.learner import Learner
 from mmrl.train.logging import RunLogger
 from mmrl.train.prompts import PromptSource
 from mmrl.train.rollout_utils import CutWatch, concat_rollouts, rollout_metrics, rollout_records
-from mmrl.train.scoring import Scorer
+from mmrl.train.scoring import Scorer, rewards_at
 from mmrl.types import RolloutBatch, ScoredBatch
 
 
@@ -83,7 +83,7 @@ class Trainer:
     # ---------------------------------------------------------------- one step -----------------
     def train_step(self) -> dict[str, float]:
         timer = StageTimer()
-        with timer("rollout"):
+        with timer("rollout"), rewards_at(f"step {self.step + 1}"):
             batch, scores, per_reward, extra = self.sample_batch()
             scores, tgrpo = methods.temporal_contrast(self.cfg, self.step, self.prompts,
                                                       self.rollout, self.scorer, batch, scores,

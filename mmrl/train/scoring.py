@@ -12,9 +12,12 @@ in a row trains on nothing: that is warned about once, on the progress display.
 from __future__ import annotations
 
 import functools
+from contextlib import contextmanager
 import inspect
 import math
 import numbers
+import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -22,7 +25,7 @@ import torch
 from rewards import get_reward
 
 from mmrl import algos
-from mmrl.config import RunConfig, RewardSpec
+from mmrl.config import RunConfig, RewardSpec, clip
 from mmrl.train import dist
 from mmrl.types import RolloutBatch, Sample, ScoredBatch
 
@@ -34,7 +37,8 @@ def bind_reward(spec: RewardSpec) -> Callable[..., list]:
     try:
         fn = get_reward(spec.name)
     except KeyError as e:
-        raise KeyError(f"rewards: {e.args[0]} (see `mmrl ls rewards`)") from None
+        raise KeyError(f"rewards: {e.args[0]} (see `mmrl ls rewards`){_import_hint(spec.name, e)}"
+                       ) from None
     params = dict(spec.params)
     sig = inspect.signature(fn)
     # Params must be named parameters: anything else would vanish into **fields unnoticed.
@@ -45,6 +49,22 @@ def bind_reward(spec: RewardSpec) -> Callable[..., list]:
         raise TypeError(f"reward {spec.name!r}: unknown param(s) {unknown}; it takes "
                         f"{sorted(named) or 'none'}")
     return functools.partial(fn, **params) if params else fn
+
+
+def _import_hint(name: str, error: KeyError) -> str:
+    """Why a "module:fn" reward beside the config may not import: the `mmrl` command (a console
+    script) does not put the current folder on Python's path, as `python -m` would."""
+    cause, top = error.__cause__, name.partition(":")[0].split(".")[0]
+    if not (isinstance(cause, ModuleNotFoundError) and cause.name == top):
+        return ""  # no "module:fn", or the module itself failed inside: its message says why
+    here = Path.cwd()
+    if not any(Path(p or ".").resolve() == here for p in sys.path):
+        holds = f", which holds {top}.py," if (here / f"{top}.py").is_file() else ""
+        return (f"; the current folder {here}{holds} is not on Python's import path: run "
+                f"`PYTHONPATH=. mmrl train ...`, or put the folder that holds {top}.py on "
+                f"PYTHONPATH")
+    return (f"; the current folder {here} is on the import path but holds no {top}.py: run "
+            f"from the folder that holds it, or add that folder to PYTHONPATH")
 
 
 class RewardSet:
@@ -76,10 +96,8 @@ class RewardSet:
             rows = [i for i, s in enumerate(samples) if spec.tasks is None or s.task in spec.tasks]
             scores: list[Any] = [None] * len(samples)
             if rows:
-                sub = fn([completions[i] for i in rows], [solutions[i] for i in rows],
-                         **{k: [v[i] for i in rows] for k, v in fields.items()}, **options)
-                if len(sub) != len(rows):
-                    raise RuntimeError(f"reward {key!r} returned {len(sub)} scores for {len(rows)}")
+                sub = _call(key, fn, [samples[i] for i in rows], [completions[i] for i in rows],
+                            {k: [v[i] for i in rows] for k, v in fields.items()}, options)
                 for i, v in zip(rows, sub):
                     scores[i] = None if v is None else _number(v, key, samples[i])
             per_reward[key] = scores
@@ -106,12 +124,66 @@ class RewardSet:
                      f"--config CONFIG`)")
         self._counts = {k: [0, 0] for k in self.keys}
         return out
+def _call(key: str, fn, samples: list[Sample], completions: list[str], fields: dict,
+          options: dict) -> list:
+    """One reward over the samples routed to it -> its list of scores. A reward that raises, or
+    returns anything but one score per sample, is a RewardError naming the reward, the sample
+    (its id and file:line) and what went wrong; the trainer adds the step."""
+    solutions = [s.solution for s in samples]
+    try:
+        out = fn(completions, solutions, **fields, **options)
+    except Exception as e:
+        culprit = _failing_sample(fn, samples, completions, solutions, fields, options)
+        where = (f"on sample {culprit.id} ({culprit.source})" if culprit is not None else
+                 f"on a batch of {len(samples)} samples, each of which scores alone (first: "
+                 f"{samples[0].id} ({samples[0].source}))")
+        raise RewardError(f"reward {key!r} raised {type(e).__name__}: {clip(str(e))} {where}; "
+                          f"fix the reward or the record (--debug shows the traceback)") from e
+    n = len(samples)
+    if isinstance(out, numbers.Number) or out is None:
+        raise RewardError(f"reward {key!r} returned {out!r} ({type(out).__name__}), not a list: a "
+                          f"reward scores a batch and returns one number (or None) per "
+                          f"completion, {n} here (first sample {samples[0].id} "
+                          f"({samples[0].source}))")
+    if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
+        kind = "a generator" if inspect.isgenerator(out) else f"{type(out).__name__}"
+        raise RewardError(f"reward {key!r} returned {kind}, not a list of {n} scores; return a "
+                          f"list (e.g. wrap it in list(...)) (first sample {samples[0].id} "
+                          f"({samples[0].source}))")
+    if len(out) != n:
+        raise RewardError(f"reward {key!r} returned {len(out)} scores for {n} completions "
+                          f"(first sample {samples[0].id} ({samples[0].source}))")
+    return list(out)
+
+
+def _failing_sample(fn, samples, completions, solutions, fields, options) -> Sample | None:
+    """The first sample on which the reward raises when called on it alone (rewards are pure,
+    so one call per sample finds it), or None when each one scores alone."""
+    for i, sample in enumerate(samples):
+        try:
+            fn([completions[i]], [solutions[i]], **{k: [v[i]] for k, v in fields.items()},
+               **options)
+        except Exception:
+            return sample
+    return None
+
+
 def _takes_any_keyword(fn) -> bool:
     return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
 
 
 class RewardError(ValueError):
-    """A reward returned something that is not a finite number (or None)."""
+    """A reward raised, or returned something other than one finite number (or None) per
+    completion; the message names the reward and the sample."""
+
+
+@contextmanager
+def rewards_at(where: str):
+    """Inside: a RewardError says where it happened too ("step 12", "evaluation")."""
+    try:
+        yield
+    except RewardError as e:
+        raise RewardError(f"{where}: {e}") from e.__cause__
 
 
 def _number(value: Any, key: str, sample: Sample) -> float:
