@@ -12,8 +12,9 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from mmrl.data.media import MediaError, load_audio, load_image, load_media, load_video, \
-    processor_errors
+from mmrl.data.audio import MIN_SECONDS, too_short
+from mmrl.data.media import MediaError, image_too_big, load_audio, load_image, load_media, \
+    load_video, processor_errors
 from mmrl.data.schema import FORMATS, RecordError, iter_records
 from mmrl.types import Sample
 
@@ -58,13 +59,19 @@ def _open_header(kind: str, path: str, source: str) -> None:
             from PIL import Image
 
             with Image.open(path) as im:
+                too_big = image_too_big(im, None)  # from the header: a bomb is found here
+                if too_big:
+                    raise MediaError(too_big)
                 im.verify()
             return
         if kind == "audios" and p.suffix.lower() in (".wav", ".flac", ".ogg"):
             import soundfile as sf
 
-            if sf.info(path).frames == 0:
+            info = sf.info(path)
+            if info.frames == 0:
                 raise MediaError("no audio samples")
+            if info.frames < MIN_SECONDS * info.samplerate:
+                raise MediaError(too_short(info.frames / info.samplerate))
             return
         import av
 
