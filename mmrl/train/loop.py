@@ -40,10 +40,14 @@ from mmrl.train.scoring import Scorer, rewards_at
 from mmrl.types import RolloutBatch, ScoredBatch
 
 
+FROM_CONFIG = object()  # Trainer(resume=...): resolve train.resume here
+
+
 class Trainer:
-    def __init__(self, cfg: RunConfig, logger: RunLogger | None = None):
+    def __init__(self, cfg: RunConfig, logger: RunLogger | None = None, resume=FROM_CONFIG):
         """Setup: every part built explicitly, in an order that keeps the RNG streams (and so a
-        resumed run) exactly as they were."""
+        resumed run) exactly as they were. `resume`: the checkpoint rank 0 chose and verified
+        (rundir.prepare), else train.resume is resolved here."""
         self.cfg, self.run_dir = cfg, cfg.run_dir
         setup.check_environment(cfg)
         self.info = dist.init()
@@ -52,7 +56,10 @@ class Trainer:
         train_set, self.eval_set = setup.build_datasets(cfg)
         check_scorable(cfg.rewards, train_set, cfg.rollout.max_new_tokens)
         adapter = get_adapter(cfg.model.family)
-        resume = checkpoint.resolve_resume(cfg.train.resume, self.run_dir)
+        if resume is FROM_CONFIG:
+            resume = (checkpoint.resolve_resume(cfg.train.resume, self.run_dir)
+                      if self.info.main else None)
+        resume = dist.broadcast_object(resume, self.info)  # every rank resumes what rank 0 chose
         self.learner = Learner(cfg, self.info, strategy, adapter,
                                resume if checkpoint.has_weights(resume) else None)
         self.rollout = Rollout(cfg.rollout, self.learner)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -20,7 +21,7 @@ from mmrl.train import dist, lora, rundir
 from mmrl.train.evaluate import evaluate, majority_baseline
 from mmrl.train.learner import Learner
 from mmrl.train.logging import RunLogger, json_safe
-from mmrl.train.loop import Trainer
+from mmrl.train.loop import FROM_CONFIG, Trainer
 from mmrl.train.sft import sft_warmup
 from mmrl.types import Sample
 
@@ -88,7 +89,7 @@ def resume_command(cfg: RunConfig) -> str:
     args = [a for a in args if not a.startswith(("train.resume=", "train.overwrite="))]
     if not any(a.startswith("log.run_dir=") for a in args):
         args.append(f"log.run_dir={cfg.run_dir}")
-    return " ".join(["mmrl", *args, "train.resume=auto"])
+    return shlex.join(["mmrl", *args, "train.resume=auto"])  # a folder may hold a space
 
 
 def _eval(learner: Learner, eval_set: list[Sample], cfg: RunConfig, out_dir: Path, name: str,
@@ -105,9 +106,10 @@ def _eval(learner: Learner, eval_set: list[Sample], cfg: RunConfig, out_dir: Pat
 
 def train(cfg: RunConfig) -> dict:
     started = time.perf_counter()
+    resume = FROM_CONFIG  # other ranks: the checkpoint rank 0 chose, broadcast
     if int(os.environ.get("RANK", "0")) == 0:  # the run dir is rank 0's to check and write
-        rundir.prepare(cfg)
-    trainer = Trainer(cfg)
+        resume = rundir.prepare(cfg)
+    trainer = Trainer(cfg, resume=resume)
     log, tc, learner, evals = trainer.log, cfg.train, trainer.learner, trainer.eval_set
     summary = trainer.state_extra.setdefault("summary", {})
 

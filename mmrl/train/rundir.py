@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import uuid
 from pathlib import Path
 
@@ -33,7 +34,7 @@ def prepare(cfg: RunConfig) -> Path | None:
     if removed:
         print(f"removed {len(removed)} unfinished checkpoint write(s): "
               f"{', '.join(p.name for p in removed)}")
-    resume = checkpoint.resolve_resume(tc.resume, run_dir)
+    resume = checkpoint.resolve_resume(tc.resume, run_dir, say=_say)
     owner = _stored_run_id(run_dir)
     if tc.starts_fresh and _used(run_dir):
         if not tc.overwrite:
@@ -59,6 +60,10 @@ def prepare(cfg: RunConfig) -> Path | None:
     for name in LOGS:
         truncate_jsonl(run_dir / name, step)
     return resume
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _used(run_dir: Path) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
+from safetensors.torch import save_file
 
 from mmrl import config
 from mmrl.data.inspect import inspect_file
@@ -110,6 +111,7 @@ def test_resume_auto_refuses_another_runs_checkpoint(tmp_path):
     ckpt = tmp_path / "checkpoints" / "step_000030"
     ckpt.mkdir(parents=True)
     torch.save({"step": 30, "run_id": "oldrun"}, ckpt / checkpoint.STATE_FILE)
+    save_file({"w": torch.zeros(1)}, ckpt / "model.safetensors")  # verifies: it holds weights
     (tmp_path / "config.yaml").write_text("train:\n  run_id: newrun\n")
     cfg = config.load(None, ["data.train=x.jsonl", f"log.run_dir={tmp_path}",
                              "train.resume=auto"])
