@@ -6,6 +6,7 @@ answer quickly and `--help` works on a broken install.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 from pathlib import Path
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         run = sys.modules.get("mmrl.train.run")  # not imported: no training ran
         if run is not None and isinstance(e, run.RunInterrupted):
             print(f"mmrl: {e}", file=sys.stderr)
-            return 130
+            return e.exit_code
         print(f"mmrl: error: {_message(e)}\n(run with --debug or MMRL_DEBUG=1 for the traceback)",
               file=sys.stderr)
         return 1
@@ -293,6 +294,10 @@ def _message(e: BaseException) -> str:
 
     # A KeyError's str() is the repr of its key; ours carry a sentence, a foreign one a bare key
     # ("difficulty"), which says nothing without its type.
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        from mmrl.train.checkpoint import write_failure  # disk full: as every writer words it
+
+        return write_failure(Path(e.filename or "."), e)
     arg = e.args[0] if isinstance(e, KeyError) and e.args else None
     own_key_error = isinstance(arg, str) and " " in arg
     text = str(arg if own_key_error else e).strip() or type(e).__name__

@@ -53,6 +53,8 @@ class DataConfig:
     max_samples: Optional[int] = None
     shuffle: bool = True
     on_bad_sample: OnBadSample = "error"  # error: stop naming record and file | skip: count
+    # skip: stop when more than this share of the records drawn in an epoch failed to load
+    max_bad_fraction: float = 0.5
     # per-image pixel budget: set, images are resized by qwen-vl-utils' fetch_image (min_pixels /
     # max_pixels) before the processor; the box rewards' resized_size is that frame
     image_min_pixels: Optional[int] = None
@@ -258,6 +260,12 @@ class TrainConfig:
     resume: str = "none"  # none | auto | path to a checkpoint dir
     overwrite: bool = False  # a fresh run may replace what a non-empty log.run_dir holds
     run_id: Optional[str] = None  # set at a run's start; resume=auto accepts only its checkpoints
+    # A resume may change lr, steps, eval, log, ... (applied); other keys (model, data, G, seed,
+    # algo) are refused unless this is true (docs/runs.md).
+    allow_config_change: bool = False
+    # After SIGTERM / SIGHUP / Ctrl-C, the seconds a step's rollout may take to finish before
+    # the step is abandoned (rewound) and the run saves; SLURM: --signal=B:TERM@120 (docs/runs.md)
+    stop_timeout: float = 30.0
     max_nonfinite_steps: int = 3  # consecutive steps skipped for NaN/inf loss or grad norm -> stop
     eval_every: int = 0  # in-loop held-out evaluation (0 = off)
     # How weights, gradients and optimizer state are spread over processes: auto (from the

@@ -27,7 +27,7 @@ class Learner:
         """`weights`: a checkpoint to load the model from (resume), else model.path."""
         self.info, self.strategy, self.adapter = info, strategy, adapter
         self.algo, self.micro_batch_size = cfg.algo, max(1, cfg.train.micro_batch_size)
-        self.seed = cfg.train.seed
+        self.seed, self.train_cfg = cfg.train.seed, cfg.train
         self.temperature, self.max_len = cfg.rollout.temperature, cfg.rollout.max_new_tokens
         strategy.before_model()
         self.model, self.processor, self.peft = setup.build_model(cfg, adapter, weights)
@@ -213,6 +213,23 @@ class Learner:
         else:
             self.strategy.load_shards(ckpt, self.model, self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
+        apply_optimizer_settings(self.optimizer, self.scheduler, self.train_cfg)
+
+
+def apply_optimizer_settings(optimizer, scheduler, tc) -> None:
+    """After a resume: the config's lr, betas and weight decay, not the checkpoint's. A restored
+    optimizer and LambdaLR carry their old base lr (a resume with train.lr=5e-4 kept training at
+    1e-4); the schedule's shape (steps, warm-up, kind) is the new config's already."""
+    for group in optimizer.param_groups:
+        group["betas"], group["weight_decay"] = tuple(tc.betas), tc.weight_decay
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if lambdas is None or list(scheduler.base_lrs) == [tc.lr] * len(scheduler.base_lrs):
+        return
+    scheduler.base_lrs = [tc.lr] * len(optimizer.param_groups)
+    for group, factor in zip(optimizer.param_groups, lambdas):
+        group["initial_lr"] = tc.lr
+        group["lr"] = tc.lr * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
 
 
 def _max_gap(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor) -> float:

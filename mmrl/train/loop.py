@@ -19,8 +19,9 @@ guided reshaping and history weights in the advantage stage, their metrics in th
 """
 from __future__ import annotations
 
+import copy
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 
 import torch
@@ -35,6 +36,7 @@ from mmrl.train.generation import Rollout
 from mmrl.train.learner import Learner
 from mmrl.train.logging import RunLogger
 from mmrl.train.prompts import PromptSource
+from mmrl.train.resume_config import as_plain
 from mmrl.train.rollout_utils import CutWatch, concat_rollouts, rollout_metrics, rollout_records
 from mmrl.train.scoring import Scorer, rewards_at
 from mmrl.types import RolloutBatch, ScoredBatch
@@ -73,16 +75,18 @@ class Trainer:
             tensorboard=cfg.log.tensorboard and main, wandb=cfg.log.wandb and main,
             progress=cfg.log.progress if main else "silent", log_every=cfg.log.log_every,
             config=asdict(cfg))
-        if main:
+        if main and not (self.run_dir / "config.yaml").is_file():  # a resume keeps the original
             save_config(cfg, self.run_dir / "config.yaml")
             cut = answer_budget(train_set, self.learner.processor.tokenizer, cfg.sft.target,
                                 cfg.rollout.max_new_tokens)
             if cut:
                 self.log.warn(format_answer_budget(cut, cfg.rollout.max_new_tokens))
+        self.prompts.say = self.log.warn  # skipped records: on the terminal and in warnings.txt
         self.checkpointer = Checkpointer(self.run_dir, cfg.train, self.info, self.log)
         # Saved with the rest: run.py's stage results (SFT, accuracy before RL) and the
         # algorithms' carried values (the adaptive KL-in-reward coefficient).
         self.step, self.state_extra = 0, {}
+        self.stop, self._step_start = None, None  # set by run.py (signals.StopSignals)
         if resume is not None:
             self.step, self.state_extra = self.checkpointer.restore(resume, self.learner,
                                                                     self.prompts)
@@ -90,7 +94,10 @@ class Trainer:
     # ---------------------------------------------------------------- one step -----------------
     def train_step(self) -> dict[str, float]:
         timer = StageTimer()
-        with timer("rollout"), rewards_at(f"step {self.step + 1}"):
+        stop = self.stop  # run.py's StopSignals: a signal may abandon the rollout (signals.py)
+        self._step_start = self._resumable_state() if stop is not None else None
+        with timer("rollout"), rewards_at(f"step {self.step + 1}"), \
+                stop.abandonable() if stop is not None else nullcontext():
             batch, scores, per_reward, extra = self.sample_batch()
             scores, tgrpo = methods.temporal_contrast(self.cfg, self.step, self.prompts,
                                                       self.rollout, self.scorer, batch, scores,
@@ -184,7 +191,21 @@ class Trainer:
         """Fix the KL reference as the policy is now (call once, after any warm-up)."""
         self.learner.ref_model = self.checkpointer.reference(self.learner, self.cfg.algo)
 
+    def _resumable_state(self) -> tuple:
+        """What a step changes before its update: the prompts' position and history, the random
+        streams, the carried algorithm state (the weights change only in the update)."""
+        return (copy.deepcopy(self.prompts.state_dict()), checkpoint.rng_state(),
+                copy.deepcopy(self.state_extra))
+
+    def rewind(self) -> None:
+        """Back to the start of the step being abandoned, so that a save now equals the save at
+        the end of the previous step, and a resumed run redoes the step as it would have run."""
+        prompts, rng, self.state_extra = self._step_start
+        self.prompts.load_state_dict(prompts)
+        checkpoint.set_rng_state(rng)
+
     def save(self) -> None:
+        self.state_extra["config"] = as_plain(self.cfg)  # what a resume compares its config with
         self.checkpointer.save(self.step, self.learner, self.prompts, self.state_extra)
 
     def close(self) -> None:

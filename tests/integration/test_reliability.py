@@ -24,7 +24,7 @@ from mmrl.data.media import MediaError
 from mmrl.data.schema import RecordError, load_samples
 from mmrl.train import checkpoint, rundir, setup
 from mmrl.train.loop import Trainer
-from mmrl.train.run import RunInterrupted, _CtrlC, train
+from mmrl.train.run import train
 from mmrl.train.scoring import RewardError, RewardSet, Scorer
 
 pytestmark = pytest.mark.integration
@@ -275,14 +275,6 @@ def test_errors_are_one_line_without_debug(tiny_yaml, tmp_path, capsys):
     assert len(err.strip().splitlines()) <= 5  # the summary (3 lines) and the error, no dump
     with pytest.raises(RecordError):
         main(["--debug", *args])
-
-
-def test_second_ctrl_c_aborts():
-    handler = _CtrlC()
-    handler.handle(signal.SIGINT, None)
-    assert handler.requested
-    with pytest.raises(KeyboardInterrupt):
-        handler.handle(signal.SIGINT, None)
 
 
 def test_ctrl_c_finishes_step_saves_and_prints_resume(tiny_yaml, tmp_path):
