@@ -17,6 +17,7 @@ from mmrl.data.media import MediaError, image_too_big, load_audio, load_image, l
     load_video, processor_errors
 from mmrl.data.schema import FORMATS, RecordError, iter_records
 from mmrl.types import Sample
+from rewards.calls import call_reward
 
 
 def render_prompt(sample: Sample) -> str:
@@ -218,8 +219,9 @@ def reward_scorability(specs, samples: list[Sample], max_new_tokens: int = 1024)
             fields = {k: [s.fields.get(k) for s in rows] for k in keys}
             fields.update(task=[s.task for s in rows], completion_length=[1] * len(rows),
                           max_completion_length=[max_new_tokens] * len(rows))
-            scores = fn([probe_completion(s.solution) for s in rows], [s.solution for s in rows],
-                        **fields)
+            scores = call_reward(fn, spec.name, [probe_completion(s.solution) for s in rows],
+                                 [s.solution for s in rows], fields,
+                                 [f"{s.id} ({s.source})" for s in rows])
         unscored = [s for s, v in zip(rows, scores) if v is None]
         name = spec.name.rsplit(":", 1)[-1]
         need = NEEDED_FIELD.get(name)

@@ -56,7 +56,8 @@ class Trainer:
         strategy = parallel.make(cfg, self.info)
         setup.set_seed(cfg.train.seed)
         train_set, self.eval_set = setup.build_datasets(cfg)
-        check_scorable(cfg.rewards, train_set, cfg.rollout.max_new_tokens)
+        with rewards_at("at start, asking each reward which records it can score"):
+            check_scorable(cfg.rewards, train_set, cfg.rollout.max_new_tokens)
         adapter = get_adapter(cfg.model.family)
         if resume is FROM_CONFIG:
             resume = (checkpoint.resolve_resume(cfg.train.resume, self.run_dir)

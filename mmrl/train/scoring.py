@@ -23,9 +23,10 @@ from typing import Any, Callable
 import torch
 
 from rewards import get_reward
+from rewards.calls import RewardError, call_reward
 
 from mmrl import algos
-from mmrl.config import RunConfig, RewardSpec, clip
+from mmrl.config import RunConfig, RewardSpec
 from mmrl.train import dist
 from mmrl.types import RolloutBatch, Sample, ScoredBatch
 
@@ -126,55 +127,14 @@ class RewardSet:
         return out
 def _call(key: str, fn, samples: list[Sample], completions: list[str], fields: dict,
           options: dict) -> list:
-    """One reward over the samples routed to it -> its list of scores. A reward that raises, or
-    returns anything but one score per sample, is a RewardError naming the reward, the sample
-    (its id and file:line) and what went wrong; the trainer adds the step."""
-    solutions = [s.solution for s in samples]
-    try:
-        out = fn(completions, solutions, **fields, **options)
-    except Exception as e:
-        culprit = _failing_sample(fn, samples, completions, solutions, fields, options)
-        where = (f"on sample {culprit.id} ({culprit.source})" if culprit is not None else
-                 f"on a batch of {len(samples)} samples, each of which scores alone (first: "
-                 f"{samples[0].id} ({samples[0].source}))")
-        raise RewardError(f"reward {key!r} raised {type(e).__name__}: {clip(str(e))} {where}; "
-                          f"fix the reward or the record (--debug shows the traceback)") from e
-    n = len(samples)
-    if isinstance(out, numbers.Number) or out is None:
-        raise RewardError(f"reward {key!r} returned {out!r} ({type(out).__name__}), not a list: a "
-                          f"reward scores a batch and returns one number (or None) per "
-                          f"completion, {n} here (first sample {samples[0].id} "
-                          f"({samples[0].source}))")
-    if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
-        kind = "a generator" if inspect.isgenerator(out) else f"{type(out).__name__}"
-        raise RewardError(f"reward {key!r} returned {kind}, not a list of {n} scores; return a "
-                          f"list (e.g. wrap it in list(...)) (first sample {samples[0].id} "
-                          f"({samples[0].source}))")
-    if len(out) != n:
-        raise RewardError(f"reward {key!r} returned {len(out)} scores for {n} completions "
-                          f"(first sample {samples[0].id} ({samples[0].source}))")
-    return list(out)
-
-
-def _failing_sample(fn, samples, completions, solutions, fields, options) -> Sample | None:
-    """The first sample on which the reward raises when called on it alone (rewards are pure,
-    so one call per sample finds it), or None when each one scores alone."""
-    for i, sample in enumerate(samples):
-        try:
-            fn([completions[i]], [solutions[i]], **{k: [v[i]] for k, v in fields.items()},
-               **options)
-        except Exception:
-            return sample
-    return None
+    """One reward over the samples routed to it -> its scores (rewards.calls names a failure:
+    the reward, the sample's id and file:line; `rewards_at` adds the step)."""
+    return call_reward(fn, key, completions, [s.solution for s in samples], fields,
+                       [f"{s.id} ({s.source})" for s in samples], options)
 
 
 def _takes_any_keyword(fn) -> bool:
     return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
-
-
-class RewardError(ValueError):
-    """A reward raised, or returned something other than one finite number (or None) per
-    completion; the message names the reward and the sample."""
 
 
 @contextmanager

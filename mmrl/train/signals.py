@@ -25,11 +25,13 @@ from contextlib import contextmanager
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-class StopNow(Exception):
+# BaseException, as KeyboardInterrupt: raised from a signal handler into any code, they must
+# pass through its `except Exception` (a reward's, a decoder's) to the run that stops.
+class StopNow(BaseException):
     """Raised by the handler inside `interruptible()` (an evaluation)."""
 
 
-class StepAbandoned(Exception):
+class StepAbandoned(BaseException):
     """Raised inside `abandonable()` (a rollout) once the grace after a signal has run out."""
 
 

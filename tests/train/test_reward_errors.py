@@ -49,7 +49,7 @@ def test_a_raising_reward_names_itself_the_sample_and_the_error(user_module):
                   "and returns one number (or None) per completion, 3 here (first sample s0 "
                   "(data/train.jsonl:1))"),
     ("lazy", "reward 'lazy' returned a generator, not a list of 3 scores; return a list (e.g. "
-             "wrap it in list(...))"),
+             "wrap it in list(...)) (first sample s0 (data/train.jsonl:1))"),
 ])
 def test_a_reward_returning_no_list_is_named(user_module, name, says):
     rs = RewardSet([RewardSpec(name=f"{user_module}:{name}")])
