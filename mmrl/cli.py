@@ -48,11 +48,14 @@ def config_summary(cfg) -> str:
     r, a, t = cfg.rollout, cfg.algo, cfg.train
     rewards = ", ".join(f"{s.name}" + (f" x{s.weight:g}" if s.weight != 1 else "")
                         for s in cfg.rewards)
+    tc = cfg.tools
+    tools = ([f"  tools: {', '.join(s.name for s in tc.use)} ({tc.call_format} calls, up to "
+              f"{tc.max_turns} turns and {tc.max_tokens} tokens a trajectory)"] if tc.use else [])
     return "\n".join([
         f"run {cfg.name}: {cfg.model.family} ({cfg.model.path}), data {cfg.data.train}",
         f"  {a.preset or a.advantage}: {t.steps} steps x {r.prompts_per_step} prompts x "
         f"{r.num_generations} completions (max {r.max_new_tokens} tokens), lr {t.lr:g}, "
-        f"rollout {r.backend}, rewards: {rewards or 'none'}",
+        f"rollout {r.backend}, rewards: {rewards or 'none'}", *tools,
         f"  run dir {cfg.run_dir}  (full config: {cfg.run_dir / 'config.yaml'})"])
 
 
@@ -81,6 +84,12 @@ def cmd_ls(args) -> int:
         print("advantages: " + ", ".join(sorted(algos.ADVANTAGES)))
         print("presets:    " + ", ".join(sorted(PRESETS)))
         print("agg:        " + ", ".join(choices(Agg)))
+        return 0
+    elif args.what == "tools":
+        from mmrl.tools import TOOLS, Toolbox, load_tool
+
+        for name, tool in Toolbox([load_tool(n) for n in TOOLS.names()]).tools.items():
+            print(f"{name:14s} {tool.spec['description']}")
         return 0
     elif args.what == "rewards":
         from rewards import REWARDS
@@ -116,39 +125,70 @@ def cmd_data_convert(args) -> int:
               file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2))
+    # What to run next: the converted file is native, whatever format the recipe names.
+    print(f"train on it with:\n  mmrl train {args.config or 'CONFIG.yaml'} data.format=mmrl "
+          f"data.train={Path(result['out']).resolve()}")
     return 0
 
 
 def cmd_data_inspect(args) -> int:
-    from mmrl.data.inspect import format_report, inspect_file
-
+    """The file read as `mmrl train` reads it (same format rule, same preparation) and, with
+    --config, checked as its start checks it (mmrl/data/prepare.py `check_datasets`)."""
     from mmrl import config
+    from mmrl.data.detect import DETECT
+    from mmrl.data.inspect import format_report, inspect_file, processor_check
 
-    fmt, cfg = args.format, None
-    if args.config:  # the recipe's format, template and pixel budget, and its rewards
-        cfg = config.load(args.config, [])
-        fmt = fmt or cfg.data.format
-    report = inspect_file(args.file, fmt=fmt or "mmrl", n_show=args.show, deep=args.deep,
-                          media_root=args.media_root, family=args.family)
-    dead = False
-    if cfg is not None:
-        from mmrl.data.inspect import format_scorability, reward_scorability
-        from mmrl.data.schema import load_samples
-        from mmrl.train.setup import prepare_samples
+    fmt = None if args.format is None or args.format.lower() in DETECT else args.format
+    cfg = config.load(args.config, []) if args.config else None
+    family = args.family or (cfg.model.family if cfg else "qwen2_5_vl")
+    deep_check = None
+    if args.deep:
+        from mmrl.models import get_adapter
 
-        try:
-            samples = prepare_samples(load_samples(args.file, fmt or cfg.data.format), cfg)
-        except ValueError:  # malformed records are already listed in the report
-            samples = []
-        report["scorability"] = reward_scorability(cfg.rewards, samples,
-                                                   cfg.rollout.max_new_tokens)
-        dead = any(r["of"] and not r["scorable"] for r in report["scorability"])
+        deep_check = processor_check(get_adapter(family))
+    report = inspect_file(args.file, fmt, n_show=args.show, deep=args.deep, deep_check=deep_check,
+                          media_root=args.media_root,
+                          configured=cfg.data.format if cfg else None)
+    problems = []
+    if cfg is not None and report["records"]:
+        from mmrl.data.inspect import format_scorability, render_prompt
+
+        problems, warnings, report["scorability"], prepared = _config_checks(args, fmt, cfg)
+        for example, sample in zip(report["examples"], prepared):  # as the recipe prompts
+            example["prompt"] = render_prompt(sample)
     text = format_report(report)
     if "scorability" in report:
-        text += "\nrewards:\n" + "\n".join("  " + line for line in
-                                           format_scorability(report["scorability"]))
-    print(json.dumps(report, indent=2, default=str) if args.json else text)
-    return 1 if report["bad_records"] or report["bad_media"] or dead else 0
+        text += "\n" + "\n".join(["rewards:", *("  " + line for line in
+                                                format_scorability(report["scorability"])),
+                                   *(f"warning: {w}" for w in warnings),
+                                   *(f"problem: {p}" for p in problems)])
+    print(json.dumps(report, indent=2, default=str) if args.json else text.rstrip())
+    return 1 if report["bad_records"] or report["bad_media"] or problems else 0
+
+
+def _config_checks(args, fmt, cfg) -> tuple[list[str], list[str], list[dict], list]:
+    """(problems, warnings, reward scorability, the samples) of the file's well-formed records
+    prepared as training prepares them."""
+    from mmrl.data.inspect import reward_scorability
+    from mmrl.data.prepare import check_datasets, prepare_samples
+    from mmrl.data.schema import RecordError, load_samples
+    from mmrl.models import get_adapter
+
+    lazy = load_samples(args.file, fmt, configured=cfg.data.format)
+    if args.media_root:
+        lazy.base = Path(args.media_root)
+    lazy = prepare_samples(lazy, cfg, get_adapter(cfg.model.family).image_factor)
+    samples = []
+    for i in range(len(lazy)):
+        try:
+            samples.append(lazy[i])
+        except (RecordError, ValueError):  # listed in the report already
+            continue
+    rows = reward_scorability(cfg.rewards, samples, cfg.rollout.max_new_tokens)
+    try:
+        return [], check_datasets(cfg, samples, samples), rows, samples
+    except ValueError as e:
+        return [str(e)], [], rows, samples
 
 
 def cmd_report(args) -> int:
@@ -214,6 +254,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("bench_args", nargs=argparse.REMAINDER,
                     help="--out DIR --which update,e2e,rollout,scaling --quick ...")
     sp.set_defaults(fn=cmd_bench)
+    sp = sub.add_parser("plan", help="predict peak memory per GPU for a config (docs/memory.md)")
+    sp.add_argument("plan_args", nargs=argparse.REMAINDER,
+                    help="CONFIG [key=value ...] --gpu-gib 80 --gpus 8 --strategy ddp|zero2|... "
+                         "(all options: mmrl plan CONFIG --help)")
+    sp.set_defaults(fn=lambda args: __import__("mmrl.bench.plan_report", fromlist=["main"])
+                    .main(args.plan_args))
     sp = sub.add_parser("checkpoint", help="checkpoint tools")
     csub = sp.add_subparsers(dest="checkpoint_cmd", required=True)
     cc = csub.add_parser("consolidate", help="sharded ZeRO / FSDP2 checkpoint -> HF model dir")
@@ -221,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     cc.add_argument("--out", default=None, help="default: CHECKPOINT_hf next to it")
     cc.set_defaults(fn=cmd_consolidate)
     sp = sub.add_parser("ls", help="list registered names")
-    sp.add_argument("what", choices=["models", "algos", "rewards", "recipes"])
+    sp.add_argument("what", choices=["models", "algos", "rewards", "tools", "recipes"])
     sp.set_defaults(fn=cmd_ls)
     sp = sub.add_parser("data", help="dataset tools")
     dsub = sp.add_subparsers(dest="data_cmd", required=True)
@@ -231,8 +277,11 @@ def build_parser() -> argparse.ArgumentParser:
     gp.add_argument("params", nargs="*", help="generator arguments k=v (e.g. n_train=500)")
     gp.set_defaults(fn=cmd_data)
     cp = dsub.add_parser("convert", help="rewrite an anchor project's data file as native JSONL")
-    cp.add_argument("--from", dest="fmt", required=True,
-                    help="vlm_r1 | r1v | easyr1 | video_r1 | r1_aqa | time_r1")
+    cp.add_argument("--from", dest="fmt", default=None,
+                    help="vlm_r1 | r1v | easyr1 | video_r1 | r1_aqa | time_r1 | sharegpt "
+                         "(default: detected from the file, as `mmrl train` does)")
+    cp.add_argument("--config", default=None,
+                    help="the recipe you will train with: named in the printed next command")
     cp.add_argument("inp")
     cp.add_argument("out")
     cp.add_argument("--media-root", default=None,
@@ -240,13 +289,17 @@ def build_parser() -> argparse.ArgumentParser:
     cp.set_defaults(fn=cmd_data_convert)
     ip = dsub.add_parser("inspect", help="counts by task/modality, bad records and media, prompts")
     ip.add_argument("file")
-    ip.add_argument("--format", default=None, help="record format (default: the config's, or mmrl)")
+    ip.add_argument("--format", default=None,
+                    help="record format (default: the config's data.format where it reads the "
+                         "file, else detected from it, as `mmrl train` does)")
     ip.add_argument("--config", default=None,
                     help="recipe YAML: also say how many records each of its rewards can score")
     ip.add_argument("--show", type=int, default=3, help="prompts to render")
     ip.add_argument("--deep", action="store_true",
                     help="fully decode every media file and run the model family's processor on it")
-    ip.add_argument("--family", default="qwen2_5_vl", help="processor for --deep (`mmrl ls models`)")
+    ip.add_argument("--family", default=None,
+                    help="processor for --deep (`mmrl ls models`; default: the config's, or "
+                         "qwen2_5_vl)")
     ip.add_argument("--media-root", default=None)
     ip.add_argument("--json", action="store_true", help="print the report as JSON")
     ip.set_defaults(fn=cmd_data_inspect)
@@ -290,14 +343,27 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _message(e: BaseException) -> str:
+    """One line for the error, then one per cause it was raised from (`raise ... from e`): the
+    cause is often the part that says what went wrong ("every training sample failed to load"
+    <- the first sample's own error)."""
+    lines, seen = [_one_line(e)], {id(e)}
+    cause = e.__cause__
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        lines.append(f"  caused by: {_one_line(cause)}")
+        cause = cause.__cause__
+    return "\n".join(lines)
+
+
+def _one_line(e: BaseException) -> str:
     from mmrl.config import clip
 
-    # A KeyError's str() is the repr of its key; ours carry a sentence, a foreign one a bare key
-    # ("difficulty"), which says nothing without its type.
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         from mmrl.train.checkpoint import write_failure  # disk full: as every writer words it
 
         return write_failure(Path(e.filename or "."), e)
+    # A KeyError's str() is the repr of its key; ours carry a sentence, a foreign one a bare key
+    # ("difficulty"), which says nothing without its type.
     arg = e.args[0] if isinstance(e, KeyError) and e.args else None
     own_key_error = isinstance(arg, str) and " " in arg
     text = str(arg if own_key_error else e).strip() or type(e).__name__

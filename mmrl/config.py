@@ -39,6 +39,7 @@ LossType = Literal["ppo", "cispo", "gpg", "clip_cov", "kl_cov"]
 LRSchedule = Literal["constant", "linear", "cosine"]
 Parallel = Literal["auto", "ddp", "deepspeed", "fsdp2"]
 Progress = Literal["auto", "bar", "lines", "off"]
+CallFormat = Literal["qwen", "json_box"]  # <tool_call>{"name", "arguments"}</tool_call> | MGPO's {"bbox_2d"}
 
 
 @dataclass
@@ -49,21 +50,21 @@ class DataConfig:
     # JSONL/JSON, detected from the column names for Parquet / Arrow (mmrl/data/detect.py)
     format: Optional[str] = None
     generate: Optional[str] = None  # synthetic generator that writes `train`/`eval` if missing
-    generate_kwargs: dict[str, Any] = field(default_factory=dict)
-    max_samples: Optional[int] = None
-    shuffle: bool = True
+    generate_kwargs: dict[str, Any] = field(default_factory=dict)  # the generator's arguments
+    max_samples: Optional[int] = None  # use only the first N training records
+    shuffle: bool = True  # draw prompts in a seeded shuffled order (resumable)
     on_bad_sample: OnBadSample = "error"  # error: stop naming record and file | skip: count
     # skip: stop when more than this share of the records drawn in an epoch failed to load
     max_bad_fraction: float = 0.5
     # per-image pixel budget: set, images are resized by qwen-vl-utils' fetch_image (min_pixels /
     # max_pixels) before the processor; the box rewards' resized_size is that frame
     image_min_pixels: Optional[int] = None
-    image_max_pixels: Optional[int] = None
+    image_max_pixels: Optional[int] = None  # see image_min_pixels
     video_fps: Optional[float] = 2.0  # frames sampled per second (or set video_nframes)
     video_nframes: Optional[int] = None  # fixed frame count instead of fps (never both)
-    video_max_frames: int = 64
+    video_max_frames: int = 64  # at most this many frames a clip
     video_max_pixels: Optional[int] = None  # T*H*W bound = 2x qwen-vl-utils' total_pixels
-    audio_max_seconds: Optional[float] = None
+    audio_max_seconds: Optional[float] = None  # longer audio: see audio_truncate
     audio_truncate: AudioTruncate = "error"  # longer audio: error (name the file) | head
     media_cache: Optional[str] = None  # dir for decoded video/audio; later epochs decode nothing
     feature_cache: int = 512  # processed prompts kept in memory (LRU), 0 = none
@@ -73,9 +74,11 @@ class DataConfig:
     # Hybrid think / no-think (TON, TempSamp-R1 hybrid CoT): this share of training samples (chosen
     # by id, stable across epochs) gets nothink_instruction, the rest think_instruction (0 = off).
     think_hybrid: float = 0.0
-    think_instruction: str = ("Think step by step inside <think> </think> tags, then give the "
+    think_instruction: str = (  # appended to prompts asked to think
+                              "Think step by step inside <think> </think> tags, then give the "
                               "final answer inside <answer> </answer> tags.")
-    nothink_instruction: str = ("Do not think: give only the final answer inside <answer> "
+    nothink_instruction: str = (  # appended to prompts asked not to
+                                "Do not think: give only the final answer inside <answer> "
                                 "</answer> tags.")
 
     @property
@@ -87,9 +90,9 @@ class DataConfig:
 @dataclass
 class LoraSpec:
     r: int = 0  # 0 = full fine-tuning; > 0 trains LoRA adapters (peft) on the language model
-    alpha: int = 32
-    dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: [
+    alpha: int = 32  # LoRA scaling: alpha / r
+    dropout: float = 0.0  # LoRA dropout
+    target_modules: list[str] = field(default_factory=lambda: [  # linear layers that get adapters
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     include_encoders: bool = False  # also adapt vision/audio towers (excluded by default)
 
@@ -97,11 +100,13 @@ class LoraSpec:
 @dataclass
 class ModelConfig:
     family: str = "qwen2_5_vl"  # registered adapter: `mmrl ls models`
-    path: str = "tiny"  # HF-format checkpoint dir, or "tiny" for the adapter's offline tiny twin
+    # HF-format checkpoint dir, "tiny" (the adapter's offline tiny twin) or "shape:NAME[:LAYERS]"
+    # (random weights at a published checkpoint's shape: mmrl/models/shapes.py)
+    path: str = "tiny"
     tiny: dict[str, Any] = field(default_factory=dict)  # overrides for adapter.tiny()
-    dtype: DType = "float32"
-    attn_implementation: AttnImplementation = "sdpa"
-    gradient_checkpointing: bool = False
+    dtype: DType = "float32"  # weights and compute (bfloat16 on GPU)
+    attn_implementation: AttnImplementation = "sdpa"  # docs/models.md: which to use where
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory
     freeze: list[str] = field(default_factory=list)  # parameter-name prefixes or: vision, audio
     lora: LoraSpec = field(default_factory=LoraSpec)
 
@@ -109,28 +114,28 @@ class ModelConfig:
 @dataclass
 class VLLMConfig:
     server_url: Optional[str] = None  # generate through a running `vllm serve` (scripts/vllm_server.sh)
-    gpu_memory_utilization: float = 0.3
-    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.3  # share of GPU memory vLLM may take (colocated)
+    tensor_parallel_size: int = 1  # GPUs per vLLM engine
     enable_sleep_mode: bool = False  # GPU only: free the KV cache during the update
-    max_model_len: Optional[int] = None
-    enforce_eager: bool = True
-    seed: int = 0
+    max_model_len: Optional[int] = None  # vLLM context length (None: the model's)
+    enforce_eager: bool = True  # no CUDA graphs: slower decoding, faster start, less memory
+    seed: int = 0  # vLLM sampling seed
     # How new weights reach vLLM after each step. Colocated: auto | bytes | direct. Server mode:
     # auto (= http: base64 safetensors through /collective_rpc) | nccl (GPU: broadcast from the
     # trainer to every server worker) | store (the same protocol over a TCP store, for CPU tests).
     weight_transfer: WeightTransfer = "auto"
     weight_transfer_port: int = 51216  # server mode nccl/store: rendezvous port on the server host
-    llm_kwargs: dict[str, Any] = field(default_factory=dict)
+    llm_kwargs: dict[str, Any] = field(default_factory=dict)  # passed on to vllm.LLM(...)
 
 
 @dataclass
 class RolloutConfig:
-    backend: Backend = "hf"
+    backend: Backend = "hf"  # hf: transformers generate | vllm: colocated engine or server
     prompts_per_step: int = 8  # B: prompts sampled per optimizer step
     num_generations: int = 8  # G: completions per prompt (one group)
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0
+    max_new_tokens: int = 64  # a completion cut here has no closing tag and seldom scores
+    temperature: float = 1.0  # sampling temperature (> 0)
+    top_p: float = 1.0  # nucleus sampling (1 = off)
     top_k: int = 0  # 0 = off
     shared_prefill: bool = False  # hf backend: prefill each prompt once for its G samples
     rounds_of: Optional[int] = None  # with shared_prefill: sample G in rounds of this many
@@ -138,33 +143,64 @@ class RolloutConfig:
 
 
 @dataclass
+class ToolSpec:
+    name: str = MISSING  # crop | frames | audio_clip (`mmrl.tools.TOOLS`), or "pkg.mod:fn"
+    params: dict[str, Any] = field(default_factory=dict)  # settings: the tool's keyword-only args
+
+
+@dataclass
+class ToolsConfig:
+    """Multi-turn rollouts with tools (docs/tools.md). `use` empty: single-turn, as before."""
+
+    use: list[ToolSpec] = field(default_factory=list)
+    call_format: CallFormat = "qwen"
+    max_turns: int = 3  # model turns per trajectory in training
+    eval_max_turns: Optional[int] = None  # at evaluation (may be larger); None: max_turns
+    # Completion tokens of a whole trajectory (model and observation turns); each model turn is
+    # also capped by rollout.max_new_tokens. An observation that would not fit is dropped whole.
+    max_tokens: int = 1024
+    max_observation_tokens: int = 512  # one observation turn; longer: a too_long error instead
+    # Trajectories that hit max_turns still calling tools leave the loss (Mini-o3's over-turn
+    # masking) instead of training as failures.
+    mask_truncated_trajectories: bool = False
+    timeout_s: float = 30.0  # per tool call; past it the model reads a timeout error
+    workers: int = 8  # tool calls running at once
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.use)
+
+
+@dataclass
 class RewardSpec:
     name: str = MISSING  # a reward in `mmrl ls rewards`, or "pkg.mod:fn"
-    weight: float = 1.0
+    weight: float = 1.0  # the total reward is the weighted sum; 0 = logged, not trained on
     params: dict[str, Any] = field(default_factory=dict)  # bound as keyword arguments
     tasks: Optional[list[str]] = None  # score only samples of these tasks (None: all)
 
 
 @dataclass
 class AlgoConfig:
-    preset: Optional[Preset] = None
-    advantage: str = "grpo"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    agg: Agg = "seq_mean_token_mean"
-    ratio: Ratio = "token"
+    preset: Optional[Preset] = None  # fills its family's keys under those set explicitly
+    advantage: str = "grpo"  # `mmrl ls algos`, or "pkg.mod:fn"
+    clip_low: float = 0.2  # ratio clipped to [1 - clip_low, 1 + clip_high]
+    clip_high: float = 0.2  # see clip_low (DAPO: 0.28)
+    agg: Agg = "seq_mean_token_mean"  # how token losses become one number (docs/algorithms.md)
+    ratio: Ratio = "token"  # importance ratio per token, or per sequence (GSPO)
     beta: float = 0.0  # KL weight; 0 loads no reference model
-    kl: KL = "k3"
+    kl: KL = "k3"  # KL estimator for the loss (Schulman's k1, k2, k3)
     num_iterations: int = 1  # updates per rollout (>1 reuses it with stored old logprobs)
     dynamic_sampling: bool = False  # DAPO: drop zero-std groups, sample until the batch is full
-    max_sampling_rounds: int = 8
+    max_sampling_rounds: int = 8  # dynamic_sampling: give up filling the batch after N rounds
     overlong_filter: bool = False  # DAPO: mask truncated completions out of the loss
     tis_cap: Optional[float] = None  # importance sampling vs the rollout engine: upper threshold (e.g. 2)
     tis_level: ISLevel = "token"  # sequence: product of token ratios | geometric: its token mean
     tis_mode: ISMode = "truncate"  # mask = rejection sampling
-    # All knobs below are off by default (today's behaviour); README "Algorithms" names the peers.
+    # All knobs below are off by default (the behaviour before each existed); docs/algorithms.md
+    # names the peer each follows.
+
     scale_rewards: Optional[ScaleRewards] = None  # grpo / grpo_passk only
-    loss_type: LossType = "ppo"
+    loss_type: LossType = "ppo"  # the surrogate (docs/algorithms.md)
     dual_clip: Optional[float] = None  # dual-clip c > 1 for A < 0 tokens (verl/EasyR1 use 3)
     entropy_coef: float = 0.0  # entropy bonus: loss -= coef * token entropy
     kl_clamp: Optional[float] = None  # clamp the k3 value to [-c, c] (verl: 10)
@@ -174,15 +210,19 @@ class AlgoConfig:
     kl_reward_horizon: float = 10000.0  # adaptive controller horizon, in samples
     cov_ratio: float = 2e-4  # clip_cov / kl_cov: share of tokens selected by covariance
     cov_lb: float = 1.0  # clip_cov: covariance band (lb, ub) of eligible tokens
-    cov_ub: float = 5.0
+    cov_ub: float = 5.0  # see cov_lb
     kl_cov_coef: float = 1.0  # kl_cov: weight of |logp - old_logp| on the selected tokens
     pos_weight: float = 1.0  # scales positive advantages (W-REINFORCE: 0.1; NSR: 0)
     neg_weight: float = 1.0  # scales negative advantages (PSR: 0)
+    # added to every total reward before the advantages: NSR/PSR's +-1 from 0/1 accuracy is
+    # weight 2 and offset -1 (baselines that centre on the group mean cancel it)
+    reward_offset: float = 0.0
     ref_reset_every: int = 0  # ProRL: reference := current policy every N steps (0 = never)
-    # Methods from the papers (README "Methods from the papers"); every one is off by default.
+    # Methods from the papers (docs/methods.md); every one is off by default.
+
     history_epochs: int = 0  # ReST-GRPO/Temporal-R1: filter prompts all-solved/none-solved on their last k visits (0 = off)
     history_mode: HistoryMode = "skip"  # downweight: advantages * history_weight
-    history_weight: float = 0.1
+    history_weight: float = 0.1  # history_mode=downweight: advantage factor of filtered prompts
     gt_threshold: Optional[float] = None  # TempSamp-R1: group max reward < this -> one row becomes the ground truth (None = off)
     gt_template: str = "<answer>{solution}</answer>"  # the recipe's answer format for that row
     gt_tau: float = 1.0  # soft advantage pivot: rewards above it are log-compressed, below exp-stretched
@@ -234,9 +274,9 @@ class SFTConfig:
     # them.</think><answer>{solution}</answer>" (None: `target` for every sample).
     think_target: Optional[str] = None
     val_samples: int = 64  # held out of the SFT draws to decide when to stop
-    lr: float = 1e-3
-    batch_size: int = 32
-    eval_every: int = 10
+    lr: float = 1e-3  # a tiny model's warm-up; a real checkpoint seldom needs a warm-up at all
+    batch_size: int = 32  # samples a warm-up step
+    eval_every: int = 10  # steps between held-out checks
     stop_accuracy: Optional[float] = None  # stop once held-out greedy accuracy reaches this
     # ... on this many checks in a row: 64 val samples read about +-0.06 at 0.7, and one lucky
     # reading stopped the classification row's seed 2 early (0.63, then 0.71; docs/learning.md)
@@ -245,16 +285,16 @@ class SFTConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 100
-    lr: float = 1e-6
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    steps: int = 100  # RL steps (one optimizer update each, or num_iterations)
+    lr: float = 1e-6  # AdamW learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])  # AdamW betas
     lr_schedule: LRSchedule = "constant"  # all after warmup
-    warmup_steps: int = 0
+    warmup_steps: int = 0  # linear lr warm-up from 0
     max_grad_norm: float = 1.0  # 0 = no clipping
     micro_batch_size: int = 8  # rows per forward/backward; result independent of it
     shared_prefix: bool = True  # each group's prompt (media encoder included) computed once
-    seed: int = 0
+    seed: int = 0  # model init (tiny), data order, sampling: a run is reproducible
     save_every: int = 0  # 0 = only at the end
     keep_checkpoints: int = 2  # 0 = keep all
     resume: str = "none"  # none | auto | path to a checkpoint dir
@@ -286,8 +326,8 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    max_samples: Optional[int] = None
-    batch_size: int = 32
+    max_samples: Optional[int] = None  # evaluate on the first N eval records
+    batch_size: int = 32  # prompts generated at once
     max_new_tokens: Optional[int] = None  # default: rollout.max_new_tokens
     metric_reward: str = "accuracy"  # reward whose mean is reported as `accuracy`
     num_samples: int = 1  # k draws per sample: 1 = greedy; > 1 = sampled, reports pass@k
@@ -300,10 +340,10 @@ class EvalConfig:
 @dataclass
 class LogConfig:
     run_dir: Optional[str] = None  # default: runs/<name>
-    tensorboard: bool = True
-    wandb: bool = False
+    tensorboard: bool = True  # RUN_DIR/tensorboard/
+    wandb: bool = False  # also log to wandb (offline unless WANDB_MODE says otherwise)
     rollouts_every: int = 10  # write a sample of rollouts every N steps
-    rollouts_per_step: int = 8
+    rollouts_per_step: int = 8  # rollouts written each such step
     progress: Progress = "auto"  # auto: rich bar on a TTY, lines otherwise
     think_share: bool = False  # log think/{think,empty,none}: share of completions by reasoning kind (TON)
     log_every: int = 10  # lines mode: print a line every N steps
@@ -316,6 +356,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     rewards: list[RewardSpec] = field(default_factory=list)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

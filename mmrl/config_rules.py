@@ -89,6 +89,12 @@ RANGES: list[_Check] = [
     ("data.audio_max_seconds", lambda v: v > 0, "> 0 or null"),
     ("data.max_bad_fraction", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("data.feature_cache", lambda v: v >= 0, ">= 0 (0 = none)"),
+    ("tools.max_turns", lambda v: v >= 1, ">= 1"),
+    ("tools.eval_max_turns", lambda v: v >= 1, ">= 1 or null"),
+    ("tools.max_tokens", lambda v: v >= 2, ">= 2"),
+    ("tools.max_observation_tokens", lambda v: v >= 1, ">= 1"),
+    ("tools.timeout_s", lambda v: v > 0, "> 0"),
+    ("tools.workers", lambda v: v >= 1, ">= 1"),
     ("log.rollouts_every", lambda v: v >= 0, ">= 0"),
     ("log.log_every", lambda v: v >= 1, ">= 1"),
 ]
@@ -142,9 +148,25 @@ def problems(cfg, world: int = 1) -> list[str]:
     if d.video_fps is not None and d.video_nframes is not None:
         out.append(f"data.video_fps={d.video_fps} and data.video_nframes={d.video_nframes}: "
                    f"set one of them to null (fps samples by time, nframes a fixed count)")
+    out += _tool_problems(cfg.tools, r)
     mode = "server" if r.vllm.server_url else "colocated"
     if r.backend == "vllm" and r.vllm.weight_transfer not in WEIGHT_TRANSFER[mode]:
         out.append(f"rollout.vllm.weight_transfer={r.vllm.weight_transfer}: must be one of "
                    f"{'|'.join(WEIGHT_TRANSFER[mode])} with vLLM {mode} "
                    f"(rollout.vllm.server_url {'set' if r.vllm.server_url else 'unset'})")
+    return out
+
+
+def _tool_problems(t, r) -> list[str]:
+    out = []
+    if t.use and t.max_observation_tokens >= t.max_tokens:
+        out.append(f"tools.max_observation_tokens={t.max_observation_tokens}: must be below "
+                   f"tools.max_tokens={t.max_tokens} (an observation must leave room for the "
+                   f"model's next turn)")
+    if t.use and r.max_new_tokens > t.max_tokens:
+        out.append(f"rollout.max_new_tokens={r.max_new_tokens}: must be <= tools.max_tokens="
+                   f"{t.max_tokens} (a model turn is part of the trajectory's budget)")
+    names = [spec.name for spec in t.use]
+    if len(set(names)) != len(names):
+        out.append(f"tools.use: {names} names a tool twice")
     return out

@@ -72,18 +72,84 @@ class PromptFeatures:
 
 
 @dataclass
+class ToolCallRecord:
+    """One tool call of a trajectory, as parsed from a model turn and answered."""
+
+    name: str  # the tool named ("" when the call could not be parsed)
+    arguments: dict[str, Any]  # as parsed ({} when the call could not be parsed)
+    turn: int  # 0-based model turn that made the call
+    error: str | None = None  # the error kind its observation reported (None: the tool answered)
+    seconds: float = 0.0  # wall time of the tool
+
+
+@dataclass
+class Observation:
+    """One observation turn inside a trajectory's completion: tokens the processor produced from
+    the rendered tool results (placeholders expanded), never sampled by the policy.
+
+    `tensors` holds the observation's media tensors (pixel_values, image_grid_thw,
+    pixel_values_videos, ..., concatenable along dim 0 like PromptFeatures') and
+    "mm_token_type_ids" [length] for the M-RoPE families. `text` is the rendered turn before the
+    processor (one placeholder per media item, what a vLLM engine takes), `media` the raw items
+    (PIL images, Video, waveforms) in order, for engines and the report."""
+
+    start: int  # first token of the observation in the completion
+    length: int  # its token count
+    tensors: dict[str, torch.Tensor]
+    text: str = ""
+    media: dict[str, list] = field(default_factory=dict)
+
+
+@dataclass
+class Trajectory:
+    """What one multi-turn row holds besides its tokens."""
+
+    observations: list[Observation] = field(default_factory=list)  # in completion order
+    turns: int = 1  # model turns
+    turn_texts: list[str] = field(default_factory=list)  # each model turn, decoded
+    calls: list[ToolCallRecord] = field(default_factory=list)
+    hit_turn_cap: bool = False  # still calling tools when max_turns ran out
+
+    @property
+    def observation_tokens(self) -> int:
+        return sum(o.length for o in self.observations)
+
+
+@dataclass
 class RolloutBatch:
     prompts: list[PromptFeatures]  # one per row (shared objects within a group)
     completion_ids: torch.Tensor  # [N, L] right-padded with pad id
-    completion_mask: torch.Tensor  # [N, L] 1 on generated tokens up to and including EOS
+    completion_mask: torch.Tensor  # [N, L] 1 on completion tokens up to and including EOS
     group_ids: torch.Tensor  # [N] int64, equal within a prompt's G samples
     sampler_logp: torch.Tensor | None  # [N, L] logprobs under the sampling policy (may be None)
-    texts: list[str]  # [N] decoded completions (special tokens skipped)
-    truncated: torch.Tensor  # [N] bool: hit max_new_tokens without EOS
+    texts: list[str]  # [N] decoded completions (special tokens skipped); a trajectory's final turn
+    truncated: torch.Tensor  # [N] bool: hit max_new_tokens (or the trajectory budget) without EOS
+    # Multi-turn rows (tool use): the completion holds model turns and observation turns in order;
+    # completion_mask covers both (attention), loss_mask only the model's tokens (what the policy
+    # sampled), sampler_logp is 0 on observations. None: single-turn (loss_mask = completion_mask).
+    loss_mask: torch.Tensor | None = None  # [N, L]
+    trajectories: list[Trajectory] | None = None  # [N]
 
     @property
     def n(self) -> int:
         return self.completion_ids.shape[0]
+
+    @property
+    def policy_mask(self) -> torch.Tensor:
+        """[N, L] 1 on the tokens the policy sampled: what losses, KL and IS weights average over."""
+        return self.completion_mask if self.loss_mask is None else self.loss_mask
+
+    @property
+    def hit_turn_cap(self) -> torch.Tensor:
+        """[N] bool: trajectories still calling tools at max_turns (all False for single-turn);
+        with tools.mask_truncated_trajectories they leave the loss, like DAPO's overlong rows."""
+        if self.trajectories is None:
+            return torch.zeros(self.n, dtype=torch.bool)
+        return torch.tensor([t.hit_turn_cap for t in self.trajectories], dtype=torch.bool)
+
+    def observations(self) -> list[list[Observation]] | None:
+        """Per row, its observation turns in order (None for single-turn batches)."""
+        return None if self.trajectories is None else [t.observations for t in self.trajectories]
 
     def select(self, rows: list[int] | torch.Tensor) -> "RolloutBatch":
         idx = torch.as_tensor(rows, dtype=torch.long)
@@ -95,6 +161,35 @@ class RolloutBatch:
             sampler_logp=None if self.sampler_logp is None else self.sampler_logp[idx],
             texts=[self.texts[i] for i in idx.tolist()],
             truncated=self.truncated[idx],
+            loss_mask=None if self.loss_mask is None else self.loss_mask[idx],
+            trajectories=None if self.trajectories is None else [self.trajectories[i]
+                                                                 for i in idx.tolist()],
+        )
+
+    @classmethod
+    def cat(cls, batches: Sequence["RolloutBatch"], pad_id: int) -> "RolloutBatch":
+        """Rows of `batches` in order, completions re-padded to the widest. Single-turn and
+        multi-turn batches mix: a single-turn row's loss mask is its completion mask and its
+        trajectory one turn without tools."""
+        width = max(b.completion_ids.shape[1] for b in batches)
+
+        def pad(t: torch.Tensor, value) -> torch.Tensor:
+            return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+        with_slogp = all(b.sampler_logp is not None for b in batches)
+        multi = any(b.trajectories is not None for b in batches)
+        return cls(
+            prompts=[p for b in batches for p in b.prompts],
+            completion_ids=torch.cat([pad(b.completion_ids, pad_id) for b in batches]),
+            completion_mask=torch.cat([pad(b.completion_mask, 0) for b in batches]),
+            group_ids=torch.cat([b.group_ids for b in batches]),
+            sampler_logp=torch.cat([pad(b.sampler_logp, 0.0) for b in batches])
+            if with_slogp else None,
+            texts=[t for b in batches for t in b.texts],
+            truncated=torch.cat([b.truncated for b in batches]),
+            loss_mask=torch.cat([pad(b.policy_mask, 0) for b in batches]) if multi else None,
+            trajectories=[t for b in batches for t in (
+                b.trajectories or [Trajectory(turn_texts=[x]) for x in b.texts])] if multi else None,
         )
 
 

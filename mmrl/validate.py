@@ -2,7 +2,7 @@
 
 The config's own rules (legal values, ranges, cross-field: mmrl/config.py, mmrl/config_rules.py)
 plus every name a registry must resolve (model family, advantage, data format, generator,
-rewards and their params). Instantiates no model and reads no data. Lives above config.py (it
+rewards and their params, tools and their settings). Instantiates no model and reads no data. Lives above config.py (it
 imports the registries, which import config) so config.py stays at the bottom of the graph.
 """
 from __future__ import annotations
@@ -40,13 +40,18 @@ def validate(cfg, world: int = 1) -> list[str]:
         problems.append("rewards: none configured")
     for i, spec in enumerate(cfg.rewards):
         check(f"rewards[{i}] ({spec.name})", lambda spec=spec: bind_reward(spec))
+    if cfg.tools.use:  # every tool imports and takes its settings
+        from mmrl.tools import Toolbox
+        check("tools.use", lambda: Toolbox.from_config(cfg.tools))
     return problems
 
 
 def data_warnings(cfg) -> list[str]:
     """Missing data files are warnings, not errors: recipes name data you prepare first."""
+    from mmrl.data.hub import split_selector
+
     if cfg.data.generate:
         return []
     return [f"data.{k}: {getattr(cfg.data, k)} does not exist yet (see the recipe README to "
             f"prepare it)" for k in ("train", "eval")
-            if getattr(cfg.data, k) and not Path(getattr(cfg.data, k)).exists()]
+            if getattr(cfg.data, k) and not Path(split_selector(getattr(cfg.data, k))[0]).exists()]

@@ -18,9 +18,11 @@ _LETTER_ONLY = re.compile(r"[\(\[]?\s*([A-Za-z])\s*[\)\]]?\s*[.:]?")
 # Answer starts with a labelled option: "B. dog", "(B) dog", "C: 3 apples". Needs punctuation after
 # the letter, so that "A dog" (an article) is not read as option A.
 _LETTER_LEAD = re.compile(r"[\(\[]?([A-Z])[\)\].:]+(?:\s|$)")
-# The keyword in any case ("Option B", "THE ANSWER IS B"); the letter itself must be a capital, so
-# that "the answer is a dog" does not read as option A.
-_LETTER_PHRASE = re.compile(r"\b(?i:answer|option|choice)\s*(?i:is|:)?\s*[\(\[]?([A-Z])\b")
+# The keyword in any case ("Option B", "THE ANSWER IS B"); a lower-case letter counts only where
+# nothing follows it but a bracket or punctuation ("option b", "the answer is (c)."), so that
+# "the answer is a dog" does not read as option A.
+_LETTER_PHRASE = re.compile(r"\b(?i:answer|option|choice)\s*(?i:is|:)?\s*[\(\[]?"
+                            r"([A-Z]|[a-z](?=[\)\]]?\s*[.,;:!?]?\s*$))\b")
 _LETTER_PAREN = re.compile(r"\(([A-Z])\)")
 _OPTION_PREFIX = re.compile(r"\s*[\(\[]?([A-Z])[\)\].:]\s*")
 
@@ -58,7 +60,7 @@ def _letter_from_text(text: str, options: dict[str, str]) -> str | None:
             return letter
     # Free text: accept a letter only when it is unambiguous, so that "A or B" earns nothing.
     for pattern in (_LETTER_PHRASE, _LETTER_PAREN):
-        letters = set(pattern.findall(text))
+        letters = {letter.upper() for letter in pattern.findall(text)}
         if len(letters) == 1:
             return letters.pop()
     return None
@@ -124,28 +126,40 @@ def _auto_mode(gold: str, options: dict[str, str]) -> str:
     return "exact"
 
 
-def _accuracy_one(text: str, solution: Any, *, options: Any, mode: str, tol: float) -> float:
+def _accuracy_one(text: str, solution: Any, *, options: Any, mode: str,
+                  tol: float) -> float | None:
     answer = extract_answer(text)
-    if not answer:
-        return 0.0
     golds = solution if isinstance(solution, (list, tuple)) else [solution]
     parsed_options = parse_options(options) if options is not None else {}
-    best = 0.0
+    lenient = mode in ("auto", "exact")  # falls back to string equality, so always scores
+    best = 0.0 if lenient else None
     for gold in (solution_text(g) for g in golds[:32]):
         if not gold:
             continue
         chosen = _auto_mode(gold, parsed_options) if mode == "auto" else mode
         score = None
-        if chosen == "choice":
+        if not answer:
+            score = 0.0 if lenient or _mode_reads(chosen, gold, parsed_options) else None
+        elif chosen == "choice":
             score = _choice(answer, gold, parsed_options)
         elif chosen == "numeric":
             score = _numeric(answer, gold, tol)
         elif chosen == "math":
             score = _math(answer, gold)
-        if score is None:  # the mode did not apply to this gold: compare normalised strings
+        if score is None and lenient:  # auto's choice did not fit this gold
             score = 1.0 if normalize_text(answer) == normalize_text(gold) else 0.0
-        best = max(best, score)
+        if score is not None:  # None: a mode named in the config cannot read this gold answer
+            best = score if best is None else max(best, score)
     return best
+
+
+def _mode_reads(mode: str, gold: str, options: dict[str, str]) -> bool:
+    """Whether an explicitly named mode can read this gold answer at all."""
+    if mode == "choice":
+        return _letter_from_text(gold, options) is not None
+    if mode == "numeric":
+        return to_float(gold) is not None
+    return bool(_math_parse_gold(gold, _math_timeout()))
 
 
 @register("accuracy")
@@ -159,8 +173,12 @@ def accuracy(completions: list, solution: list, *, mode: str = "auto", tol: floa
     |pred - gold| <= tol * max(1, |gold|)), `math` (math-verify). `auto` picks `choice` for a
     single-letter solution or when `options` are given, `numeric` when the solution is a number,
     `math` when it contains LaTeX (a backslash or `$`), else `exact`. A solution wrapped in
-    `<answer>` tags is unwrapped; a list solution means "any of these".
+    `<answer>` tags is unwrapped; a list solution means "any of these". A mode named explicitly
+    returns None for a gold answer it cannot read (`choice`: no letter; `numeric`: no number;
+    `math`: no expression), so `reward/<key>/scored_frac` shows the mismatch instead of a 0.
 
+    >>> accuracy(["<answer>B</answer>", "<answer>option b</answer>"], ["12", "B"], mode="choice")
+    [None, 1.0]
     >>> accuracy(["<answer>Paris.</answer>", "<answer>(B)</answer>", "<answer>3.0</answer>"],
     ...          ["paris", "B", "3"])
     [1.0, 1.0, 1.0]

@@ -59,20 +59,21 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3", clamp: float | 
 
 
 def kl_in_reward(scores: Tensor, logp: Tensor, ref_logp: Tensor, mask: Tensor, coef: float,
-                 kind: str = "k1") -> tuple[Tensor, Tensor]:
+                 kind: str = "k1", clamp: float | None = None) -> tuple[Tensor, Tensor]:
     """KL as a reward penalty instead of a loss term (verl ``use_kl_in_reward``).
 
     Per row: r_i - coef * sum_t m_t KL_t, with KL_t = kl_penalty(logp, ref_logp, kind) of the
     policy that sampled (old) against the reference. verl puts -coef * KL_t on every token and the
-    outcome estimators sum the token rewards, which is this sum. Returns (new scores [N], the
-    batch KL = mean over rows of the per-row token-mean KL [scalar], which the adaptive
-    controller tracks, as verl's ``current_kl``).
+    outcome estimators sum the token rewards, which is this sum. ``clamp`` bounds each token's k3
+    value as in the loss (algo.kl_clamp; verl clamps low_var_kl at 10 in both). Returns (new
+    scores [N], the batch KL = mean over rows of the per-row token-mean KL [scalar], which the
+    adaptive controller tracks, as verl's ``current_kl``).
     """
     m = mask.to(torch.float64)
     valid = m > 0
     zero = torch.zeros_like(logp, dtype=torch.float64)
     kl = kl_penalty(torch.where(valid, logp.detach().double(), zero),
-                    torch.where(valid, ref_logp.detach().double(), zero), kind)
+                    torch.where(valid, ref_logp.detach().double(), zero), kind, clamp)
     per_row = (kl * m).sum(-1)
     seq_mean = per_row / m.sum(-1).clamp(min=1)
     current = seq_mean.mean() if seq_mean.numel() else seq_mean.new_zeros(())

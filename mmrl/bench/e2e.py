@@ -33,17 +33,25 @@ def settings(quick: bool) -> dict:
     return dict(prompt_tokens=1024, group=8, completion=64, samples=16, steps=4, warmup=1, rounds=2)
 
 
-def prepare(workdir: Path, prompt_tokens: int, samples: int, seed: int = 0) -> dict:
-    """Save the tiny model + processor and write the dataset (images + train.jsonl)."""
+def prepare(workdir: Path, prompt_tokens: int, samples: int, seed: int = 0,
+            shape: str | None = None) -> dict:
+    """Save the tiny model + processor (or, on CUDA, a real-shape model in bfloat16: `shape`, a
+    mmrl.models.shapes name) and write the dataset (images + train.jsonl)."""
+    import torch
     from PIL import Image, ImageDraw
 
     from mmrl.bench.common import image_grid
-    from mmrl.models import get_adapter
+    from mmrl.models import get_adapter, shapes
 
     workdir.mkdir(parents=True, exist_ok=True)
     adapter = get_adapter("qwen2_5_vl")
     max_pixels = 28 * 28 * prompt_tokens
-    model, processor = adapter.tiny(seed=seed, min_pixels=28 * 28 * 4, max_pixels=max_pixels)
+    if shape:
+        model, processor = shapes.build(shape, dtype=torch.bfloat16, device="cuda", seed=seed)
+        processor.image_processor.max_pixels = max_pixels
+        processor.image_processor.size["longest_edge"] = max_pixels
+    else:
+        model, processor = adapter.tiny(seed=seed, min_pixels=28 * 28 * 4, max_pixels=max_pixels)
     model.save_pretrained(workdir / "model")
     processor.save_pretrained(workdir / "model")
     rows, cols = image_grid(max(4, prompt_tokens - 30))  # ~30 text tokens in the prompt
@@ -78,7 +86,10 @@ def run_mmrl(workdir: Path, s: dict, steps: int, seed: int = 0) -> tuple[list, l
     overrides = [
         f"data.train={workdir / 'train.jsonl'}", "data.format=mmrl", "data.shuffle=false",
         f"data.image_max_pixels={s['max_pixels']}", "model.family=qwen2_5_vl",
-        f"model.path={workdir / 'model'}", "model.dtype=float32", "model.attn_implementation=sdpa",
+        f"model.path={workdir / 'model'}", "model.attn_implementation=sdpa",
+        # On CUDA both sides train in bfloat16 with gradient checkpointing, as the recipes do.
+        f"model.dtype={'bfloat16' if s.get('cuda') else 'float32'}",
+        f"model.gradient_checkpointing={'true' if s.get('cuda') else 'false'}",
         "rollout.prompts_per_step=1", f"rollout.num_generations={s['group']}",
         f"rollout.max_new_tokens={s['completion']}", "rollout.temperature=1.0",
         "algo.agg=token_mean", "algo.beta=0.04", "algo.clip_low=0.2", "algo.clip_high=0.2",
@@ -127,15 +138,17 @@ def run_trl(workdir: Path, s: dict, steps: int, seed: int = 0) -> tuple[list, li
         reward.__name__ = name
         return reward
 
-    model = AutoModelForImageTextToText.from_pretrained(workdir / "model", dtype="float32",
-                                                        attn_implementation="sdpa")
+    cuda = bool(s.get("cuda"))
+    model = AutoModelForImageTextToText.from_pretrained(
+        workdir / "model", dtype="bfloat16" if cuda else "float32", attn_implementation="sdpa")
     processor = AutoProcessor.from_pretrained(workdir / "model")
     args = GRPOConfig(
         output_dir=str(workdir / "trl_run"), per_device_train_batch_size=s["group"],
         num_generations=s["group"], max_completion_length=s["completion"], learning_rate=1e-5,
         beta=0.04, loss_type="dapo", epsilon=0.2, temperature=1.0, max_steps=steps,
         gradient_accumulation_steps=1, logging_steps=10_000, save_strategy="no", report_to=[],
-        use_cpu=True, bf16=False, seed=seed, dataloader_num_workers=0, shuffle_dataset=False,
+        use_cpu=not cuda, bf16=cuda, gradient_checkpointing=cuda, seed=seed,
+        dataloader_num_workers=0, shuffle_dataset=False,
         reward_weights=[REWARD_WEIGHTS[k] for k in REWARD_WEIGHTS],
         generation_kwargs={"suppress_tokens": s["placeholders"]}, disable_tqdm=True)
     times: list[float] = []
@@ -161,25 +174,29 @@ def _side_main(argv=None) -> int:
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--settings", required=True)
     parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
     import torch
 
-    torch.set_num_threads(args.threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
     s = json.loads(args.settings)
     run = run_mmrl if args.side == "mmrl" else run_trl
     times, stages = run(Path(args.workdir), s, args.steps)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB -> MB on Linux
+    cuda_peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
     print("BENCH_RESULT " + json.dumps({"times_s": [t for t, _ in times], "cpu_s": [c for _, c in times],
-                                        "stages": stages, "peak_rss_mb": peak}), flush=True)
+                                        "stages": stages, "peak_rss_mb": peak,
+                                        "peak_cuda_mb": cuda_peak}), flush=True)
     return 0
 
 
 def _run_side(side: str, workdir: Path, s: dict, steps: int, threads: int, log) -> dict:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, "-m", "mmrl.bench.e2e", "--side", side, "--workdir", str(workdir),
-           "--settings", json.dumps(s), "--steps", str(steps), "--threads", str(threads)]
+           "--settings", json.dumps(s), "--steps", str(steps)] + (
+               ["--threads", str(threads)] if threads else [])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     line = next((l for l in proc.stdout.splitlines() if l.startswith("BENCH_RESULT ")), None)
     if proc.returncode != 0 or line is None:

@@ -84,15 +84,17 @@ def update_phase(layout: str, model, ref_model, prompts, ids, mask, adv, *, pad_
 
 def _update_phase(layout, model, ref_model, prompts, ids, mask, adv, *, pad_id, micro_batch, beta, agg):
     batches = micro_batches(layout, prompts, mask, micro_batch)
-    old = torch.zeros(ids.shape)
-    ref = torch.zeros(ids.shape)
+    device = next(model.parameters()).device  # the loss runs where the logprobs are
+    old = torch.zeros(ids.shape, device=device)
+    ref = torch.zeros(ids.shape, device=device)
+    adv = adv.to(device)
     model.eval()
     with torch.no_grad():
         for target, m in ((old, model), (ref, ref_model)):
             for rows in batches:
                 logp, width = layout_forward(layout, m, prompts, ids, mask, rows, pad_id=pad_id)
                 target[rows, :width] = logp.float()
-    fmask = mask.float()
+    fmask = mask.float().to(device)
     normalizer = algos.loss_normalizer(fmask, agg)  # global over the micro-batches
     model.train()
     model.zero_grad(set_to_none=True)

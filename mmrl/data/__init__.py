@@ -3,4 +3,5 @@ schema.FORMATS) and every synthetic generator (synthetic*.py, anchor_tasks.py an
 synthetic.GENERATORS), so the registries are full whichever submodule a caller imports first; the
 submodules import one way (formats -> record_parts -> schema, anchor_tasks / pretext ->
 synthetic_av -> synthetic -> schema, cache -> media)."""
-from mmrl.data import anchor_tasks, formats, pretext, synthetic, synthetic_av  # noqa: F401  (registration)
+from mmrl.data import (anchor_tasks, formats, pretext, synthetic, synthetic_av,  # noqa: F401
+                       synthetic_search)  # (registration)

@@ -1,6 +1,12 @@
-"""Which record adapter reads a table, from its column names (Parquet / Arrow input with
-`data.format` unset). Kept apart from the adapters themselves (formats.py)."""
+"""Which record adapter reads a file: one rule for `mmrl train`, `mmrl eval`, `mmrl data inspect`
+and `mmrl data convert`. Precedence: a `--format` flag; then a config's `data.format`, where it
+reads the file's first record; then detection from the column names (Parquet, Arrow) or the
+first record's keys (JSON, JSONL). Kept apart from the adapters themselves (formats.py)."""
 from __future__ import annotations
+
+from pathlib import Path
+
+from mmrl.data.media_errors import RecordError
 
 # First match wins: every key set must be present. Order: the most specific layouts first.
 RULES: list[tuple[str, tuple[str, ...]]] = [
@@ -13,8 +19,10 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("easyr1", ("problem", "answer")),
     ("r1v", ("problem", "solution")),
     ("mmrl", ("prompt", "solution")),
-    ("mmrl", ("messages", "solution")),
+    ("mmrl", ("messages",)),  # native, LLaMA-Factory and OpenAI-style chats alike
 ]
+NAMES = "mmrl, sharegpt, vlm_r1, r1v, easyr1, video_r1, r1_aqa, time_r1"
+DETECT = frozenset({"null", "none", "auto"})  # --format words that ask for detection
 
 
 def detect_format(columns: list[str], source: str) -> str:
@@ -24,4 +32,41 @@ def detect_format(columns: list[str], source: str) -> str:
         if have.issuperset(keys):
             return name
     raise ValueError(f"{source}: cannot tell the record format from the columns {sorted(have)}; "
-                     f"set data.format (mmrl, vlm_r1, r1v, easyr1, video_r1, r1_aqa, time_r1)")
+                     f"set data.format ({NAMES})")
+
+
+def resolve_format(table, where: str, base: Path, adapters, *, flag: str | None = None,
+                   configured: str | None = None) -> tuple[str, str | None]:
+    """(format, a note for the user or None) for a table (module docstring). A configured format
+    that cannot read the first record gives way to the detected one, with a note saying so;
+    when neither reads it, the configured one stays (its error names the record).
+    `adapters`: the FORMATS registry (schema.py, which imports this module)."""
+    if flag:
+        return flag, None
+    record, source = table[0]
+    keys = table.columns if table.columns is not None else (
+        list(record) if isinstance(record, dict) else [])
+    try:
+        detected = detect_format(keys, where)
+    except ValueError:
+        if table.columns is not None and not configured:
+            raise
+        detected = None if table.columns is not None else "mmrl"  # the native schema's errors
+    if not configured or configured == detected:
+        return detected or configured, None
+    problem = _reads(adapters.get(configured), record, source, base)
+    if problem is None or detected is None or _reads(adapters.get(detected), record, source,
+                                                     base) is not None:
+        return configured, None
+    what = "columns" if table.columns is not None else "first record's keys"
+    return detected, (f"{where}: data.format={configured} does not read this file ({problem}); "
+                      f"its {what} say {detected}, so it is read as {detected} (set data.format="
+                      f"{detected} to silence this)")
+
+
+def _reads(adapt, record, source: str, base: Path) -> str | None:
+    try:
+        adapt(record, source, base)
+    except RecordError as e:
+        return str(e)
+    return None

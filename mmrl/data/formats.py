@@ -41,14 +41,14 @@ from mmrl.data.record_parts import (answer_letter, check_dict, embedding_into, f
                                       is_boxes, lettered_options, make_sample, media_ref,
                                       media_refs, numbers, passthrough, text_of, unwrap,
                                       with_hint, with_image_size)
-from mmrl.data.schema import FORMATS, MEDIA_KINDS, iter_records
+from mmrl.data.schema import FORMATS, MEDIA_KINDS, load_samples
 from mmrl.types import Sample
 
 # VLM-R1 accu_reward_method -> task (others, e.g. "math", "yes_no", are the task as they are;
 # "default" derives it from the answer).
 ACCU_METHOD_TASKS = {"iou": "detection", "od": "detection", "od_ap": "detection",
                      "odLength": "detection", "mcq": "multiple_choice", "default": None}
-# Video-R1 problem_type -> the sample's task, which `rewards[].tasks` routes on (README: rewards).
+# Video-R1 problem_type -> the sample's task, which `rewards[].tasks` routes on (docs/rewards.md).
 PROBLEM_TASKS = {"multiple choice": "multiple_choice", "numerical": "numerical", "OCR": "ocr",
                  "free-form": "free_form", "regression": "regression"}
 HINTS = {
@@ -283,28 +283,34 @@ def sample_to_record(sample: Sample, out_dir: Path) -> dict:
     return record
 
 
-def convert(fmt: str, in_path: str | Path, out_path: str | Path, *,
+def convert(fmt: str | None, in_path: str | Path, out_path: str | Path, *,
             media_root: str | Path | None = None, embedded_dir: str | Path | None = None) -> dict:
-    """Read `in_path` in format `fmt`, write native JSONL to `out_path`.
+    """Read `in_path` in format `fmt` (None: detected, as `mmrl train` does: detect.py), write
+    native JSONL to `out_path`.
 
     Relative media paths resolve against `media_root` (default: the input file's folder; Time-R1's
     "./dataset/..." paths are relative to its repository root instead). Embedded media go to
     `embedded_dir` (default: <out stem>_media next to the output). Stops at the first malformed
-    record (RecordError names it) and then writes nothing. Returns {"records", "out", "by_task"}."""
-    adapt = FORMATS.get(fmt)
-    in_path, out_path = Path(in_path), Path(out_path)
-    base = Path(media_root) if media_root else (in_path if in_path.is_dir() else in_path.parent)
+    record (RecordError names it) and then writes nothing. Returns {"records", "out", "by_task",
+    "format"}."""
+    if fmt is not None:
+        FORMATS.get(fmt)  # an unknown name fails before the input is read
+    out_path = Path(out_path)
+    samples = load_samples(in_path, fmt)
+    if media_root:
+        samples.base = Path(media_root)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     embedded = Path(embedded_dir) if embedded_dir else out_path.parent / f"{out_path.stem}_media"
     by_task: dict[str, int] = {}
     tmp = out_path.with_name(f"{out_path.name}.tmp")
     try:
         with embedding_into(embedded), tmp.open("w") as f:
-            for record, source in iter_records(in_path):
-                sample = adapt(record, source, base)
+            for i in range(len(samples)):
+                sample = samples[i]
                 by_task[sample.task] = by_task.get(sample.task, 0) + 1
                 f.write(json.dumps(sample_to_record(sample, out_path.parent)) + "\n")
         os.replace(tmp, out_path)
     finally:
         tmp.unlink(missing_ok=True)
-    return {"records": sum(by_task.values()), "out": str(out_path), "by_task": by_task}
+    return {"records": sum(by_task.values()), "out": str(out_path), "by_task": by_task,
+            "format": samples.format}

@@ -13,9 +13,9 @@ from collections import Counter
 from pathlib import Path
 
 from mmrl.data.audio import MIN_SECONDS, too_short
-from mmrl.data.media import MediaError, image_too_big, load_audio, load_image, load_media, \
-    load_video, processor_errors
-from mmrl.data.schema import FORMATS, RecordError, iter_records
+from mmrl.data.media import MediaError, frame_folder, image_too_big, load_audio, load_image, \
+    load_media, load_video, processor_errors
+from mmrl.data.schema import RecordError, load_samples
 from mmrl.types import Sample
 from rewards.calls import call_reward
 
@@ -34,23 +34,30 @@ def render_prompt(sample: Sample) -> str:
     return "\n".join(lines)
 
 
-def check_media(kind: str, path: str, source: str, deep: bool = False) -> str | None:
-    """None if the file opens, else the error message (which names source and path)."""
+def check_media(kind: str, path: str, source: str, deep: bool = False,
+                frame_fps: float | None = None) -> str | None:
+    """None if the file opens, else the error message (which names source and path).
+    `frame_fps`: the record's rate for a video that is a folder of frames."""
     try:
         if deep:
             {"images": lambda: load_image(path, source),
-             "videos": lambda: load_video(path, source=source, nframes=2),
+             "videos": lambda: load_video(path, source=source, nframes=2, frame_fps=frame_fps),
              "audios": lambda: load_audio(path, source=source)}[kind]()
         else:
-            _open_header(kind, path, source)
+            _open_header(kind, path, source, frame_fps)
     except MediaError as e:
         return str(e)
     return None
 
 
-def _open_header(kind: str, path: str, source: str) -> None:
+def _open_header(kind: str, path: str, source: str, frame_fps: float | None = None) -> None:
     where = f"{source}: " if source else ""
     p = Path(path)
+    if kind == "videos" and p.is_dir():
+        frame_folder(path, frame_fps, source)  # frames there, and their rate known
+        return
+    if p.is_dir():
+        raise MediaError(f"{where}{kind[:-1]} {path}: is a folder, not a file")
     if not p.is_file():
         raise MediaError(f"{where}{kind[:-1]} {path}: file not found")
     if p.stat().st_size == 0:
@@ -86,14 +93,11 @@ def _open_header(kind: str, path: str, source: str) -> None:
         raise MediaError(f"{where}cannot open {kind[:-1]} {path}: {e}") from None
 
 
-def processor_check(family: str = "qwen2_5_vl"):
+def processor_check(adapter):
     """`sample -> error message or None`: the training path's decode plus the model family's
-    processor call (a tiny offline processor with the same checks: aspect ratio, minimum size,
-    frame and token limits), so `--deep` finds what would stop training. Samples with media the
-    family cannot take are not checked (None)."""
-    from mmrl.models import get_adapter
-
-    adapter = get_adapter(family)
+    processor call (`adapter`, mmrl/models: a tiny offline processor with the same checks:
+    aspect ratio, minimum size, frame and token limits), so `--deep` finds what would stop
+    training. Samples with media the family cannot take are not checked (None)."""
     _, processor = adapter.tiny()
 
     def check(sample: Sample) -> str | None:
@@ -111,38 +115,37 @@ def processor_check(family: str = "qwen2_5_vl"):
     return check
 
 
-def inspect_file(path: str | Path, fmt: str = "mmrl", n_show: int = 3, *, check: bool = True,
-                 deep: bool = False, max_records: int | None = None,
-                 media_root: str | Path | None = None, family: str = "qwen2_5_vl") -> dict:
+def inspect_file(path: str | Path, fmt: str | None = None, n_show: int = 3, *, check: bool = True,
+                 deep_check=None, max_records: int | None = None,
+                 media_root: str | Path | None = None, configured: str | None = None,
+                 deep: bool = False) -> dict:
     """Report on a data file: {"path", "format", "records", "by_task", "by_modality",
     "bad_records": [msg], "bad_media": [{"source", "kind", "path", "error"}], "examples":
-    [{"id", "task", "prompt", "solution", "media"}]}. Never raises for bad records or media.
-    Relative media paths resolve against `media_root` (default: the file's folder)."""
-    adapt = FORMATS.get(fmt)
-    path = Path(path)
-    base = Path(media_root) if media_root else (path if path.is_dir() else path.parent)
+    [{"id", "task", "prompt", "solution", "media"}], "notes"}. Never raises for bad records or
+    media. The format follows train's rule (detect.py): `fmt` (a --format flag), else
+    `configured` (a config's data.format) where it reads the file, else detected. Relative
+    media paths resolve against `media_root` (default: the file's folder). `deep` decodes every
+    media file; `deep_check` (`processor_check`) also runs the model family's processor."""
     by_task: Counter = Counter()
     by_modality: Counter = Counter()
     bad_records, bad_media, examples = [], [], []
-    n = 0
-    records = iter_records(path)
-    deep_check = processor_check(family) if deep and check else None
-    while True:
+    try:
+        samples = load_samples(path, fmt, max_records, configured=configured)
+    except (RecordError, FileNotFoundError) as e:  # e.g. a line that is not JSON: nothing loads
+        return {"path": str(path), "format": fmt or configured, "records": 0, "by_task": {},
+                "by_modality": {}, "bad_records": [str(e)], "bad_media": [], "examples": [],
+                "notes": [], "unreadable": True}
+    if media_root:
+        samples.base = Path(media_root)
+    n = len(samples)
+    opened: dict[tuple[str, str, float | None], str | None] = {}  # each file is opened once
+    for i in _progress(n):
         try:
-            record, source = next(records)
-        except StopIteration:
-            break
-        except RecordError as e:  # a line that is not JSON ends the file's iterator
-            bad_records.append(str(e))
-            break
-        if max_records is not None and n >= max_records:
-            break
-        n += 1
-        try:
-            sample = adapt(record, source, base)
+            sample = samples[i]
         except RecordError as e:
             bad_records.append(str(e))
             continue
+        source = sample.source
         by_task[sample.task] += 1
         kinds = [k for k in ("images", "videos", "audios") if getattr(sample, k)]
         by_modality["+".join(k[:-1] for k in kinds) or "text"] += 1
@@ -150,7 +153,10 @@ def inspect_file(path: str | Path, fmt: str = "mmrl", n_show: int = 3, *, check:
             before = len(bad_media)
             for kind in kinds:
                 for media_path in getattr(sample, kind):
-                    error = check_media(kind, media_path, source, deep)
+                    key = (kind, media_path, sample.fields.get("frame_fps"))
+                    if key not in opened:
+                        opened[key] = check_media(kind, media_path, "", deep, key[2])
+                    error = opened[key] and f"{source}: {opened[key]}"
                     if error:
                         bad_media.append({"source": source, "kind": kind[:-1], "path": media_path,
                                           "error": error})
@@ -163,14 +169,28 @@ def inspect_file(path: str | Path, fmt: str = "mmrl", n_show: int = 3, *, check:
             examples.append({"id": sample.id, "task": sample.task, "prompt": render_prompt(sample),
                              "solution": sample.solution,
                              "media": {k: getattr(sample, k) for k in kinds}})
-    return {"path": str(path), "format": fmt, "records": n, "by_task": dict(by_task),
+    return {"path": str(path), "format": samples.format, "records": n, "by_task": dict(by_task),
             "by_modality": dict(by_modality), "bad_records": bad_records, "bad_media": bad_media,
-            "examples": examples}
+            "examples": examples, "notes": samples.notes}
+
+
+def _progress(n: int):
+    """range(n), with a bar on a terminal for files that take a while."""
+    import sys
+
+    from rich.console import Console
+    from rich.progress import track
+
+    return track(range(n), description="inspect", transient=True, console=Console(stderr=True),
+                 disable=n < 5000 or not sys.stderr.isatty())
 
 
 def format_report(report: dict, max_listed: int = 20) -> str:
     """Human-readable text for `mmrl data inspect`."""
+    if report.get("unreadable"):  # nothing loads: the one reason is the report
+        return f"{report['path']}: cannot be read: {report['bad_records'][0]}"
     out = [f"{report['path']} (format {report['format']}): {report['records']} records",
+           *[f"note: {note}" for note in report.get("notes", [])],
            "by task:     " + ", ".join(f"{k}={v}" for k, v in sorted(report["by_task"].items())),
            "by modality: " + ", ".join(f"{k}={v}" for k, v in sorted(report["by_modality"].items()))]
     for title, items in (("malformed records", report["bad_records"]),
@@ -242,20 +262,25 @@ def format_scorability(rows: list[dict]) -> list[str]:
 LAZY_CHECK_ROWS = 8
 
 
+def spread(samples, sample_size: int = 256) -> list[Sample]:
+    """Up to `sample_size` samples spread over the data set; of a table read by row group
+    (Parquet, Arrow), its first LAZY_CHECK_ROWS rows: one row group read and a few embedded
+    images written, not every one."""
+    if isinstance(samples, list) or getattr(samples, "cheap_rows", False):
+        return list(samples[::max(1, len(samples) // sample_size)][:sample_size])
+    return list(samples[:min(len(samples), LAZY_CHECK_ROWS)])
+
+
 def check_scorable(specs, samples, max_new_tokens: int = 1024, sample_size: int = 256) -> None:
-    """Stop before training when a reward can score none of its task's records (checked on up to
-    `sample_size` records spread over the data set; on a lazily read table, its first
-    LAZY_CHECK_ROWS rows: one row group read and a few embedded images written, not every one)."""
-    if isinstance(samples, list):
-        picked = samples[::max(1, len(samples) // sample_size)][:sample_size]
-    else:
-        picked = samples[:min(len(samples), LAZY_CHECK_ROWS)]
+    """Stop before training when a reward can score none of its task's records (checked on the
+    `spread` of the data set)."""
+    picked = spread(samples, sample_size)
     rows = reward_scorability(specs, picked, max_new_tokens)
     dead = [r for r in rows if r["of"] and not r["scorable"]]
     if dead:
         raise ValueError("a configured reward can score none of its records, so it would train "
                          "on nothing: " + "; ".join(format_scorability(dead))
-                         + f" (checked {min(len(samples), sample_size)} records; see `mmrl data "
+                         + f" (checked {len(picked)} records; see `mmrl data "
                            f"inspect FILE --config CONFIG`)")
 
 
@@ -267,9 +292,7 @@ def answer_budget(samples, tokenizer, target: str, max_new_tokens: int,
     tag, so a record whose gold answer does not fit can never score: the run silently loses it
     (a 3-label answer of 21 tokens under a budget of 16 did exactly that). None when all fit, else
     {"over", "of", "longest"} over up to `sample_size` records spread over the data set."""
-    if not isinstance(samples, list):
-        samples = samples[:min(len(samples), LAZY_CHECK_ROWS)]
-    picked = samples[::max(1, len(samples) // sample_size)][:sample_size]
+    picked = spread(samples, sample_size)
     lengths = [len(tokenizer(target.format(solution=s.solution), add_special_tokens=False)
                    ["input_ids"]) + 1 for s in picked if s.solution is not None]
     over = sum(n > max_new_tokens for n in lengths)

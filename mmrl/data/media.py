@@ -15,9 +15,11 @@ the library's readers would fail. Video: decord with PyAV as the fallback. Audio
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import numpy as np
@@ -34,7 +36,9 @@ DEFAULT_FPS = 2.0
 VIDEO_BACKENDS = ("auto", "decord", "pyav")
 # Sample.fields keys that override video decoding per record -> load_video keyword.
 VIDEO_FIELD_OVERRIDES = {"video_start": "start", "video_end": "end", "fps": "fps",
-                         "nframes": "nframes", "max_frames": "max_frames"}
+                         "nframes": "nframes", "max_frames": "max_frames",
+                         "frame_fps": "frame_fps"}
+FRAME_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 
 
 @contextmanager
@@ -338,8 +342,8 @@ def _resize_frames(frames: np.ndarray, max_total_pixels: int) -> np.ndarray:
 def load_video(path: str, *, fps: float | None = None, nframes: int | None = None,
                start: float | None = None, end: float | None = None, max_frames: int = 64,
                max_total_pixels: int | None = None, backend: str = "auto", source: str = "",
-               cache: "DecodeCache | None" = None) -> Video:
-    """Sample frames from a video file (see `plan_frames` for which ones).
+               cache: "DecodeCache | None" = None, frame_fps: float | None = None) -> Video:
+    """Sample frames from a video file, or a frame folder (`frame_folder`), by `plan_frames`.
 
     fps XOR nframes (neither: fps=2). `start`/`end` (seconds) restrict sampling to a segment.
     `max_total_pixels` bounds T*H*W over all frames: frames are resized to multiples of 28 within
@@ -358,12 +362,19 @@ def load_video(path: str, *, fps: float | None = None, nframes: int | None = Non
         raise ValueError(f"load_video: backend must be one of {VIDEO_BACKENDS}, got {backend!r}")
     if fps is None and nframes is None:
         fps = DEFAULT_FPS
-    _check_file(path, "video", source)
     params = {"fps": fps, "nframes": nframes, "start": start, "end": end, "max_frames": max_frames,
               "max_total_pixels": max_total_pixels}
+    if Path(path).is_dir():
+        files, native = frame_folder(path, frame_fps, source)
+        params["frame_fps"] = native
 
-    def decode() -> Video:
-        return _decode_video(path, params, backend, source)
+        def decode() -> Video:
+            return _decode_frames(path, files, native, params, source)
+    else:
+        _check_file(path, "video", source)
+
+        def decode() -> Video:
+            return _decode_video(path, params, backend, source)
 
     if cache is None:
         return decode()
@@ -394,6 +405,50 @@ def _decode_video(path: str, params: dict, backend: str, source: str) -> Video:
                  timestamps=[i / native for i in idx], duration=n / native, path=str(path))
 
 
+def frame_folder(path: str, frame_fps: float | None, source: str = "") -> tuple[list[Path], float]:
+    """(sorted frame files, their rate) of a folder of extracted frames: image files in natural
+    order (frame_2 before frame_10), at `frame_fps` (the record's field) or the number in the
+    folder's fps.txt. A MediaError says what is missing."""
+    folder = Path(path)
+    files = sorted((f for f in folder.iterdir() if f.suffix.lower() in FRAME_SUFFIXES),
+                   key=lambda f: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", f.name)])
+    if not files:
+        raise _fail(source, "video", path, f"a folder with no frames in it (a frame folder holds "
+                                           f"image files: {', '.join(FRAME_SUFFIXES)})")
+    if frame_fps is None and (folder / "fps.txt").is_file():
+        try:
+            frame_fps = float((folder / "fps.txt").read_text().strip())
+        except ValueError:
+            raise _fail(source, "video", path, "fps.txt must hold one number (frames per "
+                                               "second)") from None
+    if frame_fps is None or not frame_fps > 0:
+        raise _fail(source, "video", path, f"a frame folder of {len(files)} frames at an unknown "
+                                           f"rate: give the record a 'frame_fps' field (frames per "
+                                           f"second the frames were extracted at) or write the "
+                                           f"number to {folder / 'fps.txt'}")
+    return files, float(frame_fps)
+
+
+def _decode_frames(path: str, files: list[Path], native: float, params: dict,
+                   source: str) -> Video:
+    try:
+        idx, sample_fps = plan_frames(len(files), native, fps=params["fps"],
+                                      nframes=params["nframes"], start=params["start"],
+                                      end=params["end"], max_frames=params["max_frames"])
+    except _PlanError as e:
+        raise _fail(source, "video", path, str(e)) from None
+    frames = [np.asarray(load_image(str(files[i]), source)) for i in idx]
+    if len({f.shape for f in frames}) > 1:
+        raise _fail(source, "video", path, f"frames differ in size ({frames[0].shape[1]}x"
+                                           f"{frames[0].shape[0]} and others)")
+    stacked = np.stack(frames)
+    if params["max_total_pixels"]:
+        stacked = _resize_frames(stacked, int(params["max_total_pixels"]))
+    return Video(frames=np.ascontiguousarray(stacked, dtype=np.uint8), fps=float(sample_fps),
+                 timestamps=[i / native for i in idx], duration=len(files) / native,
+                 path=str(path))
+
+
 # The decoders tried in turn per video `backend`; auto skips decord where it is not installed.
 _VIDEO_DECODERS = {
     "auto": lambda: (_decode_pyav,) if _import_decord() is None else (_decode_decord, _decode_pyav),
@@ -409,7 +464,7 @@ def _video_overrides(sample: Sample) -> dict:
         value = sample.fields.get(field)
         if value is None:
             continue
-        positive = kw in ("fps", "nframes", "max_frames")
+        positive = kw in ("fps", "nframes", "max_frames", "frame_fps")
         if (isinstance(value, bool) or not isinstance(value, (int, float))
                 or value < 0 or (positive and value <= 0)):
             raise MediaError(f"{sample.source}: field {field!r} must be a "

@@ -37,7 +37,7 @@ def shuffle_frames(video: Video, seed: int) -> Video:
 # ------------------------------------------------------------ pretext tasks from raw media -----
 # Verifiable tasks built from a folder of the user's own images or videos (Spatial-SSRL, SSL4RL,
 # VideoSSR): the transformation applied is the label, so no annotation is needed. Each record
-# names the reward that checks it in README "Methods from the papers".
+# names the reward that checks it in docs/methods.md.
 IMAGE_EXT = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 VIDEO_EXT = (".mp4", ".mkv", ".mov", ".avi", ".webm")
 ROTATIONS = (0, 90, 180, 270)

@@ -83,13 +83,19 @@ def _question(text: str) -> str:
     return text
 
 
-def apply_template(sample: Sample, template: str) -> Sample:
-    """The sample with its last user text part rewritten through `template` (a copy)."""
-    fmt = resolve(template)
+def last_user(sample: Sample, what: str) -> tuple[list[dict], dict]:
+    """(a copy of the messages, its last user message) to rewrite for `what` (a config key)."""
     messages = [dict(m) for m in sample.messages]
     user = next((m for m in reversed(messages) if m.get("role") == "user"), None)
     if user is None:
-        raise ValueError(f"{sample.source}: no user message to apply data.prompt_template to")
+        raise ValueError(f"{sample.source}: no user message to apply {what} to")
+    return messages, user
+
+
+def apply_template(sample: Sample, template: str) -> Sample:
+    """The sample with its last user text part rewritten through `template` (a copy)."""
+    fmt = resolve(template)
+    messages, user = last_user(sample, "data.prompt_template")
     content = user["content"]
     if isinstance(content, str):
         content = [{"type": "text", "text": content}]

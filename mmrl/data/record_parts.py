@@ -18,7 +18,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Iterator
 
-from mmrl.data.schema import RecordError
+from mmrl.data.media_errors import RecordError
 from mmrl.types import Sample
 
 _EMBED_INTO: ContextVar[Path | None] = ContextVar("mmrl_embedded_dir", default=None)

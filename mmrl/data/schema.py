@@ -8,6 +8,10 @@ A record (one JSON object per line):
      "solution": "3",
      ...task fields: "options", "duration", "image_size", ...}
 
+Tool use (docs/tools.md): "tools": ["crop"] names the tools the record offers (default: all the
+run configures), and "full_images" / "full_videos" / "full_audios" keep full-resolution
+originals beside the media the model is given (tools read these; default: the media itself).
+
 Every malformed record raises `RecordError` naming the file and line, never a silent default.
 """
 from __future__ import annotations
@@ -15,21 +19,18 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
+from mmrl.data.chat import read_chat
 from mmrl.data.sources import RecordError, open_table, per_video  # noqa: F401  (re-exported)
 from mmrl.registry import Registry
 from mmrl.types import Sample
 
 FORMATS: Registry = Registry("data format")
 MEDIA_KINDS = ("images", "videos", "audios")
-RESERVED = {"id", "task", "prompt", "messages", "solution", "system", *MEDIA_KINDS}
-
-
-def iter_records(path: str | Path) -> Iterator[tuple[dict, str]]:
-    """Yield (record, "file:line") from JSONL, JSON (list), Parquet (a file or a directory of
-    shards), a `datasets` save dir, or a `datasets` name in the local cache (mmrl/data/sources.py)."""
-    yield from open_table(path)
+FULL_MEDIA = {f"full_{kind}": kind for kind in MEDIA_KINDS}  # originals for tools, per media kind
+RESERVED = {"id", "task", "prompt", "messages", "conversations", "solution", "system",
+            *MEDIA_KINDS}
 
 
 def _media_list(record: dict, key: str, source: str, base: Path) -> list[str]:
@@ -42,11 +43,6 @@ def _media_list(record: dict, key: str, source: str, base: Path) -> list[str]:
 
 
 def _messages(record: dict, source: str, n_media: dict[str, int]) -> list[dict]:
-    if record.get("messages"):
-        msgs = record["messages"]
-        if not isinstance(msgs, list) or not all(isinstance(m, dict) and "role" in m for m in msgs):
-            raise RecordError(f"{source}: 'messages' must be a list of {{role, content}} objects")
-        return msgs
     prompt = record.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise RecordError(f"{source}: needs a non-empty 'prompt' string or 'messages'")
@@ -59,32 +55,67 @@ def _messages(record: dict, source: str, n_media: dict[str, int]) -> list[dict]:
 
 
 @FORMATS.register("mmrl")
+@FORMATS.register("sharegpt")
 def to_sample(record: Any, source: str, base_dir: Path) -> Sample:
-    """The native schema (above) -> Sample."""
+    """The native schema (above) -> Sample; chats (`messages`, or ShareGPT `conversations`) as
+    mmrl/data/chat.py reads them: the last assistant turn is the answer, never the prompt."""
     if not isinstance(record, dict):
         raise RecordError(f"{source}: a record must be a JSON object, got {type(record).__name__}")
-    if record.get("solution") is None:
-        raise RecordError(f"{source}: missing 'solution'")
     media = {k: _media_list(record, k, source, base_dir) for k in MEDIA_KINDS}
-    messages = _messages(record, source, {k: len(v) for k, v in media.items()})
+    solution = record.get("solution")
+    if record.get("messages") or record.get("conversations"):
+        messages, answer, media = read_chat(record, source, base_dir, media)
+        solution = answer if solution is None else solution
+    else:
+        messages = _messages(record, source, {k: len(v) for k, v in media.items()})
+    if solution is None:
+        raise RecordError(f"{source}: missing 'solution' (or, in a chat, a last assistant turn "
+                          f"holding the answer)")
+    fields = {k: v for k, v in record.items() if k not in RESERVED}
+    fields.update(_tool_fields(record, source, base_dir, media))
     return Sample(
         id=str(record.get("id", source)),
         messages=messages,
-        solution=record["solution"],
+        solution=solution,
         task=str(record.get("task") or "default"),
         images=media["images"], videos=media["videos"], audios=media["audios"],
-        fields={k: v for k, v in record.items() if k not in RESERVED},
+        fields=fields,
         source=source,
     )
 
 
-class LazySamples(Sequence):
-    """Samples adapted from a lazily read table (Parquet, Arrow) when indexed: a draw reads its
-    row (row group) and decodes its embedded media, nothing is held for the rest."""
+def _tool_fields(record: dict, source: str, base: Path, media: dict[str, list[str]]) -> dict:
+    """The record's "tools" (checked) and full-resolution media (resolved like its media, one
+    original per item of the same kind)."""
+    out: dict[str, Any] = {}
+    tools = record.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list) or not all(isinstance(t, str) and t for t in tools):
+            raise RecordError(f"{source}: 'tools' must be a list of tool names, got {tools!r:.80}")
+        out["tools"] = tools
+    for key, kind in FULL_MEDIA.items():
+        if record.get(key) is None:
+            continue
+        paths = _media_list(record, key, source, base)
+        if len(paths) != len(media[kind]):
+            raise RecordError(f"{source}: '{key}' holds {len(paths)} paths for {len(media[kind])} "
+                              f"{kind}; give one original per item (or drop '{key}')")
+        out[key] = paths
+    return out
 
-    def __init__(self, table, convert, base: Path, n: int):
+
+class LazySamples(Sequence):
+    """Samples adapted from a lazily read table when indexed: a draw reads its record (its
+    Parquet row group, its JSONL line) and decodes its embedded media, nothing is held for the
+    rest. `format` is the adapter that reads it; `notes` what a user should hear about how it
+    was read; `cheap_rows`: any record reads alone (JSON), not its row group (Parquet, Arrow)."""
+
+    def __init__(self, table, convert, base: Path, n: int, fmt: str = "mmrl",
+                 notes: list[str] | None = None):
         self.table, self.convert, self.base, self.n = table, convert, base, n
         self.blocks = table.blocks if n == len(table) else None
+        self.format, self.notes = fmt, list(notes or [])
+        self.cheap_rows = table.columns is None
 
     def __len__(self) -> int:
         return self.n
@@ -97,26 +128,25 @@ class LazySamples(Sequence):
         return self.convert(*self.table[i % self.n], self.base)
 
 
-def load_samples(path: str | Path, fmt: str | None = "mmrl",
-                 max_samples: int | None = None) -> Sequence[Sample]:
-    """All samples of `path`: a list for JSONL/JSON (every record checked up front), a
-    LazySamples for Parquet/Arrow tables. `fmt=None`: mmrl for JSONL/JSON, detected from the
-    columns for tables (mmrl/data/detect.py)."""
-    from mmrl.data.detect import detect_format
+def load_samples(path: str | Path, fmt: str | None = None, max_samples: int | None = None, *,
+                 configured: str | None = None, default_split: str | None = None) -> LazySamples:
+    """The samples of `path`, read lazily (mmrl/data/sources.py). The record format: `fmt` when
+    given (a --format flag), else `configured` (a config's data.format) where it reads the
+    file, else detected from the file (mmrl/data/detect.py `resolve_format`). `default_split`:
+    the split taken from a dataset folder holding several (data.train: "train")."""
+    from mmrl.data.detect import resolve_format
+    from mmrl.data.hub import split_selector
 
-    table = open_table(path)
-    if fmt is None:
-        fmt = detect_format(table.columns, str(path)) if table.columns is not None else "mmrl"
-    convert = FORMATS.get(fmt)
-    base = Path(path).parent if not Path(path).is_dir() else Path(path)
+    table = open_table(path, default_split)
+    folder = Path(split_selector(str(path))[0])
+    base = folder if folder.is_dir() else folder.parent
     n = len(table) if max_samples is None else min(len(table), max_samples)
     if n == 0:
         raise RecordError(f"{path}: no records")
-    if table.columns is not None:
-        return LazySamples(table, convert, base, n)
-    return [convert(record, source, base) for record, source in table[:n]]
+    fmt, note = resolve_format(table, str(path), base, FORMATS, flag=fmt, configured=configured)
+    return LazySamples(table, FORMATS.get(fmt), base, n, fmt, [note] if note else [])
 
 
 def write_jsonl(path: str | Path, records: list[dict]) -> None:
-    """One JSON object per line: the mmrl record format `iter_records` reads back."""
+    """One JSON object per line: the mmrl record format `load_samples` reads back."""
     Path(path).write_text("".join(json.dumps(r) + "\n" for r in records))

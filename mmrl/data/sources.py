@@ -1,6 +1,7 @@
 """Where records come from, read lazily: Parquet files or directories of shards by row group,
 Arrow datasets (`datasets.save_to_disk` dirs, `datasets` names in the local cache) by row through
-their memory map. JSONL and JSON lists are small by nature and read whole.
+their memory map, JSONL files and JSON lists by byte offset (json_tables.py), dataset folders as
+a Hub repository is downloaded split by split (hub.py).
 
 A table is a Sequence of (record, "file[row]") with `columns` (None where records may differ)
 and `blocks`: row counts of consecutive runs that are cheap to read together (Parquet row groups),
@@ -15,9 +16,7 @@ from pathlib import Path
 from typing import Any
 
 
-class RecordError(ValueError):
-    """A record that cannot become a Sample; the message names file:line. (Here, at the bottom
-    of mmrl/data, so the table readers need not import schema.py, which imports them.)"""
+from mmrl.data.media_errors import RecordError
 
 
 class ParquetTable(Sequence):
@@ -86,18 +85,18 @@ def _cached_dataset(name: str) -> Sequence:
     """`org/name[:split]` (split default "train") from the local caches, offline: the Parquet
     shards of a hub snapshot (huggingface_hub's cache, streamed like any shard directory), else a
     dataset `datasets.load_dataset` prepared before (its Arrow cache). Nothing downloads."""
+    from mmrl.data.hub import folder_splits
+
     repo, _, split = name.partition(":")
-    split = split or "train"
     try:
         from huggingface_hub import snapshot_download
 
         snap = Path(snapshot_download(repo, repo_type="dataset", local_files_only=True))
     except Exception:  # noqa: BLE001 - not in the hub cache (or no huggingface_hub)
         snap = None
-    if snap is not None:
-        shards = sorted({*snap.glob(f"**/{split}-*.parquet"), *snap.glob(f"**/{split}/*.parquet")})
-        if shards:
-            return ParquetTable(shards)
+    if snap is not None and folder_splits(snap):  # data files, split by split
+        return _folder_table(snap, split or None, "train")
+    split = split or "train"
     import datasets
 
     with _offline():
@@ -124,20 +123,13 @@ class _offline:
         dc.HF_HUB_OFFLINE = self._saved
 
 
-def _utf8(data: bytes, path: Path, lineno: int | None = None) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        column = e.start - (data.rfind(b"\n", 0, e.start) + 1)
-        if lineno is None:  # a whole file: find the line of the bad byte
-            lineno = data.count(b"\n", 0, e.start) + 1
-        raise RecordError(f"{path}:{lineno}: not UTF-8 text (byte 0x{data[e.start]:02x} at "
-                          f"column {column + 1}); re-encode the file as UTF-8, e.g. "
-                          f"`iconv -f latin1 -t utf-8`") from None
+def open_table(path: str | Path, default_split: str | None = None) -> Sequence:
+    """The records at `path` (see the module docstring), read lazily. A folder laid out as a Hub
+    dataset repository gives one split (mmrl/data/hub.py): `DIR:validation` names it, else
+    `default_split` (data.train asks for "train") where the folder holds several."""
+    from mmrl.data.hub import split_selector
 
-
-def open_table(path: str | Path) -> Sequence:
-    """The records at `path` (see the module docstring), lazily where the format allows."""
+    path, split = split_selector(str(path))
     p = Path(path)
     if not p.exists():
         if "/" in str(path) and not str(path).startswith((".", "/")) and p.suffix == "":
@@ -145,31 +137,52 @@ def open_table(path: str | Path) -> Sequence:
         raise FileNotFoundError(f"data file {p} does not exist (generate it with `mmrl data` "
                                 f"or set data.generate in the config)")
     if p.is_dir():
-        shards = sorted(p.glob("*.parquet"))
-        if shards:
-            return ParquetTable(shards)
+        return _folder_table(p, split, default_split)
+    return file_table(p)
+
+
+def file_table(p: Path) -> Sequence:
+    """One data file: Parquet by row group, JSON / JSONL by byte offset (json_tables.py), a
+    Charades-style JSON dict of videos whole (such files are small)."""
+    from mmrl.data.json_tables import JsonListTable, JsonlTable, utf8
+
+    if p.suffix == ".parquet":
+        return ParquetTable([p])
+    if p.suffix != ".json":
+        return JsonlTable(p)
+    with p.open("rb") as f:
+        head = f.read(4096).lstrip()
+    if not head.startswith(b"{"):
+        return JsonListTable(p)
+    try:
+        rows = json.loads(utf8(p.read_bytes(), p))
+    except json.JSONDecodeError as e:
+        if e.msg == "Extra data":  # one object per line under a .json name
+            return JsonlTable(p)
+        raise RecordError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+    return ListTable(per_video(rows, p))
+
+
+def _folder_table(p: Path, split: str | None, default_split: str | None) -> Sequence:
+    from mmrl.data.hub import choose_split, folder_splits
+    from mmrl.data.json_tables import ConcatTable
+
+    if (p / "state.json").is_file():  # datasets.save_to_disk of one Dataset
         import datasets
 
         return ArrowTable(datasets.load_from_disk(str(p)), str(p))
-    if p.suffix == ".parquet":
-        return ParquetTable([p])
-    if p.suffix == ".json":
-        rows = json.loads(_utf8(p.read_bytes(), p))
-        if isinstance(rows, dict):  # Charades-style {video id: {timestamps, sentences, ...}}
-            return ListTable(per_video(rows, p))
-        if not isinstance(rows, list):
-            raise RecordError(f"{p}: expected a JSON list of records")
-        return ListTable((row, f"{p}[{i}]") for i, row in enumerate(rows))
-    out = ListTable()
-    with p.open("rb") as f:  # bytes: a bad byte is reported with its line number
-        for lineno, raw in enumerate(f, 1):
-            line = _utf8(raw, p, lineno)
-            if line.strip():
-                try:
-                    out.append((json.loads(line), f"{p}:{lineno}"))
-                except json.JSONDecodeError as e:
-                    raise RecordError(f"{p}:{lineno}: not valid JSON ({e.msg})") from None
-    return out
+    files = choose_split(p, folder_splits(p), split, default_split)
+    if len(files) == 1 and files[0].is_dir():  # a DatasetDict's split
+        import datasets
+
+        return ArrowTable(datasets.load_from_disk(str(files[0])), str(files[0]))
+    if all(f.suffix == ".parquet" for f in files):
+        return ParquetTable(files)
+    if any(f.suffix == ".parquet" for f in files):
+        raise RecordError(f"{p}: one split mixes Parquet and JSON files ({files[0].name}, ...); "
+                          f"point at one kind")
+    tables = [file_table(f) for f in files]
+    return tables[0] if len(tables) == 1 else ConcatTable(tables)
 
 
 def per_video(rows: dict, path: Path) -> Iterator[tuple[dict, str]]:

@@ -80,7 +80,7 @@ def fan_in_init(model: torch.nn.Module) -> None:
 
     transformers' std 0.02 is sized for widths near 2500 (1/sqrt(2500)); in a 64-wide vision
     tower it leaves attention uniform and the MLPs near-linear, and the tiny tower learned to
-    tell a circle from a square about half as fast (scripts/probe_vision_lr.py --init).
+    tell a circle from a square about half as fast (research/probes/vision_lr.py --init).
     Biases stay zero and embeddings and norms keep their init; uses the global torch RNG.
     """
     with torch.no_grad():
@@ -103,6 +103,10 @@ def set_override(family: str, target: dict, key: str, value, config_class=None,
     elif key not in target:
         raise TypeError(f"{family}.tiny(): unknown override {key!r}")
     target[key] = value
+
+
+class _MediaKwargsError(ValueError):
+    """A media item the family's processor arguments cannot describe (e.g. a video without fps)."""
 
 
 class ModelAdapter:
@@ -130,6 +134,9 @@ class ModelAdapter:
     # Pixels per merged patch side (patch size x spatial merge): the factor image budgets round
     # to (qwen-vl-utils' `factor`). 14 px patches merged 2x2 in Qwen2/2.5-VL.
     image_factor: int = 28
+    # How the family writes a box (rewards.boxes.COORDS): pixels of its resized input
+    # (Qwen2.5-VL) or 0..1000 of the image (Qwen2-VL, Qwen3-VL); the crop tool reads boxes so.
+    box_coords: str = "resized"
 
     # ---- loading ---------------------------------------------------------------------------
 
@@ -191,29 +198,44 @@ class ModelAdapter:
 
     def prompt_features(self, processor, sample: Sample, images: list | None = None, *,
                         videos: list | None = None, audios: list | None = None,
-                        **processor_kwargs) -> PromptFeatures:
+                        tools: list[dict] | None = None, **processor_kwargs) -> PromptFeatures:
         """The one processor call for `sample`, reused by rollout and every training forward.
 
         `images`: decoded PIL images in the order of the sample's image items; `videos`: Video
         objects (`.frames` [T, H, W, 3] + sampling `.fps`) or raw frame arrays with `video_fps=`;
         `audios`: 1-D float arrays at 16 kHz. Families reject media kinds they cannot take.
+        `tools`: function specs for chat templates that render them (mmrl.tools.prompt).
         """
         media = {"images": images, "videos": videos, "audios": audios}
         for kind, items in media.items():
             if items and kind not in self.media_kinds:
                 raise ValueError(f"{self.family}: cannot take {kind} (sample {sample.id!r}, {sample.source})")
-        text = processor.apply_chat_template(sample.messages, add_generation_prompt=True, tokenize=False)
+        chat = {"tools": tools} if tools else {}
+        text = processor.apply_chat_template(sample.messages, add_generation_prompt=True,
+                                             tokenize=False, **chat)
         for kind, attr in (("images", "image_token"), ("videos", "video_token"), ("audios", "audio_token")):
             token = getattr(processor, attr, None)
             # Caught here, the mismatch names the sample; inside the processor it names nothing.
             if isinstance(token, str) and text.count(token) != len(media[kind] or ()):
                 raise ValueError(f"sample {sample.id!r} ({sample.source}): {text.count(token)} {kind} "
                                  f"items in its messages but {len(media[kind] or ())} {kind} given")
+        try:
+            tensors = self.encode(processor, text, images, videos, audios, **processor_kwargs)
+        except _MediaKwargsError as e:
+            raise ValueError(f"sample {sample.id!r} ({sample.source}): {e}") from None
+        return PromptFeatures(sample=sample, tensors=tensors)
+
+    def encode(self, processor, text: str, images: list | None = None,
+               videos: list | None = None, audios: list | None = None,
+               **processor_kwargs) -> dict[str, torch.Tensor]:
+        """The processor on rendered chat text (one placeholder per media item, expanded here):
+        token-aligned tensors [1, n] and the media tensors. Prompts and the observation turns of
+        tool-use trajectories (mmrl.models.trajectory) both come through here."""
         fps = processor_kwargs.pop("video_fps", None)
         try:
             kwargs, fixups = self.processor_media_kwargs(processor, images, videos, audios, fps)
         except ValueError as e:
-            raise ValueError(f"sample {sample.id!r} ({sample.source}): {e}") from None
+            raise _MediaKwargsError(str(e)) from None
         out = processor(text=[text], return_tensors="pt", **kwargs, **processor_kwargs)
         tensors = {k: v if torch.is_tensor(v) else torch.as_tensor(v) for k, v in out.items()}
         tensors.update(fixups)
@@ -223,7 +245,7 @@ class ModelAdapter:
             if "mm_token_type_ids" not in tensors:
                 tensors["mm_token_type_ids"] = self.token_type_ids(processor, tensors["input_ids"])
             tensors["mm_token_type_ids"] = tensors["mm_token_type_ids"].long()
-        return PromptFeatures(sample=sample, tensors=tensors)
+        return tensors
 
     def processor_media_kwargs(self, processor, images, videos, audios,
                                video_fps=None) -> tuple[dict, dict]:

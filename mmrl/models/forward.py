@@ -12,11 +12,13 @@ from typing import NamedTuple, Sequence
 import torch
 
 from mmrl.models.base import TOKEN_KEYS
-from mmrl.types import PromptFeatures, SamplingParams
+from mmrl.models.trajectory import completion_token_types, row_media
+from mmrl.types import Observation, PromptFeatures, SamplingParams
 
 
 def collate(prompts: Sequence[PromptFeatures], completion_ids: torch.Tensor | None = None,
-            completion_mask: torch.Tensor | None = None, pad_id: int = 0) -> dict:
+            completion_mask: torch.Tensor | None = None, pad_id: int = 0,
+            observations: Sequence[Sequence[Observation]] | None = None) -> dict:
     """Model inputs for N rows (prompt i -> row i), ready for `model(**inputs)`.
 
     input_ids/attention_mask/mm_token_type_ids: [N, P + L], prompts left-padded to P = the
@@ -25,9 +27,15 @@ def collate(prompts: Sequence[PromptFeatures], completion_ids: torch.Tensor | No
     (a PromptFeatures shared by G rows contributes its media G times). With completions the dict
     also holds `logits_to_keep = L + 1`, so the LM head only runs over the positions that
     predict completion tokens (logits[:, :-1] predict completion tokens 0..L-1).
+
+    `observations` (tool-use trajectories): per row, the observation turns inside its completion;
+    their tokens keep their media types and each row's media follow its prompt's, in order, so
+    the model computes every position over the whole row (mmrl/models/trajectory.py).
     """
     if completion_ids is not None and completion_ids.shape[0] != len(prompts):
         raise ValueError(f"collate: {len(prompts)} prompts but {completion_ids.shape[0]} completion rows")
+    if observations is not None and len(observations) != len(prompts):
+        raise ValueError(f"collate: {len(prompts)} prompts but {len(observations)} observation rows")
     width = max(p.tensors["input_ids"].shape[1] for p in prompts)
     # mm_token_type_ids is carried iff the family's prompts hold it: M-RoPE families need it in
     # every forward; families without it (Qwen2-Audio, Qwen2.5-Omni) reject it in generate().
@@ -56,12 +64,16 @@ def collate(prompts: Sequence[PromptFeatures], completion_ids: torch.Tensor | No
         out["input_ids"] = torch.cat([out["input_ids"], ids.to(out["input_ids"].dtype)], 1)
         out["attention_mask"] = torch.cat([out["attention_mask"], mask], 1)
         if "mm_token_type_ids" in out:
-            out["mm_token_type_ids"] = torch.cat(
-                [out["mm_token_type_ids"], out["mm_token_type_ids"].new_zeros(ids.shape)], 1)
+            width = ids.shape[1]
+            types = (torch.stack([completion_token_types(o, width) for o in observations])
+                     if observations is not None else ids.new_zeros(ids.shape))
+            out["mm_token_type_ids"] = torch.cat([out["mm_token_type_ids"], types.to(
+                out["mm_token_type_ids"].dtype)], 1)
         out["logits_to_keep"] = completion_ids.shape[1] + 1
-    media_keys = dict.fromkeys(k for p in prompts for k in p.tensors if k not in TOKEN_KEYS)
-    for key in media_keys:
-        out[key] = torch.cat([p.tensors[key] for p in prompts if key in p.tensors], 0)
+    rows = [row_media(p.tensors, observations[i] if observations is not None else None)
+            for i, p in enumerate(prompts)]
+    for key in dict.fromkeys(k for r in rows for k in r):
+        out[key] = torch.cat([r[key] for r in rows if key in r], 0)
     return out
 
 

@@ -7,6 +7,7 @@ from mmrl.models.qwen2_vl import Qwen2VLAdapter
 
 class Qwen2_5_VLAdapter(Qwen2VLAdapter):
     family = "qwen2_5_vl"
+    box_coords = "resized"
     model_class = "Qwen2_5_VLForConditionalGeneration"
     processor_class = "Qwen2_5_VLProcessor"
     config_class = "Qwen2_5_VLConfig"

@@ -22,6 +22,7 @@ def mrope_sections(head_dim: int) -> list[int]:
 
 class Qwen2VLAdapter(ModelAdapter):
     family = "qwen2_vl"
+    box_coords = "norm1000"
     model_class = "Qwen2VLForConditionalGeneration"
     processor_class = "Qwen2VLProcessor"
     config_class = "Qwen2VLConfig"

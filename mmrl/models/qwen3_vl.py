@@ -15,6 +15,7 @@ from mmrl.models.qwen2_vl import GEOMETRY_KEYS, Qwen2VLAdapter, mrope_sections
 
 class Qwen3VLAdapter(Qwen2VLAdapter):
     family = "qwen3_vl"
+    box_coords = "norm1000"
     image_factor = 32  # 16 px patches, merged 2x2
     model_class = "Qwen3VLForConditionalGeneration"
     processor_class = "Qwen3VLProcessor"
@@ -54,7 +55,7 @@ class Qwen3VLAdapter(Qwen2VLAdapter):
             vision["deepstack_visual_indexes"] = [vision["depth"] - 1]
         ids = tokenizer.convert_tokens_to_ids
         return _transformers_attr(self.config_class)(
-            text_config=text, vision_config=vision, tie_word_embeddings=False,
+            text_config=text, vision_config=vision, tie_word_embeddings=text["tie_word_embeddings"],
             image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
             vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"))
 

@@ -35,7 +35,8 @@ import torch
 from mmrl.models.base import TOKEN_KEYS
 from mmrl.models import prefix_attention
 from mmrl.models.forward import check_no_placeholders
-from mmrl.types import PromptFeatures
+from mmrl.models.trajectory import completion_token_types, policy_token_mask, row_media
+from mmrl.types import Observation, PromptFeatures
 
 # The attention implementations that take the layout's 4-D group mask, each with the mask's form:
 # sdpa takes it boolean, eager adds it to the scores.
@@ -126,10 +127,15 @@ def _rope_index_fn(model):
     return None
 
 
-def prompt_and_completion_positions(model, prompt: PromptFeatures, length: int) -> torch.Tensor:
-    """Position ids [R, P + length] of [prompt, `length` text tokens] exactly as the naive layout
-    gives them (R = 3 for M-RoPE, 1 for 1-D RoPE). Completion tokens are text (type 0), so their
-    positions do not depend on their values: dummy ids stand in for them."""
+def prompt_and_completion_positions(model, prompt: PromptFeatures, length: int,
+                                    completion_ids: torch.Tensor | None = None,
+                                    observations: Sequence[Observation] | None = None) -> torch.Tensor:
+    """Position ids [R, P + length] of [prompt, `length` completion tokens] exactly as the naive
+    layout gives them (R = 3 for M-RoPE, 1 for 1-D RoPE), from the family's own
+    `get_rope_index` over the whole row. Without `observations` the completion is text (type 0)
+    and its positions do not depend on its values: dummy ids stand in for `completion_ids`. A
+    tool-use row passes its ids and observations: their media sit in the completion, after which
+    text restarts at the media block's largest position + 1, so no turn-by-turn rule is assumed."""
     ids = prompt.tensors["input_ids"]
     attn = prompt.tensors.get("attention_mask", torch.ones_like(ids))
     fn = _rope_index_fn(model)
@@ -137,18 +143,23 @@ def prompt_and_completion_positions(model, prompt: PromptFeatures, length: int) 
         # 1-D RoPE: the naive layout uses arange over the (left-padded) row; RoPE is relative,
         # so the shift by the left pad changes nothing, and arange over the prompt is exact.
         return torch.arange(ids.shape[1] + length, device=ids.device)[None]
-    full_ids = torch.cat([ids, ids.new_zeros(1, length)], 1)
+    tail = ids.new_zeros(1, length)
+    if observations:
+        tail = completion_ids[:length].to(ids)[None]
+    full_ids = torch.cat([ids, tail], 1)
     full_attn = torch.cat([attn, attn.new_ones(1, length)], 1)
     accepted = inspect.signature(fn).parameters
-    media = {k: v for k, v in prompt.tensors.items() if k not in TOKEN_KEYS and k in accepted}
+    tensors = {**prompt.tensors, **row_media(prompt.tensors, observations)}
+    media = {k: v for k, v in tensors.items() if k not in TOKEN_KEYS and k in accepted}
     if "mm_token_type_ids" in accepted:  # Qwen2-VL / 2.5-VL / 3-VL
         types = prompt.tensors["mm_token_type_ids"]
-        media["mm_token_type_ids"] = torch.cat([types, types.new_zeros(1, length)], 1)
-    if "audio_seqlens" in accepted and "feature_attention_mask" in prompt.tensors:
+        media["mm_token_type_ids"] = torch.cat(
+            [types, completion_token_types(observations, length).to(types)[None]], 1)
+    if "audio_seqlens" in accepted and "feature_attention_mask" in tensors:
         # Qwen2.5-Omni names its inputs differently: as its own forward passes them.
-        media["audio_seqlens"] = prompt.tensors["feature_attention_mask"].sum(-1)
-    if "second_per_grids" in accepted and "video_second_per_grid" in prompt.tensors:
-        media["second_per_grids"] = prompt.tensors["video_second_per_grid"]
+        media["audio_seqlens"] = tensors["feature_attention_mask"].sum(-1)
+    if "second_per_grids" in accepted and "video_second_per_grid" in tensors:
+        media["second_per_grids"] = tensors["video_second_per_grid"]
     positions, _ = fn(full_ids, attention_mask=full_attn, **media)
     return positions[:, 0]  # [3, P + length]
 
@@ -168,10 +179,13 @@ class Packed:
 
 
 def pack_groups(model, prompts: Sequence[PromptFeatures], completion_ids: torch.Tensor,
-                completion_mask: torch.Tensor, pad_id: int = 0, varlen: bool = False) -> Packed:
+                completion_mask: torch.Tensor, pad_id: int = 0, varlen: bool = False,
+                observations: Sequence[Sequence[Observation]] | None = None) -> Packed:
     """One packed row per group of rows sharing a PromptFeatures (see the module docstring).
     `varlen`: every group in ONE row with no padding, and as attention mask the [1, 1, 1, T]
-    segment ids that prefix_attention's varlen kernel reads (group * SEGMENT_BASE + j)."""
+    segment ids that prefix_attention's varlen kernel reads (group * SEGMENT_BASE + j).
+    `observations` (tool-use rows): each row's positions come from its own whole row, its
+    observation media follow the group's prompt media, and its tokens keep their media types."""
     n = len(prompts)
     if completion_ids.shape[0] != n:
         raise ValueError(f"pack_groups: {n} prompts but {completion_ids.shape[0]} completion rows")
@@ -186,7 +200,7 @@ def pack_groups(model, prompts: Sequence[PromptFeatures], completion_ids: torch.
         p_valid = prompt.tensors.get("attention_mask", torch.ones_like(p_ids[None]))[0].bool()
         longest = max(lengths[i] for i in rows)
         positions = prompt_and_completion_positions(model, prompt, longest)  # [R, P + longest]
-        ids, pos = [p_ids], [positions[:, :plen]]
+        ids, pos, types = [p_ids], [positions[:, :plen]], []
         gid = b * prefix_attention.SEGMENT_BASE if varlen else 0
         seg = [torch.full((plen,), gid, dtype=torch.long)]
         valid = [p_valid]
@@ -200,7 +214,11 @@ def pack_groups(model, prompts: Sequence[PromptFeatures], completion_ids: torch.
             # Tokens 0..len-2 of completion i: token len-1's hidden state predicts nothing.
             k = max(lengths[i] - 1, 0)
             ids.append(completion_ids[i, :k].to(p_ids.dtype))
-            pos.append(positions[:, plen:plen + k])
+            row_obs = None if observations is None else observations[i]
+            row_pos = positions if not row_obs else prompt_and_completion_positions(
+                model, prompt, lengths[i], completion_ids[i], row_obs)  # media in the completion
+            pos.append(row_pos[:, plen:plen + k])
+            types.append(completion_token_types(row_obs, lengths[i])[:k])
             seg.append(torch.full((k,), gid + j + 1, dtype=torch.long))
             valid.append(torch.ones(k, dtype=torch.bool))
             row_of[i] = b
@@ -213,8 +231,7 @@ def pack_groups(model, prompts: Sequence[PromptFeatures], completion_ids: torch.
         seg_rows.append(torch.cat(seg))
         valid_rows.append(torch.cat(valid))
         if "mm_token_type_ids" in prompt.tensors:
-            type_rows.append(torch.cat([prompt.tensors["mm_token_type_ids"][0],
-                                        torch.zeros(offset - plen, dtype=torch.long)]))
+            type_rows.append(torch.cat([prompt.tensors["mm_token_type_ids"][0], *types]))
     if varlen:  # all groups in one row: no padding anywhere
         ids_rows, pos_rows, seg_rows, valid_rows = ([torch.cat(r, -1)] for r in
                                                     (ids_rows, pos_rows, seg_rows, valid_rows))
@@ -237,13 +254,20 @@ def pack_groups(model, prompts: Sequence[PromptFeatures], completion_ids: torch.
         if len(type_rows) != len(ids_rows):
             raise ValueError("pack_groups: some prompts carry mm_token_type_ids and some do not")
         inputs["mm_token_type_ids"] = pad(type_rows, 0)
-    group_prompts = [prompts[rows[0]] for rows in groups]
-    media_keys = dict.fromkeys(k for p in group_prompts for k in p.tensors if k not in TOKEN_KEYS)
-    for key in media_keys:
-        inputs[key] = torch.cat([p.tensors[key] for p in group_prompts if key in p.tensors], 0)
+    inputs.update(_group_media(prompts, groups, observations))
     keep = torch.unique(torch.cat([s for s in src_pos if s.numel()] or [torch.zeros(1, dtype=torch.long)]))
     sources = [torch.searchsorted(keep, s) for s in src_pos]
     return Packed(inputs, keep, row_of, sources, lengths, pad_fraction)
+
+
+def _group_media(prompts: Sequence[PromptFeatures], groups: list[list[int]],
+                 observations: Sequence[Sequence[Observation]] | None) -> dict:
+    """Media tensors in packed token order: each group's prompt media once, then its rows'
+    observation media in row order."""
+    media = [row_media(prompts[rows[0]].tensors, [o for i in rows for o in observations[i]]
+                       if observations is not None else None) for rows in groups]
+    return {key: torch.cat([m[key] for m in media if key in m], 0)
+            for key in dict.fromkeys(k for m in media for k in m)}
 
 
 def group_attention_mask(seg: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -273,21 +297,25 @@ def _takes_logits_index(model) -> bool:
 def shared_prefix_logprobs(model, prompts: Sequence[PromptFeatures], completion_ids: torch.Tensor,
                            completion_mask: torch.Tensor, *, temperature: float = 1.0,
                            return_entropy: bool = False, placeholder_ids: Sequence[int] = (),
-                           pad_id: int = 0, stats: dict | None = None):
-    """Same contract as `forward.completion_logprobs(model, collate(prompts, ids, mask), ids,
-    mask, ...)`: [N, L] float32 log p(token | prefix) (and entropies), differentiable, but each
-    group's prompt and media are computed once. Values where the mask is 0 are 0.
+                           pad_id: int = 0, stats: dict | None = None,
+                           observations: Sequence[Sequence[Observation]] | None = None):
+    """Same contract as `forward.completion_logprobs(model, collate(prompts, ids, mask,
+    observations=observations), ids, mask, ...)`: [N, L] float32 log p(token | prefix) (and
+    entropies), differentiable, but each group's prompt and media are computed once. Values
+    where the mask is 0 are 0.
 
     `prompts` has one entry per row; rows answering the same prompt must share the object.
+    Tool-use rows pass their `observations`; the group still shares its prompt.
     """
-    check_no_placeholders(completion_ids, completion_mask, placeholder_ids)
+    check_no_placeholders(completion_ids, policy_token_mask(completion_mask, observations),
+                          placeholder_ids)
     if not supports_shared_prefix(model):
         raise ValueError(f"shared-prefix layout needs an attention taking a 4-D mask "
                          f"({', '.join(MASKED_ATTENTION)}) or {prefix_attention.NAME!r}, "
                          f"not {attn_implementation(model)!r}")
     device = next(model.parameters()).device
     packed = pack_groups(model, prompts, completion_ids.cpu(), completion_mask.cpu(), pad_id,
-                         varlen=uses_varlen(model))
+                         varlen=uses_varlen(model), observations=observations)
     if stats is not None:
         stats["pad_fraction"] = packed.pad_fraction
     inputs = {k: v.to(device) for k, v in packed.inputs.items()}

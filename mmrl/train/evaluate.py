@@ -15,11 +15,11 @@ from rich.progress import track
 
 from mmrl.config import RewardSpec, RunConfig
 from mmrl.data.media import MediaError, processor_errors
+from mmrl.data.prepare import media_loader
 from mmrl.models.forward import generate
 from mmrl.train.logging import json_safe
 from mmrl.train.metrics import summarize
 from mmrl.train.scoring import RewardSet, rewards_at
-from mmrl.train.setup import media_loader
 from mmrl.types import Sample, SamplingParams
 from rewards import extract_answer
 
@@ -41,6 +41,15 @@ def metric_rewards(cfg: RunConfig) -> RewardSet:
     if not any(s.name == cfg.eval.metric_reward for s in specs):
         specs.append(RewardSpec(name=cfg.eval.metric_reward, weight=0.0))
     return RewardSet(specs)
+
+
+def row_metrics(rewards: RewardSet, name: str, per: dict[str, list]) -> list[float | None]:
+    """Each row's score by the metric reward `name`. It may be routed per task (video_qa:
+    accuracy by letter for multiple choice, by number for numerical): a row's metric is the
+    score of the one that applies to it."""
+    keys = [k for k, s in zip(rewards.keys, rewards.specs) if s.name == name]
+    return [next((per[k][i] for k in keys if per[k][i] is not None), None)
+            for i in range(len(per[keys[0]]))]
 
 
 def _decode_chunk(samples, adapter, processor, load, cfg) -> tuple[list[Sample], list, int]:
@@ -67,10 +76,9 @@ def evaluate(model, processor, adapter, samples: list[Sample], cfg: RunConfig, *
     if shuffled:
         samples = shuffle_media(samples, cfg.train.seed)
     rewards = metric_rewards(cfg)
-    metric_key = rewards.keys[[s.name for s in rewards.specs].index(ec.metric_reward)]
     max_new = ec.max_new_tokens or cfg.rollout.max_new_tokens
     k, suppress, load = max(1, ec.num_samples), adapter.placeholder_token_ids(processor), \
-        media_loader(cfg)
+        media_loader(cfg, adapter.image_factor)
     was_training = model.training
     model.eval()
     rows, failed = [], 0
@@ -93,17 +101,19 @@ def evaluate(model, processor, adapter, samples: list[Sample], cfg: RunConfig, *
             totals, per = rewards.score(drawn, texts, {
                 "completion_length": mask.sum(1).tolist(),
                 "max_completion_length": [max_new] * len(drawn)})
+        metric = row_metrics(rewards, ec.metric_reward, per)
         for i, s in enumerate(drawn):
             rows.append({"id": s.id, "draw": i % k, "task": s.task, "completion": texts[i],
                          "answer": extract_answer(texts[i]), "solution": s.solution,
                          "fields": s.fields, "reward": totals[i],
-                         "rewards": {key: v[i] for key, v in per.items()}})
+                         "rewards": {key: v[i] for key, v in per.items()},
+                         "metric": metric[i]})
     model.train(was_training)
     if out_file is not None:
         out_file.parent.mkdir(parents=True, exist_ok=True)
         out_file.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
     firsts = [r for r in rows if r["draw"] == 0]
-    scored = [r["rewards"][metric_key] for r in firsts if r["rewards"][metric_key] is not None]
+    scored = [r["metric"] for r in firsts if r["metric"] is not None]
     result = {"accuracy": sum(scored) / len(scored) if scored else float("nan"),
               "n": len(firsts), "failed": failed,
               "reward_mean": sum(r["reward"] for r in firsts) / max(1, len(firsts))}
@@ -116,7 +126,8 @@ def evaluate(model, processor, adapter, samples: list[Sample], cfg: RunConfig, *
             result[f"{key}_mean"] = sum(vals) / len(vals)
     iou_params = next((dict(s.params) for s in cfg.rewards if s.name == "iou"), None)
     if rows:
-        result.update(summarize(rows, metric_key, k, ec.pass_threshold, iou_params))
+        result.update(summarize([{**r, "rewards": {"metric": r["metric"]}} for r in rows],
+                                "metric", k, ec.pass_threshold, iou_params))
     return result
 
 
@@ -143,12 +154,13 @@ def evaluate_checkpoint(cfg: RunConfig, checkpoint: str, out_dir: str | None = N
     from mmrl.models import get_adapter
     from mmrl.train.checkpoint import has_weights
     from mmrl.train.consolidate import consolidate, sharded_kind
-    from mmrl.train.setup import DTYPES, build_datasets
+    from mmrl.data.prepare import build_datasets
+    from mmrl.train.setup import DTYPES
 
     if not cfg.data.eval:
         raise SystemExit("mmrl eval: the config has no data.eval; pass data.eval=PATH")
-    _, samples = build_datasets(cfg)
     adapter = get_adapter(cfg.model.family)
+    _, samples = build_datasets(cfg, adapter.image_factor)
     if sharded_kind(checkpoint) and not has_weights(Path(checkpoint)):  # ZeRO-3 / FSDP2 shards
         merged = Path(f"{checkpoint}_hf")
         if not merged.is_dir():

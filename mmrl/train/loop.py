@@ -28,7 +28,8 @@ import torch
 
 from mmrl import algos
 from mmrl.config import RunConfig, save as save_config
-from mmrl.data.inspect import answer_budget, check_scorable, format_answer_budget
+from mmrl.data.inspect import answer_budget, format_answer_budget
+from mmrl.data.prepare import build_datasets, check_datasets
 from mmrl.models import get_adapter
 from mmrl.train import checkpoint, dist, methods, parallel, setup
 from mmrl.train.checkpointer import Checkpointer
@@ -55,10 +56,10 @@ class Trainer:
         self.info = dist.init()
         strategy = parallel.make(cfg, self.info)
         setup.set_seed(cfg.train.seed)
-        train_set, self.eval_set = setup.build_datasets(cfg)
-        with rewards_at("at start, asking each reward which records it can score"):
-            check_scorable(cfg.rewards, train_set, cfg.rollout.max_new_tokens)
         adapter = get_adapter(cfg.model.family)
+        train_set, self.eval_set = build_datasets(cfg, adapter.image_factor)
+        with rewards_at("at start, asking each reward which records it can score"):
+            data_warnings = check_datasets(cfg, train_set, self.eval_set)
         if resume is FROM_CONFIG:
             resume = (checkpoint.resolve_resume(cfg.train.resume, self.run_dir)
                       if self.info.main else None)
@@ -82,6 +83,8 @@ class Trainer:
                                 cfg.rollout.max_new_tokens)
             if cut:
                 self.log.warn(format_answer_budget(cut, cfg.rollout.max_new_tokens))
+            for warning in data_warnings:
+                self.log.warn(warning)
         self.prompts.say = self.log.warn  # skipped records: on the terminal and in warnings.txt
         self.checkpointer = Checkpointer(self.run_dir, cfg.train, self.info, self.log)
         # Saved with the rest: run.py's stage results (SFT, accuracy before RL) and the
@@ -170,7 +173,7 @@ class Trainer:
         metrics.update(methods.think_metrics(self.cfg, batch))
         metrics.update(rollout_metrics(sb, self.scorer.keys))
         self.cut_watch(metrics["completion/truncated_frac"], self.log.warn)
-        metrics.update(self.scorer.rewards.step_metrics(self.log.warn))
+        metrics.update(self.scorer.step_metrics(self.log.warn))
         metrics.update(timer.metrics())
         tokens = int(batch.completion_mask.sum()) + sum(p.input_ids.numel() for p in batch.prompts)
         metrics["time/tokens_per_s"] = tokens / max(timer.total, 1e-9)

@@ -1,21 +1,21 @@
-"""Trainer glue for the methods from the papers (README "Methods from the papers").
+"""Trainer glue for the methods from the papers (docs/methods.md).
 
 Each function is called from one line of a stage of the loop (or of the part it belongs to),
 with the parts it needs; the decisions themselves are pure functions in mmrl/algos and rewards/.
 Every method is off unless its config key is set:
 
-    setup.prepare_samples  hybrid_sample            data.think_hybrid
     PromptSource           HistoryFilter            algo.history_epochs (draw, observe, weight)
     Scorer.score           group ids for majority_vote rewards
     rollout stage          temporal_contrast, then inject_ground_truth   (after scoring)
     advantage stage        guided_scores, then PromptSource.weight_advantages
     metrics stage          label_free_metrics, think_metrics, PromptSource.end_step
+
+The think / no-think instruction of data.think_hybrid is a data preparation rule
+(mmrl/data/prepare.py); its metrics are here.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
-import zlib
 
 import torch
 
@@ -39,33 +39,6 @@ def label_free_metrics(cfg, batch: RolloutBatch) -> dict[str, float]:
 
 
 # ------------------------------------------------------------- think / no-think (TON) ----------
-def asks_nothink(sample_id: str, share: float, seed: int) -> bool:
-    """Stable per-sample choice: True for about `share` of ids (crc32 of seed and id)."""
-    return zlib.crc32(f"{seed}:{sample_id}".encode()) / 2**32 < share
-
-
-def hybrid_sample(d, seed: int, sample: Sample) -> Sample:
-    """data.think_hybrid > 0: append the think or no-think instruction to the sample's last user
-    text and record what was asked in its `think_mode` field (for the think_format reward and the
-    think shares). Applied to training and held-out samples alike when they are prepared
-    (setup.prepare_samples), so each prompt is asked the same in both."""
-    if d.think_hybrid <= 0:
-        return sample
-    mode = "no_think" if asks_nothink(sample.id, d.think_hybrid, seed) else "think"
-    text = d.nothink_instruction if mode == "no_think" else d.think_instruction
-    messages = [dict(m) for m in sample.messages]
-    user = next((m for m in reversed(messages) if m.get("role") == "user"), None)
-    if user is None:
-        raise ValueError(f"{sample.source}: data.think_hybrid needs a user message")
-    content = user["content"]
-    if isinstance(content, str):
-        user["content"] = f"{content}\n{text}"
-    else:
-        user["content"] = [*content, {"type": "text", "text": f"\n{text}"}]
-    return dataclasses.replace(sample, messages=messages,
-                               fields={**sample.fields, "think_mode": mode})
-
-
 def think_metrics(cfg, batch: RolloutBatch) -> dict[str, float]:
     """Shares of completions with a non-empty think block, an empty one, none (log.think_share
     or data.think_hybrid); with the hybrid, also the think share among each asked mode."""

@@ -12,6 +12,7 @@ from typing import Sequence
 
 from mmrl.config import RunConfig
 from mmrl.data.media import MediaError, processor_errors
+from mmrl.data.prepare import media_loader
 import torch
 
 from mmrl.train import dist, setup
@@ -25,7 +26,7 @@ class PromptSource:
         self.dataset, self.adapter, self.processor, self.info = dataset, adapter, processor, info
         self.cache_size, self.skips_bad_samples = cfg.data.feature_cache, cfg.data.skips_bad_samples
         self.media_stats: dict[str, int] = {}  # e.g. audio_truncated, counted into metrics
-        self.load_media = setup.media_loader(cfg, self.media_stats)
+        self.load_media = media_loader(cfg, adapter.image_factor, self.media_stats)
         self.sampler = setup.PromptSampler(len(dataset), cfg.train.seed, cfg.data.shuffle,
                                            blocks=getattr(dataset, "blocks", None))
         self.history = HistoryFilter.make(cfg.algo)

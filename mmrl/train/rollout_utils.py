@@ -10,25 +10,9 @@ from mmrl.types import RolloutBatch, ScoredBatch
 from rewards import extract_answer
 
 
-def _pad_cols(t: torch.Tensor, width: int, value) -> torch.Tensor:
-    return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
-
-
 def concat_rollouts(pieces: list[tuple[RolloutBatch, torch.Tensor, dict]], pad_id: int):
     """[(batch, scores, per_reward)] -> one (batch, scores, per_reward), completions re-padded."""
-    width = max(b.completion_ids.shape[1] for b, _, _ in pieces)
-    batches = [b for b, _, _ in pieces]
-    has_slogp = all(b.sampler_logp is not None for b in batches)
-    batch = RolloutBatch(
-        prompts=[p for b in batches for p in b.prompts],
-        completion_ids=torch.cat([_pad_cols(b.completion_ids, width, pad_id) for b in batches]),
-        completion_mask=torch.cat([_pad_cols(b.completion_mask, width, 0) for b in batches]),
-        group_ids=torch.cat([b.group_ids for b in batches]),
-        sampler_logp=torch.cat([_pad_cols(b.sampler_logp, width, 0.0) for b in batches])
-        if has_slogp else None,
-        texts=[t for b in batches for t in b.texts],
-        truncated=torch.cat([b.truncated for b in batches]),
-    )
+    batch = RolloutBatch.cat([b for b, _, _ in pieces], pad_id)
     scores = torch.cat([s for _, s, _ in pieces])
     per = {k: [v for _, _, p in pieces for v in p[k]] for k in pieces[0][2]}
     return batch, scores, per

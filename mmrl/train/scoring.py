@@ -169,6 +169,7 @@ class Scorer:
         self.rewards = RewardSet(cfg.rewards)
         self.keys = self.rewards.keys
         self.algo, self.max_new_tokens, self.info = cfg.algo, cfg.rollout.max_new_tokens, info
+        self.flat_steps, self._flat_warned = 0, False  # steps in a row with every advantage 0
 
     def score(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, list]]:
         """-> (weighted totals [N], {reward key: [N] scores, None = not applicable})."""
@@ -185,10 +186,29 @@ class Scorer:
         all_scores, start = dist.gather_cat(scores, self.info)
         all_groups, _ = dist.gather_cat(group_ids, self.info)
         all_lengths, _ = dist.gather_cat(lengths, self.info)
-        adv = algos.compute_advantages(ac.advantage, all_scores, all_groups, lengths=all_lengths,
-                                       scale=ac.scale_rewards)
+        # algo.reward_offset: e.g. 0/1 accuracy at weight 2 with offset -1 gives NSR/PSR's +-1.
+        adv = algos.compute_advantages(ac.advantage, all_scores + ac.reward_offset, all_groups,
+                                       lengths=all_lengths, scale=ac.scale_rewards)
         adv = algos.weight_by_sign(adv, ac.pos_weight, ac.neg_weight)
+        self.flat_steps = self.flat_steps + 1 if not bool(adv.any()) else 0
         return adv[start:start + scores.numel()]
+
+    def step_metrics(self, warn: Callable[[str], None] | None = None) -> dict[str, float]:
+        """The rewards' step metrics (RewardSet.step_metrics), and one warning when every
+        advantage was 0 for SILENT_STEPS steps in a row: the update then changes nothing."""
+        if self.flat_steps >= SILENT_STEPS and not self._flat_warned and warn is not None:
+            self._flat_warned = True
+            ac = self.algo
+            hint = ("with advantage reinforce (A = r) and pos_weight 0 (NSR), 0/1 rewards leave "
+                    "nothing to learn: give wrong answers a negative reward, e.g. accuracy at "
+                    "weight 2 with algo.reward_offset=-1 (+-1, as the paper)"
+                    if ac.pos_weight == 0 or ac.neg_weight == 0 else
+                    "every group's completions scored alike (all right or all wrong): check the "
+                    "rewards with `mmrl data inspect FILE --config CONFIG`, or set "
+                    "algo.dynamic_sampling=true")
+            warn(f"every advantage was 0 for {self.flat_steps} steps in a row, so no step changed "
+                 f"the model: {hint}")
+        return self.rewards.step_metrics(warn)
 
     def kl_in_reward(self, sb: ScoredBatch, state: dict, metrics: dict) -> torch.Tensor:
         """Scores minus coef * sum_t KL_t (verl use_kl_in_reward); the coefficient is fixed or
@@ -198,7 +218,8 @@ class Scorer:
         ctl = algos.KLController(state.get("kl_reward_coef", ac.kl_reward_coef),
                                  ac.kl_reward_target, ac.kl_reward_horizon)
         scores, kl = algos.kl_in_reward(sb.scores, sb.old_logp, sb.ref_logp,
-                                        sb.rollout.completion_mask, ctl.coef, ac.kl_reward_kind)
+                                        sb.rollout.completion_mask, ctl.coef, ac.kl_reward_kind,
+                                        ac.kl_clamp)
         kl = float(dist.all_sum(kl, self.info)) / self.info.world
         metrics.update({"kl_reward/kl": kl, "kl_reward/coef": ctl.coef})
         state["kl_reward_coef"] = ctl.update(kl, sb.rollout.n * self.info.world)

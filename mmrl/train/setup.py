@@ -6,7 +6,6 @@ the same resolution rules without building anything heavy.
 from __future__ import annotations
 
 import copy as copy_module
-import functools
 import importlib
 import math
 import os
@@ -18,11 +17,9 @@ import numpy as np
 import torch
 
 from mmrl.config import RunConfig, TrainConfig
-from mmrl.data import synthetic
-from mmrl.data.schema import load_samples
+from mmrl.models import shapes
 from mmrl.models.shared_prefix import attn_implementation
 from mmrl.train import lora
-from mmrl.types import Sample
 
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*|[A-Za-z0-9][\w.-]*")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -32,58 +29,6 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def build_datasets(cfg: RunConfig) -> tuple[list[Sample], list[Sample] | None]:
-    """Load train/eval samples, generating the synthetic dataset first if asked and missing."""
-    d = cfg.data
-    if d.generate:
-        _generate_once(d)
-    train = load_samples(d.train, d.format, d.max_samples)
-    evals = load_samples(d.eval, d.format, cfg.eval.max_samples) if d.eval else None
-    return prepare_samples(train, cfg), (prepare_samples(evals, cfg) if evals else None)
-
-
-def _generate_once(d) -> None:
-    """Writes data.generate's dataset unless data.train exists. Every process of a launch gets
-    here, on one node or several sharing a disk: the first takes a file lock and writes, the
-    others wait on it and then find the file (without the lock one process read the train file
-    while another was writing it: "no records")."""
-    import fcntl
-
-    out = Path(d.train).parent
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / ".mmrl-generate.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if not Path(d.train).exists():
-            synthetic.GENERATORS.get(d.generate)(out, **d.generate_kwargs)
-
-
-def prepare_samples(samples, cfg: RunConfig):
-    """What the config adds to loaded samples: the prompt template, the think / no-think
-    instruction of data.think_hybrid (by a hash of the id, so held-out prompts are asked what
-    training asks and a hybrid-trained model is measured in the modes it learned), and the resized
-    image size the box rewards need (data.image_min/max_pixels). Lazily read tables stay lazy:
-    each sample is prepared when drawn."""
-    from mmrl.data.media import add_resized_sizes
-    from mmrl.data.prompts import apply_template
-    from mmrl.data.schema import LazySamples
-    from mmrl.train.methods import hybrid_sample
-
-    d = cfg.data
-
-    def prepare(sample: Sample) -> Sample:
-        if d.prompt_template:
-            sample = apply_template(sample, d.prompt_template)
-        sample = hybrid_sample(d, cfg.train.seed, sample)  # off: as it is
-        add_resized_sizes([sample], d.image_min_pixels, d.image_max_pixels, image_factor(cfg))
-        return sample
-
-    if isinstance(samples, LazySamples):
-        convert = samples.convert
-        samples.convert = lambda record, source, base: prepare(convert(record, source, base))
-        return samples
-    return [prepare(s) for s in samples]
 
 
 # Option values this machine may not run, with what to do instead (check_environment).
@@ -105,11 +50,13 @@ def check_environment(cfg: RunConfig) -> None:
         raise RuntimeError(_GPU_ONLY_ATTN[m.attn_implementation])
     if not cuda and m.dtype in _GPU_ONLY_DTYPE:
         raise RuntimeError(_GPU_ONLY_DTYPE[m.dtype])
-    if m.path != "tiny" and not Path(m.path).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
+    if _builds_in_process(m.path):
+        pass
+    elif not Path(m.path).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise FileNotFoundError(f"model.path={m.path}: not a local directory and HF_HUB_OFFLINE=1; "
                                 f"download the checkpoint first (huggingface-cli download "
                                 f"{m.path} --local-dir DIR) and point model.path at DIR")
-    if m.path != "tiny" and not Path(m.path).exists() and not _REPO_ID.fullmatch(m.path):
+    elif not Path(m.path).exists() and not _REPO_ID.fullmatch(m.path):
         # Without this the Hub client answers "Repo id must be in the form 'repo_name' ...".
         raise FileNotFoundError(f"model.path={m.path}: no such local directory (and not a Hub "
                                 f"repo id like Qwen/Qwen2.5-VL-3B-Instruct); check the path")
@@ -121,31 +68,9 @@ def check_environment(cfg: RunConfig) -> None:
             raise RuntimeError(hint) from None
 
 
-def image_factor(cfg: RunConfig) -> int:
-    """Pixels per merged patch side, as the model family's adapter says (Qwen3-VL 32, else 28)."""
-    from mmrl.models import get_adapter
-
-    return get_adapter(cfg.model.family).image_factor
-
-
-def media_loader(cfg: RunConfig, stats: dict | None = None):
-    """`sample -> {"images", "videos", "audios"}` with the config's decode settings and cache."""
-    from mmrl.data.cache import MediaCache
-    from mmrl.data.media import load_media
-
-    d = cfg.data  # video_fps and video_nframes are exclusive (mmrl/config_rules.py)
-    video = {"fps": d.video_fps if d.video_nframes is None else None, "nframes": d.video_nframes,
-             "max_frames": d.video_max_frames, "max_total_pixels": d.video_max_pixels}
-    audio = {"max_seconds": d.audio_max_seconds, "truncate": d.audio_truncate}
-    cache = MediaCache(d.media_cache) if d.media_cache else None
-    # A configured image budget: qwen-vl-utils resizes images before the processor, as the
-    # anchors do, so the model's frame is the `resized_size` the box rewards map through.
-    image = None
-    if d.image_min_pixels is not None or d.image_max_pixels is not None:
-        image = {"min_pixels": d.image_min_pixels, "max_pixels": d.image_max_pixels,
-                 "factor": image_factor(cfg)}
-    return functools.partial(load_media, video_kwargs=video, audio_kwargs=audio, cache=cache,
-                             stats=stats, image_kwargs=image)
+def _builds_in_process(path: str) -> bool:
+    """model.path values that name no checkpoint: "tiny" and "shape:NAME" (mmrl.models.shapes)."""
+    return path == "tiny" or path.startswith(shapes.SCHEME)
 
 
 def build_model(cfg: RunConfig, adapter, checkpoint: Path | None = None):
@@ -155,7 +80,9 @@ def build_model(cfg: RunConfig, adapter, checkpoint: Path | None = None):
     dtype = DTYPES[m.dtype]
     full_ckpt = checkpoint is not None and not lora.is_adapter_checkpoint(checkpoint)
     source = str(checkpoint) if full_ckpt else m.path
-    if source == "tiny":
+    if source.startswith(shapes.SCHEME):  # random weights at a published checkpoint's shape
+        model, processor = shapes.build_for(source, m.family, dtype=dtype, seed=cfg.train.seed)
+    elif source == "tiny":
         model, processor = adapter.tiny(seed=cfg.train.seed, **m.tiny)
         model = model.to(dtype)
         if attn_implementation(model) != m.attn_implementation:  # tiny models are built with sdpa

@@ -15,32 +15,20 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("dist_worker.py")
 
-CFG = """
-name: dist
-data: {{train: {data}/train.jsonl, generate: counting, generate_kwargs: {{n_train: 32, n_eval: 4}}}}
-model: {{family: qwen2_5_vl, path: tiny, tiny: {{min_pixels: 3136, max_pixels: 3136}}}}
-rollout: {{prompts_per_step: 4, num_generations: 4, max_new_tokens: 6}}
-rewards: [{{name: 'mmrl_dist_rewards:char_variety'}}]
-algo: {{advantage: {adv}, agg: token_mean}}
-train: {{steps: 2, lr: 1.0e-3, micro_batch_size: 4, max_grad_norm: 0.0}}
-eval: {{before_rl: false}}
-log: {{progress: off, tensorboard: false}}
-"""
-
-
 @pytest.fixture(scope="module")
-def env(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("user_rewards")
-    (root / "mmrl_dist_rewards.py").write_text(
-        "def char_variety(completions, solution, **fields):\n"
-        "    return [len(set(c)) / 10 for c in completions]\n")
-    return dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{ROOT}", OMP_NUM_THREADS="1")
+def env(user_rewards) -> dict:
+    return dict(os.environ, PYTHONPATH=f"{user_rewards}{os.pathsep}{ROOT}", OMP_NUM_THREADS="1")
 
 
-def _config(tmp_path: Path, adv: str = "reinforce_pp") -> Path:
-    path = tmp_path / "dist.yaml"
-    path.write_text(CFG.format(data=tmp_path / "data", adv=adv))
-    return path
+@pytest.fixture
+def write_config(tiny_config, tmp_path):
+    """4 prompts a step, so that 2 ranks hold 2 each; no gradient clipping."""
+    def write(adv: str = "reinforce_pp") -> Path:
+        return tiny_config(tmp_path / "dist.yaml", tmp_path / "data", name="dist",
+                           rollout={"prompts_per_step": 4},
+                           algo={"advantage": adv, "agg": "token_mean"},
+                           train={"micro_batch_size": 4, "max_grad_norm": 0.0})
+    return write
 
 
 def _torchrun(nproc: int, args: list[str], env: dict, tmp_path: Path) -> subprocess.CompletedProcess:
@@ -49,10 +37,10 @@ def _torchrun(nproc: int, args: list[str], env: dict, tmp_path: Path) -> subproc
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_two_processes_match_one_on_the_same_global_batch(tmp_path, env):
+def test_two_processes_match_one_on_the_same_global_batch(tmp_path, env, write_config):
     """reinforce_pp whitens by the *batch* std, so this also proves advantages use every rank's
     rewards; max_grad_norm=0 disables clipping so the comparison is of the raw update."""
-    cfg = _config(tmp_path)
+    cfg = write_config()
     single = subprocess.run([sys.executable, str(WORKER), str(cfg), str(tmp_path / "one.pt")],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert single.returncode == 0, single.stderr[-3000:]
@@ -72,8 +60,8 @@ def test_two_processes_match_one_on_the_same_global_batch(tmp_path, env):
     assert two["metrics"]["loss/loss"] == pytest.approx(one["metrics"]["loss/loss"], rel=1e-4, abs=1e-6)
 
 
-def test_two_process_cli_run_resumes_in_one(tmp_path, env):
-    cfg = _config(tmp_path, adv="grpo")
+def test_two_process_cli_run_resumes_in_one(tmp_path, env, write_config):
+    cfg = write_config(adv="grpo")
     run_dir = tmp_path / "run"
     two = _torchrun(2, ["-m", "mmrl.cli", "train", str(cfg), f"log.run_dir={run_dir}"], env,
                     tmp_path)

@@ -20,18 +20,6 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
 
-# The cheapest run that still trains: 2 prompts x 2 draws, 4 new tokens, 2 steps.
-CFG = """
-name: launch
-data: {{train: {data}/train.jsonl, generate: counting, generate_kwargs: {{n_train: 8, n_eval: 2}}}}
-model: {{family: qwen2_5_vl, path: tiny, tiny: {{min_pixels: 3136, max_pixels: 3136}}}}
-rollout: {{prompts_per_step: 2, num_generations: 2, max_new_tokens: 4}}
-rewards: [{{name: count}}]
-train: {{steps: 2, lr: 1.0e-4, micro_batch_size: 2, save_every: 1}}
-eval: {{before_rl: false}}
-log: {{progress: off, tensorboard: false, run_dir: {run}}}
-"""
-
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -40,10 +28,15 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def run(tmp_path):
-    """(config path, run dir, environment) for one launcher run."""
-    cfg = tmp_path / "launch.yaml"
-    cfg.write_text(CFG.format(data=tmp_path / "data", run=tmp_path / "run"))
+def run(tiny_config, tmp_path):
+    """(config path, run dir, environment) for one launcher run: the cheapest run that still
+    trains, 2 prompts x 2 draws, 4 new tokens, 2 steps, a checkpoint each."""
+    cfg = tiny_config(tmp_path / "launch.yaml", tmp_path / "data", name="launch",
+                      data={"generate_kwargs": {"n_train": 8, "n_eval": 2}},
+                      rollout={"num_generations": 2, "max_new_tokens": 4},
+                      rewards=[{"name": "count"}],
+                      train={"lr": 1.0e-4, "micro_batch_size": 2, "save_every": 1},
+                      log={"run_dir": str(tmp_path / "run")})
     env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
                MASTER_PORT=str(_free_port()), HF_HUB_OFFLINE="1")
     return cfg, tmp_path / "run", env

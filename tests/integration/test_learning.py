@@ -1,4 +1,4 @@
-"""The learning table's bar, one recipe per modality at seed 0, as `scripts/learning_table.sh`
+"""The learning table's bar, one recipe per modality at seed 0, as `research/learning_table.sh`
 runs it: the task written in the anchor's format, converted by `mmrl data convert`, SFT warm-up
 then GRPO; the held-out metric rises >= 0.15 and the shuffled-media control ends within 0.05 of
 chance or no better than before RL. Wall time (at most 6 min a row on 2 idle cores) is reported
@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "research"))
 import learning_table  # noqa: E402
 
 # One row per modality, as the issue asks, each measured to meet the bar at seed 0 in

@@ -3,7 +3,6 @@ checkpoints hold adapters only and resume, and the merged export equals the adap
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,30 +15,12 @@ from mmrl.train.run import train
 
 pytestmark = pytest.mark.integration
 
-CFG = """
-name: lora
-data: {{train: {data}/train.jsonl, generate: counting, generate_kwargs: {{n_train: 32, n_eval: 4}}}}
-model: {{family: qwen2_vl, path: tiny, tiny: {{min_pixels: 3136, max_pixels: 3136}},
-        lora: {{r: 4, alpha: 8}}}}
-rollout: {{prompts_per_step: 2, num_generations: 4, max_new_tokens: 6}}
-rewards: [{{name: 'mmrl_lora_rewards:char_variety'}}]
-algo: {{beta: 0.04}}
-train: {{steps: 2, lr: 1.0e-2, save_every: 1}}
-eval: {{before_rl: false}}
-log: {{progress: off, tensorboard: false}}
-"""
-
 
 @pytest.fixture
-def cfg_path(tmp_path) -> Path:
-    (tmp_path / "mmrl_lora_rewards.py").write_text(
-        "def char_variety(completions, solution, **fields):\n"
-        "    return [len(set(c)) / 10 for c in completions]\n")
-    sys.path.insert(0, str(tmp_path))
-    path = tmp_path / "lora.yaml"
-    path.write_text(CFG.format(data=tmp_path / "data"))
-    yield path
-    sys.path.remove(str(tmp_path))
+def cfg_path(tiny_config, tmp_path) -> Path:
+    return tiny_config(tmp_path / "lora.yaml", tmp_path / "data", name="lora",
+                       model={"family": "qwen2_vl", "lora": {"r": 4, "alpha": 8}},
+                       algo={"beta": 0.04}, train={"lr": 1.0e-2, "save_every": 1})
 
 
 def test_lora_trains_adapters_only_and_exports(cfg_path, tmp_path):

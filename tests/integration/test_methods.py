@@ -3,7 +3,6 @@ task: majority-vote rewards see their groups, filtered prompts are skipped or do
 the ground-truth row is in the batch with the right tokens, reward and soft advantage."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,30 +14,14 @@ from rewards.label_free import majority_error, majority_vote
 
 pytestmark = pytest.mark.integration
 
-TINY = """
-name: tiny
-data: {{train: {data}/train.jsonl, generate: counting, generate_kwargs: {{n_train: 6, n_eval: 2}}}}
-model: {{family: qwen2_5_vl, path: tiny, tiny: {{min_pixels: 3136, max_pixels: 3136}}}}
-rollout: {{prompts_per_step: 2, num_generations: 4, max_new_tokens: 6}}
-rewards: [{{name: 'mmrl_method_rewards:odd_variety'}}]
-train: {{steps: 3, lr: 1.0e-3, micro_batch_size: 8}}
-eval: {{before_rl: false}}
-log: {{progress: off, tensorboard: false, rollouts_every: 0}}
-"""
-
-
 @pytest.fixture(scope="module")
-def tiny_yaml(tmp_path_factory) -> Path:
+def tiny_yaml(tiny_config, tmp_path_factory) -> Path:
+    """Prompts with an odd count get a varying reward, the others a constant 0 (uninformative);
+    6 prompts, so that 3 steps of 2 revisit them."""
     root = tmp_path_factory.mktemp("tiny_methods")
-    # Prompts with an odd count get a varying reward, the others a constant 0 (uninformative).
-    (root / "mmrl_method_rewards.py").write_text(
-        "def odd_variety(completions, solution, **fields):\n"
-        "    return [len(set(c)) / 10 if int(s) % 2 else 0.0 for c, s in zip(completions, solution)]\n")
-    sys.path.insert(0, str(root))
-    path = root / "tiny.yaml"
-    path.write_text(TINY.format(data=root / "data"))
-    yield path
-    sys.path.remove(str(root))
+    return tiny_config(root / "tiny.yaml", root / "data",
+                       data={"generate_kwargs": {"n_train": 6, "n_eval": 2}},
+                       rewards=[{"name": "mmrl_test_rewards:odd_variety"}], train={"steps": 3})
 
 
 def _trainer(tiny_yaml: Path, run_dir: Path, *overrides: str) -> Trainer:
@@ -134,28 +117,11 @@ def test_ground_truth_row_replaces_a_failed_groups_last_rollout(tiny_yaml, tmp_p
     t.log.close()
 
 
-VIDEO = """
-name: tiny_video
-data: {{train: {data}/train.jsonl, generate: video_qa, generate_kwargs: {{n_train: 4, n_eval: 2}},
-        video_nframes: 4, video_fps: null}}
-model: {{family: qwen2_5_vl, path: tiny, tiny: {{min_pixels: 3136, max_pixels: 3136}}}}
-rollout: {{prompts_per_step: 2, num_generations: 3, max_new_tokens: 5}}
-rewards: [{{name: 'mmrl_method_rewards:variety'}}]
-train: {{steps: 1, lr: 1.0e-3, micro_batch_size: 8}}
-eval: {{before_rl: false}}
-log: {{progress: off, tensorboard: false, rollouts_every: 0}}
-"""
-
-
-def test_tgrpo_samples_shuffled_videos_and_adds_the_bonus(tiny_yaml, tmp_path):
-    root = tiny_yaml.parent
-    (root / "mmrl_method_rewards.py").write_text(
-        (root / "mmrl_method_rewards.py").read_text()
-        + "def variety(completions, solution, **fields):\n"
-          "    return [len(set(c)) / 10 for c in completions]\n")
-    sys.modules.pop("mmrl_method_rewards", None)
-    path = root / "video.yaml"
-    path.write_text(VIDEO.format(data=root / "video_data"))
+def test_tgrpo_samples_shuffled_videos_and_adds_the_bonus(tiny_config, tmp_path):
+    path = tiny_config(tmp_path / "video.yaml", tmp_path / "video_data", name="tiny_video",
+                       data={"generate": "video_qa", "generate_kwargs": {"n_train": 4, "n_eval": 2},
+                             "video_nframes": 4, "video_fps": None},
+                       rollout={"num_generations": 3, "max_new_tokens": 5}, train={"steps": 1})
     # mu = 0: the ordered group always "wins", so every row with accuracy > 0.1 gets alpha.
     t = _trainer(path, tmp_path, "algo.tgrpo_alpha=0.3", "algo.tgrpo_mu=0.0")
     calls, generate = [], t.rollout.generate
@@ -167,7 +133,7 @@ def test_tgrpo_samples_shuffled_videos_and_adds_the_bonus(tiny_yaml, tmp_path):
     for ordered, shuffled in zip(calls[0], calls[1]):
         a, b = ordered.media["videos"][0].frames, shuffled.media["videos"][0].frames
         assert sorted(map(bytes, a)) == sorted(map(bytes, b)) and a.tolist() != b.tolist()
-    acc = torch.tensor(sb.per_reward["variety"])
+    acc = torch.tensor(sb.per_reward["char_variety"])
     torch.testing.assert_close(sb.scores, acc + 0.3 * (acc > 0.1).float())
     assert metrics["tgrpo/extra_rollout_frac"] == 1.0  # video rollouts doubled
     assert metrics["tgrpo/bonus_rows"] == float((acc > 0.1).sum())
@@ -175,7 +141,7 @@ def test_tgrpo_samples_shuffled_videos_and_adds_the_bonus(tiny_yaml, tmp_path):
 
 
 def test_think_hybrid_asks_both_modes_and_logs_their_shares(tiny_yaml, tmp_path):
-    from mmrl.train.methods import asks_nothink
+    from mmrl.data.prepare import asks_nothink
     from rewards.thinking import think_format, think_shares
     t = _trainer(tiny_yaml, tmp_path, "data.think_hybrid=0.5", "rewards=[{name: think_format}]",
                  "rollout.prompts_per_step=6")
@@ -198,15 +164,15 @@ def test_think_hybrid_asks_both_modes_and_logs_their_shares(tiny_yaml, tmp_path)
 
 def test_sft_warm_up_imitates_the_think_target_where_the_hybrid_asked_to_think(tiny_yaml,
                                                                                  tmp_path):
-    from mmrl.train.methods import asks_nothink
+    from mmrl.data.prepare import asks_nothink
     from mmrl.train.sft import target_text
     t = _trainer(tiny_yaml, tmp_path, "data.think_hybrid=0.5",
                  "sft.think_target='<think>I count.</think><answer>{solution}</answer>'")
     # Held-out prompts are asked as training asks them (by id), with the same instruction.
-    from mmrl.train.setup import build_datasets
+    from mmrl.data.prepare import build_datasets
     cfg = config.load(tiny_yaml, [f"log.run_dir={tmp_path}", "data.think_hybrid=0.5",
                                   f"data.eval={t.cfg.data.train}"])
-    for s in build_datasets(cfg)[1]:
+    for s in build_datasets(cfg, 28)[1]:
         mode = "no_think" if asks_nothink(s.id, 0.5, t.cfg.train.seed) else "think"
         want = t.cfg.data.nothink_instruction if mode == "no_think" else t.cfg.data.think_instruction
         assert s.fields["think_mode"] == mode and s.messages[-1]["content"][-1]["text"].endswith(want)

@@ -29,17 +29,6 @@ from mmrl.train.run import RunInterrupted, train
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
-TINY = """
-name: ops
-data: {{train: {data}/train.jsonl, eval: {data}/eval.jsonl}}
-model: {{family: qwen2_5_vl, path: tiny, tiny: {{min_pixels: 3136, max_pixels: 3136}}}}
-rollout: {{prompts_per_step: 2, num_generations: 2, max_new_tokens: 4}}
-rewards: [{{name: 'mmrl_ops_rewards:variety'}}]
-train: {{steps: 2, lr: 1.0e-3}}
-eval: {{before_rl: false}}
-log: {{progress: off, tensorboard: false, rollouts_every: 1}}
-"""
-
 REWARDS = '''
 import os, time
 def variety(completions, solution, **fields):
@@ -58,13 +47,17 @@ def by_difficulty(completions, solution, difficulty, **fields):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
+def tiny(tmp_path_factory, tiny_config) -> Path:
+    """The tests' tiny trainer (conftest) at G=2 on 24 records, scored by REWARDS' variety."""
     root = tmp_path_factory.mktemp("ops")
     (root / "mmrl_ops_rewards.py").write_text(REWARDS)
     GENERATORS.get("counting")(root / "data", n_train=24, n_eval=4)
     sys.path.insert(0, str(root))
-    (root / "tiny.yaml").write_text(TINY.format(data=root / "data"))
-    yield root / "tiny.yaml"
+    yield tiny_config(root / "tiny.yaml", root / "data",
+                      data={"eval": "{data}/eval.jsonl",
+                            "generate_kwargs": {"n_train": 24, "n_eval": 4}},
+                      rollout={"num_generations": 2, "max_new_tokens": 4},
+                      rewards=[{"name": "mmrl_ops_rewards:variety"}], log={"rollouts_every": 1})
     sys.path.remove(str(root))
 
 

@@ -22,6 +22,7 @@ from mmrl import config
 from mmrl.data.inspect import inspect_file
 from mmrl.data.media import MediaError
 from mmrl.data.schema import RecordError, load_samples
+from mmrl.data.prepare import build_datasets
 from mmrl.train import checkpoint, rundir, setup
 from mmrl.train.loop import Trainer
 from mmrl.train.run import train
@@ -30,39 +31,17 @@ from mmrl.train.scoring import RewardError, RewardSet, Scorer
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
-TINY = """
-name: tiny
-data: {{train: {data}/train.jsonl, eval: {data}/eval.jsonl, generate: counting,
-        generate_kwargs: {{n_train: 24, n_eval: 4}}}}
-model: {{family: qwen2_5_vl, path: tiny, tiny: {{min_pixels: 3136, max_pixels: 3136}}}}
-rollout: {{prompts_per_step: 2, num_generations: 2, max_new_tokens: 4}}
-rewards: [{{name: 'mmrl_rel_rewards:variety'}}]
-train: {{steps: 2, lr: 1.0e-3}}
-eval: {{before_rl: false}}
-log: {{progress: off, tensorboard: false, rollouts_every: 1}}
-"""
-
-REWARDS = '''
-def variety(completions, solution, **fields):
-    return [len(set(c)) / 10 for c in completions]
-def nan_reward(completions, solution, **fields):
-    return [float("nan")] * len(completions)
-def string_reward(completions, solution, **fields):
-    return ["1.0"] * len(completions)
-'''
-
-
 @pytest.fixture(scope="module")
-def tiny_yaml(tmp_path_factory) -> Path:
+def tiny_yaml(tiny_config, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("rel")
-    (root / "mmrl_rel_rewards.py").write_text(REWARDS)
-    sys.path.insert(0, str(root))
-    path = root / "tiny.yaml"
-    path.write_text(TINY.format(data=root / "data"))
+    path = tiny_config(root / "tiny.yaml", root / "data",
+                       data={"eval": "{data}/eval.jsonl",
+                             "generate_kwargs": {"n_train": 24, "n_eval": 4}},
+                       rollout={"num_generations": 2, "max_new_tokens": 4},
+                       log={"rollouts_every": 1})
     cfg = config.load(path, [f"log.run_dir={root / 'gen'}"])
-    setup.build_datasets(cfg)  # writes the synthetic data once
-    yield path
-    sys.path.remove(str(root))
+    build_datasets(cfg, 28)  # writes the synthetic data once
+    return path
 
 
 def _cfg(tiny_yaml: Path, run_dir: Path, *overrides: str) -> config.RunConfig:
@@ -174,8 +153,12 @@ def test_processor_rejection_names_record_and_sft_eval_skip(tiny_yaml, tmp_path)
     assert on_disk["eval_after_rl"]["failed"] == 4 and on_disk["accuracy_after_rl"] is None
     assert _rows(tmp_path / "skip" / "metrics.jsonl")[0]["data/skipped"] > 0
     # ... and `data inspect --deep` finds the same record; the header check alone does not.
+    from mmrl.data.inspect import processor_check
+    from mmrl.models import get_adapter
+
+    deep = processor_check(get_adapter("qwen2_5_vl"))
     assert any("aspect ratio" in m["error"] and m["source"].endswith(":8")
-               for m in inspect_file(train_file, deep=True)["bad_media"])
+               for m in inspect_file(train_file, deep=True, deep_check=deep)["bad_media"])
     assert not any(m["kind"] == "processor" for m in inspect_file(train_file)["bad_media"])
 
 
@@ -223,7 +206,7 @@ def test_non_utf8_data_names_file_and_line(tmp_path):
 def test_nan_and_string_rewards_are_errors(tiny_yaml):
     samples = load_samples(tiny_yaml.parent / "data" / "eval.jsonl")[:2]
     for name, what in (("nan_reward", "returned nan"), ("string_reward", "returned '1.0' (str)")):
-        rs = RewardSet([config.RewardSpec(name=f"mmrl_rel_rewards:{name}")])
+        rs = RewardSet([config.RewardSpec(name=f"mmrl_test_rewards:{name}")])
         with pytest.raises(RewardError) as e:
             rs.score(samples, ["a", "b"])
         assert f"reward '{name}' {what}" in str(e.value) and samples[0].id in str(e.value)
@@ -277,11 +260,11 @@ def test_errors_are_one_line_without_debug(tiny_yaml, tmp_path, capsys):
         main(["--debug", *args])
 
 
-def test_ctrl_c_finishes_step_saves_and_prints_resume(tiny_yaml, tmp_path):
+def test_ctrl_c_finishes_step_saves_and_prints_resume(tiny_yaml, user_rewards, tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "mmrl.cli", "train", str(tiny_yaml), f"log.run_dir={run_dir}",
            "train.steps=200", "data.eval=null"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tiny_yaml.parent)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(user_rewards)]))
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 180

@@ -22,21 +22,9 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("dist_worker.py")
 
-CFG = """
-name: sharded
-data: {{train: {data}/train.jsonl}}
-model: {{family: qwen2_5_vl, path: {model}, tiny: {{min_pixels: 3136, max_pixels: 3136}}}}
-rollout: {{prompts_per_step: 4, num_generations: 4, max_new_tokens: 6}}
-rewards: [{{name: 'mmrl_dist_rewards:char_variety'}}]
-algo: {{advantage: {adv}, beta: {beta}, agg: token_mean}}
-train: {{steps: 3, save_every: 2, lr: 1.0e-3, micro_batch_size: 4, max_grad_norm: 0.0}}
-eval: {{before_rl: false}}
-log: {{progress: off, tensorboard: false}}
-"""
-
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory) -> dict:
+def setup(tmp_path_factory, tiny_config, user_rewards) -> dict:
     """Counting data where prompt 3 has no image: with 2 ranks of 2 prompts and a micro-batch
     per prompt, rank 1's second micro-batch is text-only while rank 0's has an image."""
     root = tmp_path_factory.mktemp("sharded")
@@ -47,24 +35,24 @@ def setup(tmp_path_factory) -> dict:
     text_only.update(images=[], prompt="Name a number as <answer>N</answer>.")
     lines[3] = json.dumps(text_only)
     (data / "train.jsonl").write_text("\n".join(lines) + "\n")
-    (root / "mmrl_dist_rewards.py").write_text(
-        "def char_variety(completions, solution, **fields):\n"
-        "    return [len(set(c)) / 10 for c in completions]\n")
     model, processor = get_adapter("qwen2_5_vl").tiny(seed=0, min_pixels=3136, max_pixels=3136)
     model.save_pretrained(root / "model")  # the same weights as path: tiny, as a directory
     processor.save_pretrained(root / "model")
-    env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{ROOT}", OMP_NUM_THREADS="1")
-    return {"root": root, "data": data, "env": env, "model": str(root / "model")}
+    env = dict(os.environ, PYTHONPATH=f"{user_rewards}{os.pathsep}{ROOT}", OMP_NUM_THREADS="1")
+    return {"root": root, "data": data, "env": env, "model": str(root / "model"),
+            "write": tiny_config}
 
 
 def _config(where: Path, setup: dict, adv: str = "reinforce_pp", beta: float = 0.0,
             model: str = "tiny") -> Path:
-    path = where / "cfg.yaml"
-    text = CFG.format(data=setup["data"], adv=adv, beta=beta, model=model)
-    if model != "tiny":  # a saved model dir carries its own processor budgets
-        text = text.replace(", tiny: {min_pixels: 3136, max_pixels: 3136}", "")
-    path.write_text(text)
-    return path
+    # 4 prompts a step (2 a rank), 3 steps with a checkpoint at 2; no gradient clipping. A saved
+    # model dir (`model`) carries its own processor budgets: model.tiny is read for "tiny" only.
+    return setup["write"](where / "cfg.yaml", setup["data"], name="sharded",
+                          data={"generate": None}, model={"path": model},
+                          rollout={"prompts_per_step": 4},
+                          algo={"advantage": adv, "beta": beta, "agg": "token_mean"},
+                          train={"steps": 3, "save_every": 2, "micro_batch_size": 4,
+                                 "max_grad_norm": 0.0})
 
 
 def _launch(strategy: str, args: list[str], setup: dict, cwd: Path, extra_env=None):

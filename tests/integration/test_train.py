@@ -22,45 +22,20 @@ from mmrl.train.run import train
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
-TINY = """
-name: tiny
-data: {{train: {data}/train.jsonl, eval: {data}/eval.jsonl, generate: counting,
-        generate_kwargs: {{n_train: 48, n_eval: 8}}}}
-model: {{family: qwen2_5_vl, path: tiny, tiny: {{min_pixels: 3136, max_pixels: 3136}}}}
-rollout: {{prompts_per_step: 2, num_generations: 4, max_new_tokens: 6}}
-rewards: [{{name: accuracy}}, {{name: format, weight: 0.5, params: {{think: false}}}}]
-train: {{steps: 2, lr: 1.0e-3, micro_batch_size: 8}}
-eval: {{before_rl: false}}
-log: {{progress: off, tensorboard: false, rollouts_every: 1}}
-"""
-
-
-# A random model never writes the answer format, so accuracy/format give every group zero
-# variance and nothing to learn from. This user reward (loaded through the "module:function"
-# escape hatch) varies with the text itself, so random completions get non-zero advantages.
+# accuracy and format as configured; VARIETY where a test needs reward variance from a random
+# model (tests/conftest.py, USER_REWARDS).
 VARIETY = "rewards=[{name: 'mmrl_test_rewards:char_variety'}]"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def variety_reward(tmp_path_factory):
-    root = tmp_path_factory.mktemp("user_rewards")
-    (root / "mmrl_test_rewards.py").write_text(
-        "def char_variety(completions, solution, **fields):\n"
-        "    return [len(set(c)) / 10 for c in completions]\n"
-        "def odd_variety(completions, solution, **fields):\n"
-        "    return [0.0 if s in ('1', '2') else len(set(c)) / 10\n"
-        "            for c, s in zip(completions, solution)]\n")
-    sys.path.insert(0, str(root))
-    yield
-    sys.path.remove(str(root))
-
-
 @pytest.fixture(scope="module")
-def tiny_yaml(tmp_path_factory) -> Path:
+def tiny_yaml(tiny_config, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("tiny")
-    path = root / "tiny.yaml"
-    path.write_text(TINY.format(data=root / "data"))
-    return path
+    return tiny_config(root / "tiny.yaml", root / "data",
+                       data={"eval": "{data}/eval.jsonl",
+                             "generate_kwargs": {"n_train": 48, "n_eval": 8}},
+                       rewards=[{"name": "accuracy"},
+                                {"name": "format", "weight": 0.5, "params": {"think": False}}],
+                       log={"rollouts_every": 1})
 
 
 def _cfg(tiny_yaml: Path, run_dir: Path, *overrides: str) -> config.RunConfig:
@@ -235,7 +210,7 @@ def test_sft_warm_up_stops_after_stop_checks_readings_in_a_row(tiny_yaml, tmp_pa
 def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_yaml, tmp_path):
     """DAPO preset: prompts whose solution is 1 or 2 get a constant reward (zero-variance groups);
     the sampler must drop them and draw more prompts until the batch is full."""
-    t = Trainer(_cfg(tiny_yaml, tmp_path, "rewards=[{name: 'mmrl_test_rewards:odd_variety'}]",
+    t = Trainer(_cfg(tiny_yaml, tmp_path, "rewards=[{name: 'mmrl_test_rewards:variety_above_two'}]",
                      "algo.preset=dapo", "rollout.prompts_per_step=3"))
     batch, scores, _, extra = t.sample_batch()
     solutions = {p.sample.solution for p in batch.prompts}
@@ -245,7 +220,7 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_yaml, tmp_path):
     from mmrl import algos
 
     assert algos.frac_zero_std_groups(scores, batch.group_ids) == 0.0
-    metrics = t.learn(batch, scores, {"odd_variety": scores.tolist()})
+    metrics = t.learn(batch, scores, {"variety_above_two": scores.tolist()})
     assert metrics["groups/zero_std_frac"] == 0.0
     t.close()
 

@@ -2,7 +2,6 @@
 controller, the ProRL reference reset, and micro-batch invariance with the loss knobs on."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,30 +12,12 @@ from mmrl.train.loop import Trainer
 
 pytestmark = pytest.mark.integration
 
-TINY = """
-name: tiny
-data: {{train: {data}/train.jsonl, generate: counting, generate_kwargs: {{n_train: 16, n_eval: 4}}}}
-model: {{family: qwen2_5_vl, path: tiny, tiny: {{min_pixels: 3136, max_pixels: 3136}}}}
-rollout: {{prompts_per_step: 2, num_generations: 4, max_new_tokens: 6}}
-rewards: [{{name: 'mmrl_algo_rewards:char_variety'}}]
-train: {{steps: 2, lr: 1.0e-3, micro_batch_size: 8}}
-eval: {{before_rl: false}}
-log: {{progress: off, tensorboard: false, rollouts_every: 0}}
-"""
-
 
 @pytest.fixture(scope="module")
-def tiny_yaml(tmp_path_factory) -> Path:
+def tiny_yaml(tiny_config, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("tiny_algos")
-    # Random completions vary in their characters, so groups have reward variance.
-    (root / "mmrl_algo_rewards.py").write_text(
-        "def char_variety(completions, solution, **fields):\n"
-        "    return [len(set(c)) / 10 for c in completions]\n")
-    sys.path.insert(0, str(root))
-    path = root / "tiny.yaml"
-    path.write_text(TINY.format(data=root / "data"))
-    yield path
-    sys.path.remove(str(root))
+    return tiny_config(root / "tiny.yaml", root / "data",
+                       data={"generate_kwargs": {"n_train": 16, "n_eval": 4}})
 
 
 def _trainer(tiny_yaml: Path, run_dir: Path, *overrides: str) -> Trainer:

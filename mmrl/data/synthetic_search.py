@@ -1,0 +1,174 @@
+"""Search tasks that need a second look (registered into GENERATORS): `visual_search` (a small
+mark in a large image) and `video_search` (a brief event in a long video).
+
+Both are built so that the answer is NOT in what the model is first given and IS in what the
+right tool call returns:
+
+- visual_search: a yellow patch, visible at the model's input budget, holds a 4x4-cell pattern.
+  Every pattern inks the same number of cells about the same centre, and at the budget the
+  whole pattern is half an input pixel, so the downsampled images of the four answers are equal
+  to within one level of 255 (tests/data/test_search_data.py measures it); a crop of the patch
+  shows the cells at many pixels each.
+- video_search: a grey card is on screen for a few seconds; inside that window a coloured flash
+  lasts `flash_frames` native frames, placed between the frames that sampling at `sample_fps`
+  (data.video_fps) keeps, so the sampled video never shows it; `frames` over the card's span at
+  a higher fps does.
+
+`tools=False` writes the same data as single-turn records without tools: the control rows, which
+must stay at chance. The budgets (`budget_pixels`, `sample_fps`) must be the recipe's
+data.image_max_pixels / data.video_fps, else the guarantee above does not hold.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from mmrl.data.media import fit_pixels, plan_frames
+from mmrl.data.synthetic import GENERATORS
+from mmrl.data.synthetic_av import COLORS, MC_LETTERS, mc_options, write_mp4, write_split
+
+# 4x4-cell patterns, each inking 8 cells centred on the pattern's middle: equal ink and equal
+# centroid, so a downsampling filter wider than the pattern gives the same pixels for each.
+PATTERNS = {
+    "horizontal bars": lambda r, c: r in (0, 3),
+    "vertical bars": lambda r, c: c in (0, 3),
+    "checkerboard": lambda r, c: (r + c) % 2 == 0,
+    "two blocks": lambda r, c: (r < 2) == (c < 2),
+}
+BACKGROUND, PATCH_COLOUR, INK = (150, 150, 150), (235, 200, 40), (20, 20, 20)
+# Scenes are palette images of these three colours: a 1792-px PNG saves in ~15 ms and < 1 KB
+# (as RGB: ~130 ms and ~45 KB); readers get RGB (mmrl.data.media.load_image converts).
+PALETTE = [*BACKGROUND, *PATCH_COLOUR, *INK]
+
+
+def draw_pattern(draw: ImageDraw.ImageDraw, name: str, x0: int, y0: int, cell: int) -> list[int]:
+    """Ink pattern `name` with its top-left at (x0, y0); -> its box [x1, y1, x2, y2]."""
+    rule = PATTERNS[name]
+    for r in range(4):
+        for c in range(4):
+            if rule(r, c):
+                draw.rectangle([x0 + c * cell, y0 + r * cell, x0 + (c + 1) * cell - 1,
+                                y0 + (r + 1) * cell - 1], fill=2)  # INK
+    return [x0, y0, x0 + 4 * cell, y0 + 4 * cell]
+
+
+def search_image(rng: random.Random, size: int, patch: int, cell: int,
+                 pattern: str | None = None) -> tuple[Image.Image, dict]:
+    """One scene: a grey field, the yellow patch somewhere, the pattern centred in it. Draws
+    from `rng` in a fixed order, so the same rng state with another `pattern` gives the same
+    scene with only the pattern changed (what the unreadability test compares). A plain field:
+    noise would make each large PNG megabytes. The image is in palette mode (PALETTE)."""
+    im = Image.new("P", (size, size), 0)
+    im.putpalette(PALETTE)
+    x, y = rng.randint(0, size - patch), rng.randint(0, size - patch)
+    drawn = rng.choice(sorted(PATTERNS))
+    pattern = pattern or drawn
+    draw = ImageDraw.Draw(im)
+    draw.rectangle([x, y, x + patch - 1, y + patch - 1], fill=1)  # PATCH_COLOUR
+    offset = (patch - 4 * cell) // 2
+    box = draw_pattern(draw, pattern, x + offset, y + offset, cell)
+    return im, {"pattern": pattern, "mark_box": box, "patch_box": [x, y, x + patch, y + patch]}
+
+
+@GENERATORS.register("visual_search")
+def visual_search(out_dir: str | Path, n_train: int = 400, n_eval: int = 80, seed: int = 0,
+                  size: int = 1792, patch: int = 96, cell: int = 4, budget_pixels: int = 56 * 56,
+                  tools: bool = True) -> dict[str, str]:
+    """Which pattern does the yellow patch hold? (4-way multiple choice, letter solution).
+    At the input budget (`budget_pixels` = data.image_max_pixels; 56x56 for a 1792 image: 32x
+    smaller) the 16-px pattern is half a pixel and the four answers' inputs differ by at most a
+    level or two; a crop of the patch shows it. Fields: image_size,
+    mark_box / patch_box (original pixels), and "tools": ["crop"] unless tools=False."""
+    w, h = fit_pixels(size, size, 28 * 28, budget_pixels)
+    if 4 * cell * w / size > 0.5:
+        raise ValueError(f"visual_search: the pattern ({4 * cell} px) would be "
+                         f"{4 * cell * w / size:.1f} px at the {w}x{h} budget: readable without "
+                         f"a crop; raise size or lower cell")
+    if patch < 4 * cell + 2:
+        raise ValueError("visual_search: patch must exceed the pattern (4 * cell)")
+    out = Path(out_dir)
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    names = sorted(PATTERNS)
+    options = mc_options(names)
+    records = []
+    for i in range(n_train + n_eval):
+        im, scene = search_image(rng, size, patch, cell)
+        name = f"images/{i:05d}.png"
+        im.save(out / name)
+        record = {
+            "id": f"vs-{i:05d}", "task": "visual_search", "images": [name],
+            "prompt": "The yellow square holds a small pattern. Which pattern is it?\n"
+                      + "\n".join(options) + "\nAnswer with the option letter in <answer></answer>.",
+            "solution": MC_LETTERS[names.index(scene["pattern"])], "options": options,
+            "problem_type": "multiple choice", "image_size": [size, size],
+            "mark_box": scene["mark_box"], "patch_box": scene["patch_box"],
+        }
+        if tools:
+            record["tools"] = ["crop"]
+        records.append(record)
+    return write_split(out, records, n_train)
+
+
+def flash_frames_missed(n_frames: int, native_fps: float, sample_fps: float, window: range,
+                        length: int, rng: random.Random) -> int:
+    """A first frame for a `length`-frame event inside `window` that sampling at `sample_fps`
+    (qwen-vl-utils' rule, as data.video_fps decodes) never shows; ValueError when none fits."""
+    kept = set(plan_frames(n_frames, native_fps, fps=sample_fps)[0])
+    starts = [s for s in window if s + length <= window.stop
+              and not kept & set(range(s, s + length))]
+    if not starts:
+        raise ValueError("video_search: no gap between sampled frames fits the flash; lower "
+                         "sample_fps or flash_frames")
+    return rng.choice(starts)
+
+
+@GENERATORS.register("video_search")
+def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed: int = 0,
+                 seconds: int = 16, fps: int = 8, size: int = 56, sample_fps: float = 0.5,
+                 card_seconds: int = 4, flash_frames: int = 2, tools: bool = True
+                 ) -> dict[str, str]:
+    """What colour flashes while the grey card is shown? (4-way multiple choice.) A `seconds`
+    long clip at `fps`; the card is on screen for `card_seconds`, long enough that sampling at
+    `sample_fps` (= data.video_fps) sees it; the flash lasts `flash_frames` native frames and
+    falls between sampled frames. Fields: duration, card_span and flash_span (seconds), and
+    "tools": ["frames"] unless tools=False."""
+    if card_seconds * sample_fps < 1:
+        raise ValueError("video_search: card_seconds * sample_fps must be >= 1 (the card must be "
+                         "in a sampled frame)")
+    out = Path(out_dir)
+    (out / "videos").mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    names = list(COLORS)
+    options = mc_options(names)
+    n = seconds * fps
+    records = []
+    for i in range(n_train + n_eval):
+        card = rng.randrange(0, n - card_seconds * fps + 1)
+        window = range(card, card + card_seconds * fps)
+        flash = flash_frames_missed(n, fps, sample_fps, window, flash_frames, rng)
+        colour = rng.randrange(len(names))
+        frames = np.full((n, size, size, 3), 235, np.uint8)
+        q = size // 4
+        frames[window.start:window.stop, q:size - q, q:size - q] = 128
+        frames[flash:flash + flash_frames, q + 4:size - q - 4, q + 4:size - q - 4] = \
+            COLORS[names[colour]]
+        name = f"videos/{i:05d}.mp4"
+        write_mp4(out / name, frames, fps)
+        record = {
+            "id": f"vds-{i:05d}", "task": "video_search", "videos": [name],
+            "prompt": "A grey card appears, and while it is shown a colour flashes on it. Which "
+                      "colour?\n" + "\n".join(options)
+                      + "\nAnswer with the option letter in <answer></answer>.",
+            "solution": MC_LETTERS[colour], "options": options,
+            "problem_type": "multiple choice", "duration": n / fps,
+            "card_span": [window.start / fps, window.stop / fps],
+            "flash_span": [flash / fps, (flash + flash_frames) / fps],
+        }
+        if tools:
+            record["tools"] = ["frames"]
+        records.append(record)
+    return write_split(out, records, n_train)

@@ -1,0 +1,36 @@
+"""Per-step tool-use metrics over a batch's trajectories (the `tools/*` keys of metrics.jsonl)."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+from mmrl.tools.base import ERROR_KINDS
+from mmrl.types import Trajectory
+
+
+def trajectory_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Means over trajectories: turns, calls, observation tokens; the share that called a tool
+    at all and the share that hit the turn cap; per tool its calls per trajectory; the error
+    rate (failed calls / calls) and each error kind's count per trajectory.
+
+    >>> from mmrl.types import ToolCallRecord
+    >>> calls = [ToolCallRecord("crop", {}, 0), ToolCallRecord("", {}, 1, error="malformed")]
+    >>> m = trajectory_metrics([Trajectory(turns=3, calls=calls), Trajectory(turns=1)])
+    >>> m["tools/turns_mean"], m["tools/called_frac"], m["tools/error_rate"], m["tools/calls/crop"]
+    (2.0, 0.5, 0.5, 0.5)
+    """
+    n = max(1, len(trajectories))
+    calls = [c for t in trajectories for c in t.calls]
+    per_tool = Counter(c.name for c in calls if c.name)
+    errors = Counter(c.error for c in calls if c.error)
+    out = {
+        "tools/turns_mean": sum(t.turns for t in trajectories) / n,
+        "tools/calls_mean": len(calls) / n,
+        "tools/called_frac": sum(bool(t.calls) for t in trajectories) / n,
+        "tools/turn_cap_frac": sum(t.hit_turn_cap for t in trajectories) / n,
+        "tools/observation_tokens_mean": sum(t.observation_tokens for t in trajectories) / n,
+        "tools/error_rate": sum(errors.values()) / len(calls) if calls else 0.0,
+    }
+    out.update({f"tools/calls/{name}": count / n for name, count in sorted(per_tool.items())})
+    out.update({f"tools/errors/{kind}": errors.get(kind, 0) / n for kind in ERROR_KINDS})
+    return out

@@ -1,9 +1,0 @@
-#!/usr/bin/env bash
-# Runs the learning table (docs/learning.md + docs/learning.png): every recipe, one run at a time.
-#   bash scripts/learning_table.sh                       # all rows, seeds 0,1,2
-#   bash scripts/learning_table.sh --rows detection --seeds 0
-set -euo pipefail
-cd "$(dirname "$0")/.."
-PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python)}"
-export HF_HUB_OFFLINE=1
-exec "$PY" scripts/learning_table.py "$@"

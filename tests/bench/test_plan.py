@@ -1,0 +1,116 @@
+"""The memory model's parts against hand-computed values and the real thing: the meta-device
+activation count equals a real CPU forward's, the static terms per strategy, the tokens a
+micro-batch runs, the CLI, and the recipe READMEs' fit sections are current."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmrl.bench import plan, plan_report, probe
+
+GIB = 2 ** 30
+
+
+def test_meta_probe_equals_what_a_real_cpu_forward_saves():
+    """One text layer of the tiny Qwen2.5-VL: bytes autograd saves per token, counted on the
+    meta device with the fused-attention shim, equal those of a real float32 forward on CPU
+    (whose sdpa runs a fused kernel with no mask)."""
+    from mmrl.models import get_adapter
+
+    model, _ = get_adapter("qwen2_5_vl").tiny()
+    lm = model.model.language_model
+    layer, tokens = lm.layers[0], 64
+    x = torch.randn(1, tokens, lm.config.hidden_size, requires_grad=True)
+    pos = torch.arange(tokens)[None][None].expand(3, 1, -1)
+    cos_sin = lm.rotary_emb(x, pos)
+    real = probe._saved_bytes(layer, lambda: layer(x, attention_mask=None, position_ids=pos[0],
+                                                   position_embeddings=cos_sin), list(cos_sin))
+    fresh, _ = get_adapter("qwen2_5_vl").tiny()
+    counted = probe.block_costs(fresh.to("meta"), torch.float32)
+    assert counted["text"].saved_per_token == real / tokens
+    assert counted["text"].count == 4 and counted["vision"].count == 2
+
+
+def _facts(**kw) -> plan.Facts:
+    blocks = {"text": probe.BlockCost(130_000, 2048, 28, 11008),
+              "vision": probe.BlockCost(66_000, 1280, 32, 3420)}
+    base = dict(params=10 ** 9, trainable=10 ** 9, largest=10 ** 8, layer_params=2 * 10 ** 7,
+                root_params=2 * 10 ** 8, dtype_bytes=2, hidden=2048, vocab=150000, layers=28,
+                kv_per_token=57344, merge=2, blocks=blocks)
+    return plan.Facts(**{**base, **kw})
+
+
+def _work(**kw) -> plan.Workload:
+    base = dict(prompt_tokens=1152, media_tokens=1024, audio_frames=0, completion=512, group=8,
+                prompts=2, micro_batch=4)
+    return plan.Workload(**{**base, **kw})
+
+
+def test_static_terms_per_strategy_by_hand():
+    f, w = _facts(), _work()
+    ddp = plan.static_terms(f, w, plan.Cluster(80, 8, "ddp"))
+    assert ddp == {"weights": 2e9, "KL reference": 2e9, "optimizer (m, v)": 4e9}
+    zero2 = plan.static_terms(f, w, plan.Cluster(80, 8, "zero2"))
+    assert zero2["optimizer (fp32 master, m, v)"] == 12e9 / 8 and zero2["weights"] == 2e9
+    zero3 = plan.static_terms(f, w, plan.Cluster(80, 8, "zero3"))
+    assert zero3["weights"] == 2e9 / 8 and zero3["KL reference"] == 2e9 / 8
+    assert zero3["weights gathered"] == (2e8 + 0.9 * 2048 ** 2) * 2
+    fsdp2 = plan.static_terms(f, w, plan.Cluster(80, 8, "fsdp2"))
+    assert fsdp2["optimizer (m, v)"] == 4e9 / 8
+    assert fsdp2["weights gathered"] == (2e8 + 2 * 2e7) * 2
+    lora = plan.static_terms(_facts(trainable=10 ** 7), _work(lora_r=16), plan.Cluster(80, 1))
+    assert "KL reference" not in lora and lora["optimizer (m, v)"] == 4e7
+    grads = plan.gradient_terms(f, w, plan.Cluster(80, 8, "ddp"))
+    assert grads == {"gradients": 2e9, "optimizer step temporaries": 2e9}
+
+
+def test_micro_batch_tokens_count_every_group_it_touches():
+    # G = 6, micro-batches of 4 rows over 12 rows: rows 4..7 touch both groups.
+    w = _work(prompt_tokens=100, completion=10, group=6, prompts=2, micro_batch=4)
+    assert plan._tokens(w, 4) == (2 * 100 + 4 * 9, 2, 2)
+    aligned = _work(prompt_tokens=100, completion=10, group=4, prompts=2, micro_batch=4)
+    assert plan._tokens(aligned, 4) == (100 + 4 * 9, 1, 1)
+    naive = _work(prompt_tokens=100, completion=10, shared_prefix=False)
+    assert plan._tokens(naive, 4) == (4 * 110, 4, 4)
+
+
+def test_more_gpus_and_sharding_lower_the_peak_and_the_largest_knobs_fit():
+    f, w = _facts(), _work()
+    one = plan.predict(f, w, plan.Cluster(80, 1, "ddp"))
+    sharded = plan.predict(f, w, plan.Cluster(80, 8, "zero3"))
+    assert sharded.peak < one.peak
+    best = plan.largest_micro_batch(f, w, plan.Cluster(80, 8, "zero3"))
+    assert best >= 1
+    assert plan.predict(f, plan.replace(w, micro_batch=best), plan.Cluster(80, 8, "zero3")).fits
+    if best < w.prompts * w.group:
+        assert not plan.predict(f, plan.replace(w, micro_batch=best + 1),
+                                plan.Cluster(80, 8, "zero3")).fits
+
+
+def test_cli_prints_the_prediction_and_exits_1_when_it_does_not_fit(capsys):
+    config = "recipes/counting/config.yaml"
+    assert plan_report.main([config, "model.path=tiny", "--media-tokens", "64", "--json",
+                             "--gpu-gib", "16"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] and out["largest_micro_batch"] >= 1 and out["peak"] > 0
+    assert plan_report.main([config, "model.path=tiny", "--media-tokens", "64",
+                             "--gpu-gib", "1.05"]) == 1
+    assert "does NOT fit" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="--media-tokens"):
+        plan_report.main([config, "model.path=tiny"])
+    from mmrl.cli import main  # the `mmrl plan` entry reaches the same
+
+    assert main(["plan", config, "model.path=tiny", "--media-tokens", "64"]) == 0
+    assert "fits" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("config", sorted(Path(plan_report.RECIPES).glob("*/config.yaml")),
+                         ids=lambda p: p.parent.name)
+def test_recipe_readme_states_the_current_prediction(config):
+    text = (config.parent / "README.md").read_text()
+    section = plan_report.readme_section(config)
+    assert section in text, (f"{config.parent / 'README.md'} is stale: run "
+                             f"python -m mmrl.bench.plan_report --readmes")

@@ -1,0 +1,140 @@
+"""The search datasets need their tool: what the model is first given does not hold the answer
+(measured on the real downsampling / frame sampling paths), what the right tool call returns
+does. And records carry their tools and full-resolution originals through the schema."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from mmrl.data.media import fit_image, load_video
+from mmrl.data.schema import RecordError, load_samples, to_sample
+from mmrl.data.synthetic import GENERATORS
+from mmrl.data.synthetic_search import PATTERNS, search_image
+from mmrl.tools import Toolbox, load_tool
+from mmrl.tools.base import ToolContext
+from mmrl.tools.builtin import crop, frames
+
+BUDGET = 56 * 56  # the generator's default budget_pixels (= data.image_max_pixels)
+
+
+def scenes(seed: int) -> dict[str, tuple[Image.Image, dict]]:
+    """The same scene with each pattern (the generator draws in a fixed order), in RGB as
+    mmrl.data.media.load_image reads the generator's palette PNGs."""
+    out = {}
+    for p in sorted(PATTERNS):
+        im, scene = search_image(random.Random(seed), 1792, 96, 4, p)
+        out[p] = (im.convert("RGB"), scene)
+    return out
+
+
+def context_for(image: Image.Image, path: str, budget: int) -> ToolContext:
+    small = fit_image(image, 28 * 28, budget)
+    from mmrl.types import PromptFeatures, Sample
+    prompt = PromptFeatures(sample=Sample(id="x", messages=[], images=[path]), tensors={})
+    return ToolContext(prompt=prompt, input_sizes=[small.size], images=[path], videos=[], audios=[],
+                       image_pixels=(28 * 28, BUDGET))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_pattern_is_unreadable_at_the_budget_and_readable_in_the_crop(seed, tmp_path):
+    views = scenes(seed)
+    at_budget = [np.asarray(fit_image(im, 28 * 28, BUDGET), np.int16) for im, _ in views.values()]
+    assert at_budget[0].shape == (56, 56, 3)
+    # At the input budget the four answers' images differ by at most 1 level of 255 anywhere.
+    assert max(int(np.abs(a - at_budget[0]).max()) for a in at_budget[1:]) <= 1
+    # The crop tool on the mark (in the model's input coordinates) shows them apart.
+    crops = []
+    for name, (im, scene) in views.items():
+        path = tmp_path / f"{name}.png"
+        im.save(path)
+        ctx = context_for(im, str(path), BUDGET)
+        scale = 56 / 1792
+        box = [v * scale for v in scene["mark_box"]]
+        crops.append(np.asarray(crop(ctx, box)[0], np.int16))
+    assert all(c.shape == crops[0].shape for c in crops)
+    for i in range(len(crops)):
+        for j in range(i + 1, len(crops)):
+            differ = (np.abs(crops[i] - crops[j]).max(-1) > 100).sum()
+            # Any two patterns differ in 8 of 16 cells, 4x4 px each in the crop: 128 pixels
+            # that differ by more than 100 levels (against at most 1 level at the budget).
+            assert differ >= 128, (i, j, differ)
+
+
+def test_visual_search_records_offer_crop_and_the_control_does_not(tmp_path):
+    paths = GENERATORS.get("visual_search")(tmp_path / "tool", n_train=4, n_eval=2, seed=0)
+    control = GENERATORS.get("visual_search")(tmp_path / "plain", n_train=4, n_eval=2, seed=0,
+                                              tools=False)
+    with_tools = load_samples(paths["train"])
+    without = load_samples(control["train"])
+    assert [s.fields["tools"] for s in with_tools] == [["crop"]] * 4
+    assert all("tools" not in s.fields for s in without)
+    assert [s.solution for s in with_tools] == [s.solution for s in without]
+    s = with_tools[0]
+    with Image.open(s.images[0]) as im:
+        assert im.size == (1792, 1792)
+    x1, y1, x2, y2 = s.fields["mark_box"]
+    assert (x2 - x1, y2 - y1) == (16, 16)
+    assert s.solution in "ABCD" and len(s.fields["options"]) == 4
+
+
+def test_video_search_sampling_misses_the_flash_and_frames_finds_it(tmp_path):
+    paths = GENERATORS.get("video_search")(tmp_path, n_train=3, n_eval=1, seed=0)
+    colours = {"A": (220, 30, 30), "B": (30, 170, 60), "C": (40, 70, 220), "D": (230, 200, 30)}
+    for s in load_samples(paths["train"]):
+        first = load_video(s.videos[0], fps=0.5)  # data.video_fps of the recipe
+        centre = first.frames[:, 26:30, 26:30].reshape(len(first), -1, 3).mean(1)
+        # Every sampled frame shows white or the grey card, never a colour; the card is seen.
+        assert np.abs(centre - centre.mean(-1, keepdims=True)).max() < 12
+        assert (np.abs(centre - 128).max(-1) < 12).any()
+        ctx = ToolContext(prompt=_prompt(s), input_sizes=[], images=[], videos=[s.videos[0]],
+                          audios=[])
+        video, caption = frames(ctx, *s.fields["card_span"], fps=4.0)
+        seen = video.frames[:, 26:30, 26:30].reshape(len(video), -1, 3).mean(1)
+        target = np.asarray(colours[s.solution])
+        assert (np.abs(seen - target).max(-1) < 40).any(), caption
+        assert video.fps == pytest.approx(4.0, rel=0.05)  # qwen-vl-utils: frames over the window
+
+
+def _prompt(sample):
+    from mmrl.types import PromptFeatures
+    return PromptFeatures(sample=sample, tensors={})
+
+
+def test_records_name_tools_and_keep_full_resolution_originals(tmp_path):
+    base = {"id": "r", "prompt": "q", "solution": "A", "images": ["small.png"]}
+    s = to_sample({**base, "tools": ["crop"], "full_images": ["big.png"]}, "f.jsonl:1", tmp_path)
+    assert s.fields["tools"] == ["crop"]
+    assert s.fields["full_images"] == [str(tmp_path / "big.png")]
+    with pytest.raises(RecordError, match="f.jsonl:2: 'full_images' holds 2 paths for 1 images"):
+        to_sample({**base, "full_images": ["a.png", "b.png"]}, "f.jsonl:2", tmp_path)
+    with pytest.raises(RecordError, match="f.jsonl:3: 'tools' must be a list"):
+        to_sample({**base, "tools": "crop"}, "f.jsonl:3", tmp_path)
+    # A tool the run does not configure is an error naming the record, not a silent skip.
+    box = Toolbox([load_tool("crop")])
+    assert box.offered(s) == ["crop"]
+    odd = to_sample({**base, "tools": ["frames"]}, "f.jsonl:4", tmp_path)
+    with pytest.raises(ValueError, match="f.jsonl:4: the record offers tools \\['frames'\\]"):
+        box.offered(odd)
+    # Crop reads the original, not the model's copy (a real processor's grid gives the frame).
+    from mmrl.models import get_adapter
+    adapter = get_adapter("qwen2_5_vl")
+    _, processor = adapter.tiny()
+    Image.new("RGB", (56, 56), "white").save(tmp_path / "small.png")
+    Image.new("RGB", (560, 560), "red").save(tmp_path / "big.png")
+    with Image.open(tmp_path / "small.png") as small:
+        prompt = adapter.prompt_features(processor, s, [small.convert("RGB")])
+    ctx = box.context(prompt, processor)
+    assert ctx.images == [str(tmp_path / "big.png")] and ctx.input_sizes == [(56, 56)]
+    out = crop(ctx, [0, 0, 28, 28])[0]  # the top-left quarter of the 560-px original
+    assert out.size == (280, 280) and out.getpixel((0, 0)) == (255, 0, 0)
+
+
+def test_generators_are_deterministic(tmp_path):
+    a = GENERATORS.get("visual_search")(tmp_path / "a", n_train=2, n_eval=1, seed=3)
+    b = GENERATORS.get("visual_search")(tmp_path / "b", n_train=2, n_eval=1, seed=3)
+    assert open(a["train"]).read().replace(str(tmp_path / "a"), "") == \
+        open(b["train"]).read().replace(str(tmp_path / "b"), "")
+    assert (tmp_path / "a/images/00000.png").read_bytes() == (tmp_path / "b/images/00000.png").read_bytes()

@@ -1,0 +1,47 @@
+"""The `tools` config section: its ranges and cross-field rules fail at load naming the key,
+`mmrl validate` resolves every tool and its settings, the summary says what the run offers."""
+from __future__ import annotations
+
+import pytest
+
+from mmrl import config
+from mmrl.cli import config_summary
+from mmrl.validate import validate
+
+BASE = ["data.train=x.jsonl", "rewards=[{name: accuracy}]"]
+
+
+def load(*overrides):
+    return config.load(None, [*BASE, *overrides])
+
+
+def test_defaults_are_single_turn():
+    cfg = load()
+    assert not cfg.tools.enabled and "tools:" not in config_summary(cfg)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("tools.max_turns=0", "tools.max_turns=0: must be >= 1"),
+    ("tools.timeout_s=0", "tools.timeout_s=0.0: must be > 0"),
+    ("tools.max_observation_tokens=2000", "tools.max_observation_tokens=2000: must be below "
+                                          "tools.max_tokens=1024"),
+    ("rollout.max_new_tokens=2000", "rollout.max_new_tokens=2000: must be <= tools.max_tokens"),
+    ("tools.call_format=xml", "tools.call_format"),
+])
+def test_bad_values_name_the_key(override, message):
+    with pytest.raises(config.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load("tools.use=[{name: crop}]", override)
+
+
+def test_validate_resolves_tools_and_settings():
+    cfg = load("tools.use=[{name: crop, params: {coords: norm1000}}, {name: frames}]",
+               "tools.max_turns=2", "tools.eval_max_turns=5")
+    assert validate(cfg) == []
+    assert "tools: crop, frames (qwen calls, up to 2 turns and 1024 tokens" in config_summary(cfg)
+    bad = load("tools.use=[{name: crop, params: {zoom: 2}}, {name: no_mod_x:fn}]")
+    assert any("crop has no setting ['zoom']" in p for p in validate(bad))
+    worse = load("tools.use=[{name: no_mod_x:fn}]")
+    assert any(p.startswith("tools.use: tools.use[0]: tool 'no_mod_x:fn': cannot import")
+               for p in validate(worse))
+    with pytest.raises(config.ConfigError, match="names a tool twice"):
+        load("tools.use=[{name: crop}, {name: crop}]")
