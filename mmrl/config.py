@@ -304,7 +304,7 @@ class TrainConfig:
     # algo) are refused unless this is true (docs/runs.md).
     allow_config_change: bool = False
     # After SIGTERM / SIGHUP / Ctrl-C, the seconds a step's rollout may take to finish before
-    # the step is abandoned (rewound) and the run saves; SLURM: --signal=B:TERM@120 (docs/runs.md)
+    # the step is abandoned (rewound) and the run saves; SLURM: --signal=TERM@120 (docs/runs.md)
     stop_timeout: float = 30.0
     max_nonfinite_steps: int = 3  # consecutive steps skipped for NaN/inf loss or grad norm -> stop
     eval_every: int = 0  # in-loop held-out evaluation (0 = off)

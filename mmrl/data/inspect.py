@@ -129,12 +129,13 @@ def inspect_file(path: str | Path, fmt: str | None = None, n_show: int = 3, *, c
     by_task: Counter = Counter()
     by_modality: Counter = Counter()
     bad_records, bad_media, examples = [], [], []
-    try:
-        samples = load_samples(path, fmt, max_records, configured=configured)
-    except (RecordError, FileNotFoundError) as e:  # e.g. a line that is not JSON: nothing loads
+    try:  # every JSONL line that is not JSON is listed, and the other lines inspected
+        samples = load_samples(path, fmt, max_records, configured=configured,
+                               bad_lines=bad_records)
+    except (RecordError, FileNotFoundError) as e:  # e.g. a JSON list cut short: nothing loads
         return {"path": str(path), "format": fmt or configured, "records": 0, "by_task": {},
-                "by_modality": {}, "bad_records": [str(e)], "bad_media": [], "examples": [],
-                "notes": [], "unreadable": True}
+                "by_modality": {}, "bad_records": [*bad_records, str(e)], "bad_media": [],
+                "examples": [], "notes": [], "unreadable": True}
     if media_root:
         samples.base = Path(media_root)
     n = len(samples)

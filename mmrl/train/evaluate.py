@@ -118,8 +118,7 @@ def evaluate(model, processor, adapter, samples: list[Sample], cfg: RunConfig, *
               "n": len(firsts), "failed": failed,
               "reward_mean": sum(r["reward"] for r in firsts) / max(1, len(firsts))}
     if not scored:  # say why accuracy is NaN instead of printing a bare nan
-        result["unscored_reason"] = _unscored_reason(ec.metric_reward, samples, len(firsts),
-                                                     failed)
+        result["unscored_reason"] = _unscored_reason(ec.metric_reward, len(firsts), failed)
     for key in rewards.keys:
         vals = [r["rewards"][key] for r in firsts if r["rewards"][key] is not None]
         if vals:
@@ -131,12 +130,11 @@ def evaluate(model, processor, adapter, samples: list[Sample], cfg: RunConfig, *
     return result
 
 
-def _unscored_reason(metric: str, samples: list[Sample], n: int, failed: int) -> str:
-    empty = next((s for s in samples if s.solution in ("", None, [])), None)
-    why = (f": e.g. {empty.source or empty.id} has an empty solution" if empty is not None else
-           f": every one failed to load (data.on_bad_sample=skip)" if failed and not n else
-           f" (it returned None for each: check the fields it needs with `mmrl data inspect "
-           f"FILE --config CONFIG`)")
+def _unscored_reason(metric: str, n: int, failed: int) -> str:
+    why = (": every one failed to load (data.on_bad_sample=skip; `mmrl data inspect FILE` lists "
+           "why)" if failed and not n else
+           " (it returned None for each: check the fields it needs with `mmrl data inspect "
+           "FILE --config CONFIG`)")
     return f"reward {metric!r} scored none of the {n + failed} eval records{why}"
 
 
