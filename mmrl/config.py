@@ -293,7 +293,16 @@ class TrainConfig:
     warmup_steps: int = 0  # linear lr warm-up from 0
     max_grad_norm: float = 1.0  # 0 = no clipping
     micro_batch_size: int = 8  # rows per forward/backward; result independent of it
+    # Set: micro-batches are packed by tokens (each group's prompt once + its completions) up to
+    # this many per process, micro_batch_size is ignored; the result is the same either way.
+    max_tokens_per_micro_batch: Optional[int] = None
     shared_prefix: bool = True  # each group's prompt (media encoder included) computed once
+    # Ulysses: each forward's sequence is split over this many processes (attention all-to-all
+    # over heads); must divide the process count and the model's attention heads.
+    sequence_parallel: int = 1
+    # A frozen vision/audio encoder (model.freeze, or LoRA off the towers) runs once per prompt
+    # per step; its outputs are kept for the step's later forwards (old, reference, updates).
+    cache_frozen_encoders: bool = True
     seed: int = 0  # model init (tiny), data order, sampling: a run is reproducible
     save_every: int = 0  # 0 = only at the end
     keep_checkpoints: int = 2  # 0 = keep all

@@ -71,6 +71,8 @@ RANGES: list[_Check] = [
     ("train.stop_timeout", lambda v: v > 0, "> 0 (seconds)"),
     ("train.max_grad_norm", lambda v: v >= 0, ">= 0 (0 = no clipping)"),
     ("train.micro_batch_size", lambda v: v >= 1, ">= 1"),
+    ("train.max_tokens_per_micro_batch", lambda v: v >= 1, ">= 1 or null"),
+    ("train.sequence_parallel", lambda v: v >= 1, ">= 1 (1 = off)"),
     ("train.save_every", lambda v: v >= 0, ">= 0 (0 = only at the end)"),
     ("train.keep_checkpoints", lambda v: v >= 0, ">= 0 (0 = keep all)"),
     ("train.eval_every", lambda v: v >= 0, ">= 0 (0 = off)"),
@@ -142,9 +144,18 @@ def problems(cfg, world: int = 1) -> list[str]:
     if a.dynamic_sampling and r.num_generations < 2:
         out.append(f"rollout.num_generations={r.num_generations}: must be >= 2 with "
                    f"algo.dynamic_sampling=true (it keeps groups whose rewards differ)")
-    if r.prompts_per_step >= 1 and r.prompts_per_step % world:
-        out.append(f"rollout.prompts_per_step={r.prompts_per_step}: must be divisible by the "
-                   f"process count {world}")
+    sp = max(cfg.train.sequence_parallel, 1)  # below 1: reported by RANGES
+    if world % sp:
+        out.append(f"train.sequence_parallel={sp}: must divide the process count {world}")
+    elif r.prompts_per_step >= 1 and r.prompts_per_step % (world // sp):
+        # A sequence group's processes share their rows: prompts split over data-parallel ranks.
+        what = (f"process count {world}" if sp == 1 else f"number of data-parallel ranks "
+                f"{world // sp} (processes / train.sequence_parallel)")
+        out.append(f"rollout.prompts_per_step={r.prompts_per_step}: must be divisible by the {what}")
+    if sp > 1 and cfg.model.attn_implementation == "flash_attention_2" and not cfg.train.shared_prefix:
+        out.append(f"train.sequence_parallel={sp} with model.attn_implementation="
+                   f"flash_attention_2 needs train.shared_prefix=true (its varlen kernel takes "
+                   f"the whole-sequence mask); or use sdpa")
     if d.video_fps is not None and d.video_nframes is not None:
         out.append(f"data.video_fps={d.video_fps} and data.video_nframes={d.video_nframes}: "
                    f"set one of them to null (fps samples by time, nframes a fixed count)")

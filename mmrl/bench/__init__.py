@@ -10,6 +10,9 @@
   "rollout": HF generate (G prefills) vs prefill-once, whole group and in rounds (G = 16).
   "varlen":  naive vs dense-mask vs varlen-kernel layouts at the cells issue #14 targets
              (P~1024 G=8, ragged, G=16; P~2048 G=16), peak memory beside time.
+  "long":    long videos: sequence parallelism SP=1 vs SP=2 (memory per rank, time) at 16, 64
+             and 256 frames; row-count vs token-budget micro-batches on a mixed batch; a frozen
+             encoder cached vs not (mmrl/bench/long.py).
 
 Every comparison runs both sides in one process with interleaved repeated trials and reports
 medians: the ratio is what to read; absolute seconds depend on the machine and its load.
@@ -22,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-BENCHMARKS = ("update", "e2e", "rollout", "scaling", "varlen")
+BENCHMARKS = ("update", "e2e", "rollout", "scaling", "varlen", "long")
 
 
 def run_benchmarks(out_dir: str | Path, which=BENCHMARKS, *, quick: bool = False,
@@ -100,6 +103,10 @@ def run_benchmarks(out_dir: str | Path, which=BENCHMARKS, *, quick: bool = False
                 family=family, cells=QUICK_CELLS if quick else CELLS,
                 completion_tokens=sizes["completion"], trials=trials or sizes["scaling_trials"],
                 model_bundle=bundle, memory=not quick, log=log)
+        if "long" in which:
+            from mmrl.bench.long import bench_long
+
+            results["long"] = bench_long(quick=quick, trials=trials, log=log)
     results["load_average_end"] = list(os.getloadavg())
     results["seconds"] = time.time() - started
     (out / "bench.json").write_text(json.dumps(results, indent=2))

@@ -88,6 +88,33 @@ class PeakRSS:
         return self.peak - self.base
 
 
+class PeakAllocated:
+    """Peak growth of the tensor memory torch's CPU allocator holds while inside (what a GPU's
+    `max_memory_allocated` reports), from the profiler's allocation record: unlike RSS, memory
+    that the C allocator keeps after a free does not count. Slows what runs inside: measure
+    memory and time in separate runs."""
+
+    def __enter__(self):
+        from torch.profiler import ProfilerActivity, profile
+
+        self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self._prof.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        import json
+        import tempfile
+
+        self._prof.__exit__(*exc)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "trace.json")
+            self._prof.export_chrome_trace(path)
+            with open(path) as f:
+                events = json.load(f)["traceEvents"]
+        totals = [e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]"]
+        self.extra = max([0, *totals])
+
+
 @contextmanager
 def threads(n: int | None):
     saved = torch.get_num_threads()

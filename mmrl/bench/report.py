@@ -130,6 +130,10 @@ def markdown(results: dict) -> str:
         from mmrl.bench.kernels import kernels_table
 
         lines += kernels_table(results["varlen"]) + [""]
+    if "long" in results:
+        from mmrl.bench.long import long_tables
+
+        lines += long_tables(results["long"]) + [""]
     return "\n".join(lines)
 
 

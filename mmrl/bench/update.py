@@ -18,7 +18,7 @@ from mmrl import algos
 from mmrl.bench.common import interleaved, prompt_of_length, random_completions, tiny_vl
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.models import prefix_attention
-from mmrl.models.shared_prefix import group_micro_batches, shared_prefix_logprobs
+from mmrl.models.shared_prefix import shared_prefix_logprobs, token_budget_micro_batches
 
 # naive: G rows of [prompt, completion]; shared: one row per group with a dense 4-D mask (sdpa);
 # varlen: the varlen kernel (flash_attn_varlen_func on GPU, its torch emulation on CPU), every
@@ -53,7 +53,8 @@ def micro_batches(layout: str, prompts, mask: torch.Tensor, micro_batch: int) ->
     if layout == "naive":
         return [list(range(i, min(n, i + micro_batch))) for i in range(0, n, micro_batch)]
     budget = micro_batch * (max(p.input_ids.shape[0] for p in prompts) + mask.shape[1])
-    return group_micro_batches(prompts, mask, max_tokens=budget)
+    # The dense group mask pads each micro-batch's groups to the longest; varlen packs them.
+    return token_budget_micro_batches(prompts, mask, budget, padded=layout == "shared")
 
 
 def layout_forward(layout: str, model, prompts, ids, mask, rows, *, pad_id: int,

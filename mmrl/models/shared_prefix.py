@@ -44,6 +44,8 @@ MASKED_ATTENTION = {"sdpa": lambda mask, dtype: mask,
                     "eager": lambda mask, dtype: _additive(mask, dtype)}
 # Implementations the layout swaps for its varlen kernel (same kernel family, packed groups).
 _VARLEN_FOR = {"flash_attention_2": prefix_attention.NAME}
+# Names of the Ulysses sequence-parallel kernels: this prefix + the kernel they wrap.
+SP_PREFIX = "mmrl_ulysses_"
 
 
 def unwrap(model):
@@ -59,9 +61,12 @@ def unwrap(model):
 
 
 def attn_implementation(model) -> str:
+    """The text decoder's attention kernel (under sequence parallelism: the kernel Ulysses
+    runs on the whole sequence, models/ulysses.py)."""
     config = unwrap(model).config
     text = getattr(config, "text_config", None) or config
-    return getattr(text, "_attn_implementation", None) or getattr(config, "_attn_implementation", "eager")
+    name = getattr(text, "_attn_implementation", None) or getattr(config, "_attn_implementation", "eager")
+    return name.removeprefix(SP_PREFIX)
 
 
 def supports_shared_prefix(model) -> bool:
@@ -138,30 +143,39 @@ def prompt_and_completion_positions(model, prompt: PromptFeatures, length: int,
     text restarts at the media block's largest position + 1, so no turn-by-turn rule is assumed."""
     ids = prompt.tensors["input_ids"]
     attn = prompt.tensors.get("attention_mask", torch.ones_like(ids))
-    fn = _rope_index_fn(model)
-    if fn is None:
-        # 1-D RoPE: the naive layout uses arange over the (left-padded) row; RoPE is relative,
-        # so the shift by the left pad changes nothing, and arange over the prompt is exact.
-        return torch.arange(ids.shape[1] + length, device=ids.device)[None]
     tail = ids.new_zeros(1, length)
     if observations:
         tail = completion_ids[:length].to(ids)[None]
-    full_ids = torch.cat([ids, tail], 1)
-    full_attn = torch.cat([attn, attn.new_ones(1, length)], 1)
+    full = {**prompt.tensors, **row_media(prompt.tensors, observations),
+            "input_ids": torch.cat([ids, tail], 1),
+            "attention_mask": torch.cat([attn, attn.new_ones(1, length)], 1)}
+    if "mm_token_type_ids" in prompt.tensors:
+        types = prompt.tensors["mm_token_type_ids"]
+        full["mm_token_type_ids"] = torch.cat(
+            [types, completion_token_types(observations, length).to(types)[None]], 1)
+    positions = rope_positions(model, full)
+    return positions[:, 0] if positions.ndim == 3 else positions
+
+
+def rope_positions(model, tensors: dict) -> torch.Tensor:
+    """Position ids of the rows in `tensors` (input_ids [B, T], attention_mask, media tensors)
+    as the model's forward computes them: [3, B, T] from its `get_rope_index` (M-RoPE), or
+    arange over each row [B, T] (1-D RoPE: relative, so a left pad shifts nothing)."""
+    ids = tensors["input_ids"]
+    fn = _rope_index_fn(model)
+    if fn is None:
+        return torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
     accepted = inspect.signature(fn).parameters
-    tensors = {**prompt.tensors, **row_media(prompt.tensors, observations)}
     media = {k: v for k, v in tensors.items() if k not in TOKEN_KEYS and k in accepted}
     if "mm_token_type_ids" in accepted:  # Qwen2-VL / 2.5-VL / 3-VL
-        types = prompt.tensors["mm_token_type_ids"]
-        media["mm_token_type_ids"] = torch.cat(
-            [types, completion_token_types(observations, length).to(types)[None]], 1)
+        media["mm_token_type_ids"] = tensors["mm_token_type_ids"]
     if "audio_seqlens" in accepted and "feature_attention_mask" in tensors:
         # Qwen2.5-Omni names its inputs differently: as its own forward passes them.
         media["audio_seqlens"] = tensors["feature_attention_mask"].sum(-1)
     if "second_per_grids" in accepted and "video_second_per_grid" in tensors:
         media["second_per_grids"] = tensors["video_second_per_grid"]
-    positions, _ = fn(full_ids, attention_mask=full_attn, **media)
-    return positions[:, 0]  # [3, P + length]
+    positions, _ = fn(ids, attention_mask=tensors.get("attention_mask"), **media)
+    return positions
 
 
 # ----------------------------------------------------------------------------- packing ----------
@@ -266,8 +280,22 @@ def _group_media(prompts: Sequence[PromptFeatures], groups: list[list[int]],
     observation media in row order."""
     media = [row_media(prompts[rows[0]].tensors, [o for i in rows for o in observations[i]]
                        if observations is not None else None) for rows in groups]
-    return {key: torch.cat([m[key] for m in media if key in m], 0)
-            for key in dict.fromkeys(k for m in media for k in m)}
+    out = {}
+    for key in dict.fromkeys(k for m in media for k in m):
+        parts = [m[key] for m in media if key in m]
+        # One group's media (a long video) is the prompt's own tensor, not a copy of it.
+        out[key] = parts[0] if len(parts) == 1 else torch.cat(parts, 0)
+    return out
+
+
+def token_index(packed: Packed, width: int, device) -> tuple[torch.Tensor, ...]:
+    """Every completion token's (packed row, index into `keep` of the position predicting it,
+    flat slot in the [N, width] output), over all rows at once."""
+    n = len(packed.lengths)
+    rows = torch.cat([torch.full((packed.lengths[i],), packed.row_of[i]) for i in range(n)])
+    cols = torch.cat([packed.sources[i] for i in range(n)])
+    slots = torch.cat([i * width + torch.arange(packed.lengths[i]) for i in range(n)])
+    return rows.to(device), cols.to(device), slots.to(device)
 
 
 def group_attention_mask(seg: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -328,10 +356,7 @@ def shared_prefix_logprobs(model, prompts: Sequence[PromptFeatures], completion_
     else:  # e.g. Qwen2-Audio's forward has no logits_to_keep: full logits, then select
         logits = model(**inputs, use_cache=False).logits[:, keep]
     n, width = completion_ids.shape
-    # Every row's predicting positions at once: (packed row, position in keep) per token.
-    rows = torch.cat([torch.full((packed.lengths[i],), packed.row_of[i]) for i in range(n)]).to(device)
-    cols = torch.cat([packed.sources[i] for i in range(n)]).to(device)
-    slots = torch.cat([i * width + torch.arange(packed.lengths[i]) for i in range(n)]).to(device)
+    rows, cols, slots = token_index(packed, width, device)
     scaled = logits[rows, cols].float() / temperature  # [tokens, V]
     lse = torch.logsumexp(scaled, dim=-1)
     targets = completion_ids.to(device).flatten()[slots]
@@ -348,59 +373,66 @@ def shared_prefix_logprobs(model, prompts: Sequence[PromptFeatures], completion_
 
 # ----------------------------------------------------------------------------- micro-batches ----
 
-def group_micro_batches(prompts: Sequence[PromptFeatures], completion_mask: torch.Tensor,
-                        max_tokens: int, max_rows: int | None = None) -> list[list[int]]:
-    """Partition rows into micro-batches of whole groups, packing groups in order while the
-    packed token count (prompt once + each completion) stays within `max_tokens` (and the row
-    count within `max_rows`). A group larger than the budget is split into runs of rows.
+def token_budget_micro_batches(prompts: Sequence[PromptFeatures], completion_mask: torch.Tensor,
+                               max_tokens: int, *, shared_prefix: bool = True, padded: bool = True,
+                               min_batches: int = 1) -> list[list[int]]:
+    """Rows partitioned into as few micro-batches as fit `max_tokens` tokens per forward (at
+    least `min_batches`, e.g. the most any data-parallel rank needs, so every rank runs as many
+    forwards; at most one per item), as verl's dynamic batch size does. The loss normaliser is
+    global, so any partition gives the same loss and gradients.
 
-    The loss normaliser is global, so any partition gives the same loss and gradients; this one
-    keeps each prompt in one forward and bounds memory by tokens instead of rows.
+    Items: whole groups under `shared_prefix` (the prompt once + its completions; a group over
+    the budget is cut into runs of rows that fit, each run paying the prompt again), else rows
+    (prompt + completion). `padded`: a forward pads its items to the longest one (naive rows; the
+    dense 4-D group mask), so it costs items x longest: items go longest-first into consecutive
+    micro-batches, which keeps alike lengths together. Unpadded (the varlen kernel packs groups
+    with no pad): a forward costs the sum, and items go longest-first to the least-filled
+    micro-batch, which balances them. A single row over the budget gets a micro-batch alone.
     """
     lengths = completion_mask.long().sum(1).tolist()
-    batches: list[list[int]] = []
-    current: list[int] = []
-    used = 0
+    items = _budget_items(prompts, lengths, max_tokens, shared_prefix)
+    items.sort(key=lambda item: -item[0])
+    if padded:
+        batches: list[list[tuple[int, list[int]]]] = []
+        for item in items:  # longest first: a batch's first item is its widest
+            if not batches or (len(batches[-1]) + 1) * batches[-1][0][0] > max_tokens:
+                batches.append([])
+            batches[-1].append(item)
+        while len(batches) < min(min_batches, len(items)):  # halve the costliest batch
+            big = max((b for b in batches if len(b) > 1), key=lambda b: len(b) * b[0][0])
+            batches.remove(big)
+            batches += [big[:len(big) // 2], big[len(big) // 2:]]
+    else:
+        alone = sum(1 for c, _ in items if c > max_tokens)  # each needs a micro-batch of its own
+        count = max(min_batches, alone - (-sum(c for c, _ in items if c <= max_tokens) // max_tokens))
+        while True:
+            count = min(count, len(items))
+            batches = [[] for _ in range(count)]
+            loads = [0] * count
+            for item in items:
+                k = loads.index(min(loads))
+                batches[k].append(item)
+                loads[k] += item[0]
+            if count == len(items) or all(load <= max_tokens or len(b) == 1
+                                          for load, b in zip(loads, batches)):
+                break
+            count += 1
+    return [sorted(i for _, rows in batch for i in rows) for batch in batches if batch]
+
+
+def _budget_items(prompts, lengths: list[int], max_tokens: int, shared: bool) -> list[tuple[int, list[int]]]:
+    """(tokens, rows) per packing item: rows alone, or groups (cut into runs over the budget)."""
+    if not shared:
+        return [(p.tensors["input_ids"].shape[1] + n, [i]) for i, (p, n) in enumerate(zip(prompts, lengths))]
+    items = []
     for rows in group_rows(prompts):
         plen = prompts[rows[0]].tensors["input_ids"].shape[1]
-        cost = plen + sum(lengths[i] for i in rows)
-        if current and (used + cost > max_tokens or (max_rows and len(current) + len(rows) > max_rows)):
-            batches.append(current)
-            current, used = [], 0
-        if cost <= max_tokens and (not max_rows or len(rows) <= max_rows):
-            current += rows
-            used += cost
-            continue
-        # The group alone overflows: split it, each piece re-running the prompt once.
-        piece, piece_used = [], plen
+        run, used = [], plen
         for i in rows:
-            if piece and (piece_used + lengths[i] > max_tokens or (max_rows and len(piece) >= max_rows)):
-                batches.append(piece)
-                piece, piece_used = [], plen
-            piece.append(i)
-            piece_used += lengths[i]
-        current, used = piece, piece_used
-    if current:
-        batches.append(current)
-    return batches
-
-
-def length_bucketed_micro_batches(prompts: Sequence[PromptFeatures], completion_mask: torch.Tensor,
-                                  max_tokens: int) -> list[list[int]]:
-    """Micro-batches for the naive (unshared) layout: rows sorted by length (prompt +
-    completion), then filled while rows x the longest row stays within `max_tokens`, so each
-    forward pads only to rows of similar length. Any partition gives the same loss (the
-    normaliser is global)."""
-    lengths = completion_mask.long().sum(1).tolist()
-    totals = [p.tensors["input_ids"].shape[1] + c for p, c in zip(prompts, lengths)]
-    order = sorted(range(len(totals)), key=lambda i: -totals[i])
-    batches, current = [], []
-    for i in order:
-        # Sorted descending: the first row of a batch is its longest.
-        if current and (len(current) + 1) * totals[current[0]] > max_tokens:
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
+            if run and used + lengths[i] > max_tokens:
+                items.append((used, run))
+                run, used = [], plen
+            run.append(i)
+            used += lengths[i]
+        items.append((used, run))
+    return items

@@ -40,7 +40,7 @@ def _encoder(owner, kind: str):
     return fn
 
 
-def _parts(model):
+def model_parts(model):
     """(innermost module that encodes media, the text decoder it calls after its towers)."""
     def encodes(m):
         return any(_encoder(m, k) is not None for k in KINDS)
@@ -79,7 +79,7 @@ class TowerToucher:
     """`with toucher(): model(**inputs)` runs every tower the model has, present media or not."""
 
     def __init__(self, model, adapter, processor):
-        owner, _ = _parts(model)
+        owner, _ = model_parts(model)
         kinds = [k for k in adapter.media_kinds
                  if owner is not None and _encoder(owner, k) is not None]
         missing = [k for k in adapter.media_kinds if k not in kinds]
@@ -89,6 +89,9 @@ class TowerToucher:
                              f"{', '.join(KINDS[k][1] for k in missing)}; use ddp or ZeRO-1")
         self.dummies = dummy_inputs(adapter, processor, kinds)
         self.present: set[str] = set()
+        # Kinds never touched: those whose frozen encoder's outputs are cached for the step
+        # (models/encoder_cache.py; EncoderCache.fill ran them on every rank already).
+        self.skip: set[str] = set()
         self.active = False
         self.owners: dict[torch.nn.Module, torch.nn.Module] = {}  # text decoder -> its model
         self.attach(model)
@@ -96,7 +99,7 @@ class TowerToucher:
     def attach(self, model) -> None:
         """Hook `model` (the policy, or a sharded KL reference of the same family) so that its
         forwards inside `with toucher():` run every tower."""
-        owner, text = _parts(model)
+        owner, text = model_parts(model)
         self.owners[text] = owner
         # First among the hooks: ZeRO-3/FSDP2 gather the decoder's weights in theirs, and a rank
         # with an image encodes it before that gather, so the dummy must run before it too.
@@ -121,7 +124,7 @@ class TowerToucher:
             return None
         extra = None
         for kind, inputs in self.dummies.items():
-            if kind in self.present:
+            if kind in self.present or kind in self.skip:
                 continue
             fn = _encoder(self.owners[module], kind)
             accepted = inspect.signature(fn).parameters

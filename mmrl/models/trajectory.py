@@ -113,7 +113,7 @@ def row_media(prompt_tensors: dict, observations: Sequence[Observation] | None) 
     for key in keys:
         parts = [prompt_tensors[key]] if key in prompt_tensors else []
         parts += [o.tensors[key] for o in observations or () if key in o.tensors]
-        out[key] = torch.cat(parts, 0)
+        out[key] = parts[0] if len(parts) == 1 else torch.cat(parts, 0)  # a long video: no copy
     return out
 
 

@@ -21,6 +21,9 @@ class DistInfo:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    # The process group the collectives below run over (None: every process). Under sequence
+    # parallelism the data-parallel view (train/sp.py) names its data-parallel group here.
+    group: object = None
 
     @property
     def enabled(self) -> bool:
@@ -60,18 +63,18 @@ def gather_cat(t: torch.Tensor, info: DistInfo) -> tuple[torch.Tensor, int]:
         return t, 0
     size = torch.tensor([t.numel()], device=t.device)
     sizes = [torch.zeros_like(size) for _ in range(info.world)]
-    torch_dist.all_gather(sizes, size)
+    torch_dist.all_gather(sizes, size, group=info.group)
     counts = [int(s.item()) for s in sizes]
     padded = torch.nn.functional.pad(t, (0, max(counts) - t.numel()))
     parts = [torch.zeros_like(padded) for _ in range(info.world)]
-    torch_dist.all_gather(parts, padded)
+    torch_dist.all_gather(parts, padded, group=info.group)
     return torch.cat([p[:c] for p, c in zip(parts, counts)]), sum(counts[:info.rank])
 
 
 def all_sum(x: float | torch.Tensor, info: DistInfo) -> torch.Tensor:
     t = torch.as_tensor(x, dtype=torch.float64).clone()
     if info.enabled:
-        torch_dist.all_reduce(t)
+        torch_dist.all_reduce(t, group=info.group)
     return t
 
 
@@ -81,7 +84,7 @@ def mean_metrics(metrics: dict[str, float], info: DistInfo) -> dict[str, float]:
         return metrics
     keys = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)))
     t = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)
-    torch_dist.all_reduce(t)
+    torch_dist.all_reduce(t, group=info.group)
     return {**metrics, **{k: float(v) / info.world for k, v in zip(keys, t.tolist())}}
 
 
@@ -91,7 +94,7 @@ def all_reduce_grads(params: list[torch.Tensor], info: DistInfo, average: bool =
         return
     flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
                       for p in params])
-    torch_dist.all_reduce(flat)
+    torch_dist.all_reduce(flat, group=info.group)
     if average:
         flat /= info.world
     offset = 0
@@ -113,7 +116,7 @@ def broadcast_object(obj, info: DistInfo):
 
 def barrier(info: DistInfo) -> None:
     if info.enabled:
-        torch_dist.barrier()
+        torch_dist.barrier(group=info.group)
 
 
 def destroy(info: DistInfo) -> None:

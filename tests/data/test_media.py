@@ -1,5 +1,7 @@
 """Media decoding on tiny assets generated here: frame sampling, budgets, backends, audio
 resampling / mixing / containers, the truncation policy, and every bad-media case."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -319,13 +321,9 @@ def test_audio_file_equals_qwen_omni_utils(assets, name, tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys, numpy as np\n"
-            "from qwen_omni_utils import process_audio_info\n"
-            "conv = [{'role': 'user', 'content': [{'type': 'audio', 'audio': sys.argv[1]}]}]\n"
-            "(ref,) = process_audio_info(conv, use_audio_in_video=False)\n"
-            "np.save(sys.argv[2], ref)\n")
     out = tmp_path / "ref.npy"
-    proc = subprocess.run([sys.executable, "-c", code, str(assets / name), str(out)],
+    script = Path(__file__).with_name("omni_audio_reference.py")
+    proc = subprocess.run([sys.executable, str(script), str(assets / name), str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     ref = np.load(out)

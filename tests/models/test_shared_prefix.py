@@ -10,7 +10,7 @@ from PIL import Image
 
 from mmrl.models import get_adapter
 from mmrl.models.forward import collate, completion_logprobs
-from mmrl.models.shared_prefix import (group_attention_mask, group_micro_batches, group_rows,
+from mmrl.models.shared_prefix import (group_attention_mask, group_rows,
                                        pack_groups, prompt_and_completion_positions,
                                        shared_prefix_logprobs, supports_shared_prefix)
 from mmrl.types import Sample
@@ -235,22 +235,6 @@ def test_group_attention_mask():
                  [1, 1, 0, 0, 0, 1]]  # a pad query: harmless, never fully masked (NaN)
 
 
-class _P:  # stands in for PromptFeatures: only input_ids' length is read
-    def __init__(self, n):
-        self.tensors = {"input_ids": torch.zeros(1, n, dtype=torch.long)}
-
-
-def test_group_micro_batches_keep_groups_whole_within_budget():
-    a, b, c = _P(100), _P(50), _P(300)
-    prompts = [a] * 4 + [b] * 4 + [c] * 4
-    mask = torch.ones(12, 10)
-    batches = group_micro_batches(prompts, mask, max_tokens=200)
-    assert batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8], [9], [10], [11]]
-    assert group_micro_batches(prompts, mask, max_tokens=1000) == [list(range(12))]
-    assert group_micro_batches(prompts, mask, max_tokens=1000, max_rows=8) == [list(range(8)), list(range(8, 12))]
-    assert group_micro_batches(prompts, mask, max_tokens=330) == [[0, 1, 2, 3, 4, 5, 6, 7], [8, 9, 10], [11]]
-
-
 def test_lora_wrapped_model_uses_mrope_positions():
     """peft wraps the model: positions must still come from get_rope_index (not 1-D)."""
     peft = pytest.importorskip("peft")
@@ -262,13 +246,3 @@ def test_lora_wrapped_model_uses_mrope_positions():
     pad = processor.tokenizer.pad_token_id
     ids, mask = completions(3, pad, seed=6)
     assert_same(wrapped, [prompt] * 3, ids, mask, pad, min_grads=4)  # lora A, B of q and v
-
-
-def test_length_bucketed_micro_batches_sort_and_bound_padding():
-    from mmrl.models.shared_prefix import length_bucketed_micro_batches
-
-    prompts = [_P(100), _P(10), _P(100), _P(10), _P(50)]
-    mask = torch.ones(5, 10)
-    batches = length_bucketed_micro_batches(prompts, mask, max_tokens=230)
-    assert batches == [[0, 2], [4, 1, 3]]
-    assert sorted(i for b in batches for i in b) == list(range(5))
