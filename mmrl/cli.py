@@ -6,6 +6,7 @@ answer quickly and `--help` works on a broken install.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 from pathlib import Path
@@ -335,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         run = sys.modules.get("mmrl.train.run")  # not imported: no training ran
         if run is not None and isinstance(e, run.RunInterrupted):
             print(f"mmrl: {e}", file=sys.stderr)
-            return 130
+            return e.exit_code
         print(f"mmrl: error: {_message(e)}\n(run with --debug or MMRL_DEBUG=1 for the traceback)",
               file=sys.stderr)
         return 1
@@ -355,10 +356,21 @@ def _message(e: BaseException) -> str:
 
 
 def _one_line(e: BaseException) -> str:
-    text = str(e.args[0] if isinstance(e, KeyError) and e.args else e).strip() or type(e).__name__
+    from mmrl.config import clip
+
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        from mmrl.train.checkpoint import write_failure  # disk full: as every writer words it
+
+        return write_failure(Path(e.filename or "."), e)
+    # A KeyError's str() is the repr of its key; ours carry a sentence, a foreign one a bare key
+    # ("difficulty"), which says nothing without its type.
+    arg = e.args[0] if isinstance(e, KeyError) and e.args else None
+    own_key_error = isinstance(arg, str) and " " in arg
+    text = str(arg if own_key_error else e).strip() or type(e).__name__
+    text = "\n".join(clip(line, 2000) for line in text.splitlines())  # never 10 MB of a value
     # Our own errors say what to do; a foreign one is named by its type so it can be searched.
-    if type(e).__module__.startswith(("mmrl", "rewards")) or isinstance(
-            e, (FileNotFoundError, FloatingPointError, KeyError, ValueError, RuntimeError)):
+    if own_key_error or type(e).__module__.startswith(("mmrl", "rewards")) or isinstance(
+            e, (FileNotFoundError, FloatingPointError, ValueError, RuntimeError)):
         return text
     return f"{type(e).__name__}: {text}"
 

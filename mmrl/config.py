@@ -54,6 +54,8 @@ class DataConfig:
     max_samples: Optional[int] = None  # use only the first N training records
     shuffle: bool = True  # draw prompts in a seeded shuffled order (resumable)
     on_bad_sample: OnBadSample = "error"  # error: stop naming record and file | skip: count
+    # skip: stop when more than this share of the records drawn in an epoch failed to load
+    max_bad_fraction: float = 0.5
     # per-image pixel budget: set, images are resized by qwen-vl-utils' fetch_image (min_pixels /
     # max_pixels) before the processor; the box rewards' resized_size is that frame
     image_min_pixels: Optional[int] = None
@@ -307,6 +309,12 @@ class TrainConfig:
     resume: str = "none"  # none | auto | path to a checkpoint dir
     overwrite: bool = False  # a fresh run may replace what a non-empty log.run_dir holds
     run_id: Optional[str] = None  # set at a run's start; resume=auto accepts only its checkpoints
+    # A resume may change lr, steps, eval, log, ... (applied); other keys (model, data, G, seed,
+    # algo) are refused unless this is true (docs/runs.md).
+    allow_config_change: bool = False
+    # After SIGTERM / SIGHUP / Ctrl-C, the seconds a step's rollout may take to finish before
+    # the step is abandoned (rewound) and the run saves; SLURM: --signal=TERM@120 (docs/runs.md)
+    stop_timeout: float = 30.0
     max_nonfinite_steps: int = 3  # consecutive steps skipped for NaN/inf loss or grad norm -> stop
     eval_every: int = 0  # in-loop held-out evaluation (0 = off)
     # How weights, gradients and optimizer state are spread over processes: auto (from the
@@ -390,7 +398,20 @@ _OFF_KEYS = ("log.progress",)
 
 
 def _load_layer(path) -> DictConfig:
-    layer = OmegaConf.load(path)
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
+                          f"{column}); save the file as UTF-8") from None
+    try:
+        layer = OmegaConf.create(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {clip(' '.join(str(e).split()))}") from None
+    if not isinstance(layer, DictConfig):
+        raise ConfigError(f"{path}: expected a mapping of sections (data:, model:, ...), got a list")
     for key in _OFF_KEYS:
         if OmegaConf.select(layer, key) is False:
             OmegaConf.update(layer, key, "off")
@@ -401,7 +422,7 @@ def _override(merged: DictConfig, item: str) -> str:
     """Apply one `a.b.c=value` (value parsed as YAML) with the schema's checks; returns the key."""
     key, sep, raw = item.partition("=")
     if not sep or not key:
-        raise ConfigError(f"override {item!r}: expected key=value")
+        raise ConfigError(f"override {clip(repr(item))}: expected key=value")
     value = yaml.safe_load(raw) if raw else ""
     if key in _OFF_KEYS and value is False:
         value = "off"
@@ -418,11 +439,10 @@ def _override(merged: DictConfig, item: str) -> str:
         return key
     parent = OmegaConf.select(merged, parent_key) if parent_key else merged
     if parent is None:
-        raise ConfigError(f"override {item!r}: no config section {parent_key!r}")
-    if isinstance(parent, ListConfig):
-        parent[int(leaf)] = value
-    else:
-        setattr(parent, leaf, value)  # struct mode: unknown key / wrong type raise with full_key
+        raise ConfigError(f"override {clip(repr(item))}: no config section {parent_key!r}")
+    # update (not setattr) converts an int given for a float key without OmegaConf's
+    # FutureWarning; struct mode still refuses an unknown key or a wrong type, naming the key.
+    OmegaConf.update(merged, key, value, merge=False)
     return key
 
 
@@ -479,7 +499,13 @@ def choices(literal) -> tuple[str, ...]:
 def _short(e: Exception) -> str:
     lines = [ln for ln in str(e).splitlines() if ln.strip()]
     keep = [ln for ln in lines if not ln.strip().startswith(("object_type", "reference_type"))]
-    return " | ".join(keep)
+    return " | ".join(clip(ln) for ln in keep)
+
+
+def clip(text: str, limit: int = 300) -> str:
+    """`text` cut to `limit` characters, saying how long it was: an error echoes a value, and a
+    10 MB value must not become 10 MB on the terminal."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def to_yaml(cfg: RunConfig) -> str:

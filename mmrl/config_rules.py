@@ -8,7 +8,9 @@ module reads the config by attribute and imports nothing from mmrl, so config.py
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import dataclasses
+import math
+from typing import Any, Callable, Iterator
 
 # Advantages that compare a sample with the others of its group: with one sample per group every
 # advantage is 0, so the run would train on loss 0 and grad 0 without a word.
@@ -61,10 +63,12 @@ RANGES: list[_Check] = [
     ("algo.kl_reward_horizon", lambda v: v > 0, "> 0"),
     ("algo.ref_reset_every", lambda v: v >= 0, ">= 0 (0 = never)"),
     ("train.steps", lambda v: v >= 0, ">= 0"),
+    ("train.seed", lambda v: 0 <= v < 2**32, "in [0, 2**32) (numpy's seed range)"),
     ("train.lr", lambda v: v > 0, "> 0"),
     ("train.weight_decay", lambda v: v >= 0, ">= 0"),
     ("train.betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "two numbers in [0, 1)"),
     ("train.warmup_steps", lambda v: v >= 0, ">= 0"),
+    ("train.stop_timeout", lambda v: v > 0, "> 0 (seconds)"),
     ("train.max_grad_norm", lambda v: v >= 0, ">= 0 (0 = no clipping)"),
     ("train.micro_batch_size", lambda v: v >= 1, ">= 1"),
     ("train.max_tokens_per_micro_batch", lambda v: v >= 1, ">= 1 or null"),
@@ -85,6 +89,7 @@ RANGES: list[_Check] = [
     ("data.video_nframes", lambda v: v >= 1, ">= 1 or null"),
     ("data.video_max_frames", lambda v: v >= 1, ">= 1"),
     ("data.audio_max_seconds", lambda v: v > 0, "> 0 or null"),
+    ("data.max_bad_fraction", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("data.feature_cache", lambda v: v >= 0, ">= 0 (0 = none)"),
     ("tools.max_turns", lambda v: v >= 1, ">= 1"),
     ("tools.eval_max_turns", lambda v: v >= 1, ">= 1 or null"),
@@ -103,13 +108,28 @@ def _get(cfg, key: str):
     return cfg
 
 
+def _floats(node, prefix: str = "") -> Iterator[tuple[str, float]]:
+    """(key, value) of every float in a config (nested dataclasses and their lists)."""
+    for f in dataclasses.fields(node):
+        value, key = getattr(node, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            yield from _floats(value, key + ".")
+        elif isinstance(value, float):
+            yield key, value
+        elif isinstance(value, list):
+            yield from ((f"{key}.{i}", v) for i, v in enumerate(value) if isinstance(v, float))
+
+
 def problems(cfg, world: int = 1) -> list[str]:
     """Every range and cross-field violation of `cfg` (a RunConfig) for a run on `world`
     processes, each one line: `key=value: must be <legal range>[; why]`."""
-    out = []
+    # No option means anything by inf or NaN; `lr > 0` alone would let train.lr=inf through.
+    out = [f"{key}={value!r}: must be a finite number" for key, value in _floats(cfg)
+           if not math.isfinite(value)]
     for key, ok, legal in RANGES:
         value = _get(cfg, key)
-        if value is not None and not ok(value):
+        if value is not None and math.isfinite(value if isinstance(value, float) else 0) \
+                and not ok(value):
             out.append(f"{key}={value!r}: must be {legal}")
     r, a, d = cfg.rollout, cfg.algo, cfg.data
     # CISPO clips only the weight's top: its clip_low 1.0 (ratio floor 0) means "no lower bound".

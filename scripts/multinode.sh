@@ -8,6 +8,9 @@ set -euo pipefail
 NNODES=${NNODES:?set NNODES}; GPUS_PER_NODE=${GPUS_PER_NODE:-8}; PORT=${MASTER_PORT:-29500}
 PY=${PYTHON:-$(dirname "$0")/../.venv/bin/python}
 [ -x "$PY" ] || PY=python
+# On SIGTERM torchrun passes it to the workers and kills them this many seconds later (torch
+# >= 2.13 reads it; older ones wait 30 s): time for the step in progress and the save.
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-100}
 exec "$PY" -m torch.distributed.run --nnodes="$NNODES" --nproc_per_node="$GPUS_PER_NODE" \
   --rdzv_backend=c10d --rdzv_endpoint="$MASTER_ADDR:$PORT" --rdzv_id="${RDZV_ID:-mmrl}" \
   -m mmrl.cli train "$@"

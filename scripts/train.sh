@@ -7,4 +7,7 @@ set -euo pipefail
 NPROC=${1:?usage: train.sh NPROC CONFIG [key=value ...]}; shift
 PY=${PYTHON:-$(dirname "$0")/../.venv/bin/python}
 [ -x "$PY" ] || PY=python
+# On SIGTERM torchrun passes it to the workers and kills them this many seconds later (torch
+# >= 2.13 reads it; older ones wait 30 s): time for the step in progress and the save.
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-100}
 exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" -m mmrl.cli train "$@"

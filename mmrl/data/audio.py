@@ -16,6 +16,10 @@ import numpy as np
 from mmrl.data.media_errors import check_file as _check_file, fail as _fail
 from mmrl.types import AUDIO_SAMPLING_RATE
 
+# Shorter audio is a MediaError: Qwen2-Audio's forward raises a TypeError on 60 ms or less
+# (960 samples at 16 kHz; transformers 5.19), after the run has started; 0.1 s is the round
+# bound above it, and no task can hear anything in less.
+MIN_SECONDS = 0.1
 RESAMPLE_MARGIN = 0.1  # s read past a head cut, so the resampler's filter sees what follows it
 SOUNDFILE_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".aiff", ".aif"}
 
@@ -81,6 +85,8 @@ def _decode_audio(path: str, sr: int, max_seconds: float | None, keep_head: bool
             raise _fail(source, "cannot decode audio", path, "; ".join(errors)) from None
     if x.size == 0:
         raise _fail(source, "audio", path, "no audio samples (zero-length audio)")
+    if x.shape[0] < MIN_SECONDS * native:
+        raise _fail(source, "audio", path, too_short(x.shape[0] / native))
     truncated = limit is not None and x.shape[0] > limit * native
     if native != sr:
         import soxr
@@ -89,6 +95,11 @@ def _decode_audio(path: str, sr: int, max_seconds: float | None, keep_head: bool
     if limit is not None:  # without keep_head this only drops resampling round-off
         x = x[:int(round(limit * sr))]
     return np.ascontiguousarray(x, dtype=np.float32), bool(truncated)
+
+
+def too_short(seconds: float) -> str:
+    return (f"{seconds * 1000:.0f} ms of audio is shorter than the {MIN_SECONDS * 1000:.0f} ms "
+            f"the audio models take (Qwen2-Audio fails on 60 ms or less): drop or lengthen it")
 
 
 class _TooLong(Exception):

@@ -12,10 +12,12 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from mmrl.data.media import MediaError, frame_folder, load_audio, load_image, load_media, \
-    load_video, processor_errors
+from mmrl.data.audio import MIN_SECONDS, too_short
+from mmrl.data.media import MediaError, frame_folder, image_too_big, load_audio, load_image, \
+    load_media, load_video, processor_errors
 from mmrl.data.schema import RecordError, load_samples
 from mmrl.types import Sample
+from rewards.calls import call_reward
 
 
 def render_prompt(sample: Sample) -> str:
@@ -65,13 +67,19 @@ def _open_header(kind: str, path: str, source: str, frame_fps: float | None = No
             from PIL import Image
 
             with Image.open(path) as im:
+                too_big = image_too_big(im, None)  # from the header: a bomb is found here
+                if too_big:
+                    raise MediaError(too_big)
                 im.verify()
             return
         if kind == "audios" and p.suffix.lower() in (".wav", ".flac", ".ogg"):
             import soundfile as sf
 
-            if sf.info(path).frames == 0:
+            info = sf.info(path)
+            if info.frames == 0:
                 raise MediaError("no audio samples")
+            if info.frames < MIN_SECONDS * info.samplerate:
+                raise MediaError(too_short(info.frames / info.samplerate))
             return
         import av
 
@@ -121,12 +129,13 @@ def inspect_file(path: str | Path, fmt: str | None = None, n_show: int = 3, *, c
     by_task: Counter = Counter()
     by_modality: Counter = Counter()
     bad_records, bad_media, examples = [], [], []
-    try:
-        samples = load_samples(path, fmt, max_records, configured=configured)
-    except (RecordError, FileNotFoundError) as e:  # e.g. a line that is not JSON: nothing loads
+    try:  # every JSONL line that is not JSON is listed, and the other lines inspected
+        samples = load_samples(path, fmt, max_records, configured=configured,
+                               bad_lines=bad_records)
+    except (RecordError, FileNotFoundError) as e:  # e.g. a JSON list cut short: nothing loads
         return {"path": str(path), "format": fmt or configured, "records": 0, "by_task": {},
-                "by_modality": {}, "bad_records": [str(e)], "bad_media": [], "examples": [],
-                "notes": [], "unreadable": True}
+                "by_modality": {}, "bad_records": [*bad_records, str(e)], "bad_media": [],
+                "examples": [], "notes": [], "unreadable": True}
     if media_root:
         samples.base = Path(media_root)
     n = len(samples)
@@ -231,8 +240,9 @@ def reward_scorability(specs, samples: list[Sample], max_new_tokens: int = 1024)
             fields = {k: [s.fields.get(k) for s in rows] for k in keys}
             fields.update(task=[s.task for s in rows], completion_length=[1] * len(rows),
                           max_completion_length=[max_new_tokens] * len(rows))
-            scores = fn([probe_completion(s.solution) for s in rows], [s.solution for s in rows],
-                        **fields)
+            scores = call_reward(fn, spec.name, [probe_completion(s.solution) for s in rows],
+                                 [s.solution for s in rows], fields,
+                                 [f"{s.id} ({s.source})" for s in rows])
         unscored = [s for s, v in zip(rows, scores) if v is None]
         name = spec.name.rsplit(":", 1)[-1]
         need = NEEDED_FIELD.get(name)

@@ -80,24 +80,38 @@ class _OffsetTable(_Rows):
 
 class JsonlTable(_OffsetTable):
     """One JSON object per line; blank lines are skipped, and sources keep the file's line
-    numbers."""
+    numbers. A line that is not UTF-8 JSON raises, or with `bad_lines` (a list: `data inspect`
+    counts them all) is described there and left out."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, bad_lines: list[str] | None = None):
         super().__init__(path)
         self.lines = array("I")
         offset = 0
         with open(path, "rb") as f:  # bytes: a bad byte is reported with its line number
             for lineno, raw in enumerate(f, 1):
-                text = utf8(raw, path, lineno)
-                if text.strip():
-                    try:
-                        json.loads(text)
-                    except json.JSONDecodeError as e:
-                        raise RecordError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+                try:
+                    is_record = self._parses(raw, lineno)
+                except RecordError as e:
+                    if bad_lines is None:
+                        raise
+                    bad_lines.append(str(e))
+                    is_record = False
+                if is_record:
                     self.offsets.append(offset)
                     self.lengths.append(len(raw))
                     self.lines.append(lineno)
                 offset += len(raw)
+
+    def _parses(self, raw: bytes, lineno: int) -> bool:
+        """True for a line of JSON, False for a blank one, else a RecordError naming it."""
+        text = utf8(raw, self.path, lineno)
+        if not text.strip():
+            return False
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as e:
+            raise RecordError(f"{self.path}:{lineno}: not valid JSON ({e.msg})") from None
+        return True
 
     def source(self, i: int) -> str:
         return f"{self.path}:{self.lines[i]}"

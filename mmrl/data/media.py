@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,11 +56,51 @@ def processor_errors(sample: Sample):
 
 # ------------------------------------------------------------------------------------ images ----
 
-def load_image(path: str, source: str = "") -> Image.Image:
-    """Open an image as RGB with its EXIF orientation applied (phone photos are stored rotated)."""
+# Decoding is refused above max(DECODE_FACTOR x the pixel budget, DECODE_FLOOR) pixels: a
+# 12000x12000 PNG of 445 KB decoded to 6.8 GB of RSS before the budget shrank it. JPEGs first
+# decode reduced (Pillow's draft: 1/2 .. 1/8 scale in the DCT), so only other formats meet it.
+DECODE_FACTOR, DECODE_FLOOR = 4, 16_000_000
+
+
+def decode_limit(max_pixels: int | None) -> int:
+    """The most pixels an image may have when decoded, under data.image_max_pixels."""
+    return max(DECODE_FACTOR * image_budget(None, max_pixels)[1], DECODE_FLOOR)
+
+
+def image_too_big(im: Image.Image, max_pixels: int | None) -> str | None:
+    """Before decoding (`Image.open` read only the header): sets a JPEG to decode at the
+    smallest scale that still covers the budget; -> why the image is still too big to decode
+    (over `decode_limit`), or None."""
+    budget = image_budget(None, max_pixels)[1]
+    w, h = im.size
+    if im.format == "JPEG" and w * h > budget:
+        scale = math.sqrt(budget / (w * h))
+        im.draft("RGB", (math.ceil(w * scale), math.ceil(h * scale)))
+        w, h = im.size
+    limit = decode_limit(max_pixels)
+    if w * h <= limit:
+        return None
+    return (f"{w}x{h} is {w * h / 1e6:.0f} MP, over the {limit / 1e6:.0f} MP a run decodes "
+            f"(max({DECODE_FACTOR} x data.image_max_pixels, {DECODE_FLOOR // 10**6} MP)): "
+            f"downscale the file, or raise data.image_max_pixels")
+
+
+def _open_quietly(path: str) -> Image.Image:
+    """Image.open without Pillow's warning over 89 MP: image_too_big decides, in one line."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        return Image.open(path)
+
+
+def load_image(path: str, source: str = "", max_pixels: int | None = None) -> Image.Image:
+    """Open an image as RGB with its EXIF orientation applied (phone photos are stored rotated),
+    decoding no more pixels than the budget `max_pixels` (data.image_max_pixels) needs."""
     _check_file(path, "image", source)
     try:
-        with Image.open(path) as im:
+        with _open_quietly(path) as im:
+            too_big = image_too_big(im, max_pixels)
+            if too_big:
+                raise _fail(source, "image", path, too_big)
             im = ImageOps.exif_transpose(im)
             if im.mode in ("RGBA", "LA", "P"):  # composite transparency on white, not black
                 im = im.convert("RGBA")
@@ -67,6 +108,8 @@ def load_image(path: str, source: str = "") -> Image.Image:
                 bg.paste(im, mask=im.getchannel("A"))
                 return bg
             return im.convert("RGB")
+    except Image.DecompressionBombError as e:  # over Pillow's limit: neither OSError nor Value
+        raise _fail(source, "image", path, f"{e} Downscale the file") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise _fail(source, "cannot decode image", path, str(e)) from None
 
@@ -453,8 +496,9 @@ def load_media(sample: Sample, *, video_kwargs: dict | None = None,
     akw = dict(audio_kwargs or {})
     return {
         "images": [load_image(p, sample.source) if image_kwargs is None else
-                   fit_image(load_image(p, sample.source), source=sample.source, path=p,
-                             **image_kwargs) for p in sample.images],
+                   fit_image(load_image(p, sample.source, image_kwargs.get("max_pixels")),
+                             source=sample.source, path=p, **image_kwargs)
+                   for p in sample.images],
         "videos": [load_video(p, source=sample.source, cache=cache, **vkw) for p in sample.videos],
         "audios": [load_audio(p, source=sample.source, cache=cache, stats=stats, **akw)
                    for p in sample.audios],

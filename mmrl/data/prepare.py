@@ -159,6 +159,13 @@ def check_metric(cfg: RunConfig, evals: Sequence[Sample]) -> None:
     name = cfg.eval.metric_reward
     specs = [s for s in cfg.rewards if s.name == name] or [RewardSpec(name=name)]
     picked = spread(evals)
+    empty = [s for s in picked if s.solution is None or s.solution == [] or
+             (isinstance(s.solution, str) and not s.solution.strip())]
+    if empty:  # scored as wrong (or None: a NaN accuracy), never measured
+        raise ValueError(f"{len(empty)} of the {len(picked)} eval records checked have an empty "
+                         f"solution (first: {empty[0].source}): {name} cannot score them, so "
+                         f"the eval accuracy would be wrong. Fill in their solutions or drop "
+                         f"those records")
     rows = reward_scorability(specs, picked, cfg.rollout.max_new_tokens)
     if any(r["scorable"] for r in rows):
         return

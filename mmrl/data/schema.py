@@ -129,15 +129,17 @@ class LazySamples(Sequence):
 
 
 def load_samples(path: str | Path, fmt: str | None = None, max_samples: int | None = None, *,
-                 configured: str | None = None, default_split: str | None = None) -> LazySamples:
+                 configured: str | None = None, default_split: str | None = None,
+                 bad_lines: list[str] | None = None) -> LazySamples:
     """The samples of `path`, read lazily (mmrl/data/sources.py). The record format: `fmt` when
     given (a --format flag), else `configured` (a config's data.format) where it reads the
     file, else detected from the file (mmrl/data/detect.py `resolve_format`). `default_split`:
-    the split taken from a dataset folder holding several (data.train: "train")."""
+    the split taken from a dataset folder holding several (data.train: "train"). `bad_lines`: a
+    list where JSONL lines that are not JSON are described and left out, instead of raising."""
     from mmrl.data.detect import resolve_format
     from mmrl.data.hub import split_selector
 
-    table = open_table(path, default_split)
+    table = open_table(path, default_split, bad_lines)
     folder = Path(split_selector(str(path))[0])
     base = folder if folder.is_dir() else folder.parent
     n = len(table) if max_samples is None else min(len(table), max_samples)

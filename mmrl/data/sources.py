@@ -123,10 +123,12 @@ class _offline:
         dc.HF_HUB_OFFLINE = self._saved
 
 
-def open_table(path: str | Path, default_split: str | None = None) -> Sequence:
+def open_table(path: str | Path, default_split: str | None = None,
+               bad_lines: list[str] | None = None) -> Sequence:
     """The records at `path` (see the module docstring), read lazily. A folder laid out as a Hub
     dataset repository gives one split (mmrl/data/hub.py): `DIR:validation` names it, else
-    `default_split` (data.train asks for "train") where the folder holds several."""
+    `default_split` (data.train asks for "train") where the folder holds several. `bad_lines`:
+    see file_table."""
     from mmrl.data.hub import split_selector
 
     path, split = split_selector(str(path))
@@ -138,18 +140,19 @@ def open_table(path: str | Path, default_split: str | None = None) -> Sequence:
                                 f"or set data.generate in the config)")
     if p.is_dir():
         return _folder_table(p, split, default_split)
-    return file_table(p)
+    return file_table(p, bad_lines)
 
 
-def file_table(p: Path) -> Sequence:
+def file_table(p: Path, bad_lines: list[str] | None = None) -> Sequence:
     """One data file: Parquet by row group, JSON / JSONL by byte offset (json_tables.py), a
-    Charades-style JSON dict of videos whole (such files are small)."""
+    Charades-style JSON dict of videos whole (such files are small). A JSONL line that is not
+    JSON raises, or with `bad_lines` (a list) is described there and left out."""
     from mmrl.data.json_tables import JsonListTable, JsonlTable, utf8
 
     if p.suffix == ".parquet":
         return ParquetTable([p])
     if p.suffix != ".json":
-        return JsonlTable(p)
+        return JsonlTable(p, bad_lines)
     with p.open("rb") as f:
         head = f.read(4096).lstrip()
     if not head.startswith(b"{"):
@@ -158,7 +161,7 @@ def file_table(p: Path) -> Sequence:
         rows = json.loads(utf8(p.read_bytes(), p))
     except json.JSONDecodeError as e:
         if e.msg == "Extra data":  # one object per line under a .json name
-            return JsonlTable(p)
+            return JsonlTable(p, bad_lines)
         raise RecordError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
     return ListTable(per_video(rows, p))
 

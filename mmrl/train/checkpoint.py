@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from mmrl.train import verify
+
 if TYPE_CHECKING:
     from mmrl.train.parallel import Strategy
 
@@ -56,6 +58,10 @@ def _safe_load(path: Path) -> Any:
             f"{path}: refusing to load: it holds objects other than tensors and plain data "
             f"({str(e).splitlines()[0][:200]}). Only resume from checkpoints you wrote "
             f"yourself.") from None
+    except (RuntimeError, EOFError, ValueError) as e:  # torch: "failed finding central directory"
+        raise CheckpointError(f"{path}: cannot be read, it is damaged (truncated or overwritten: "
+                              f"{str(e).splitlines()[0][:200]}); resume from an earlier "
+                              f"checkpoint with train.resume=PATH") from None
 
 
 def save(run_dir: Path, step: int, model, processor, trainer_state: dict[str, Any],
@@ -76,10 +82,13 @@ def save(run_dir: Path, step: int, model, processor, trainer_state: dict[str, An
     _barrier(strategy)
     try:
         _write(tmp, step, model, processor, trainer_state, strategy, optimizer, main)
-    except (OSError, RuntimeError) as e:  # disk full: torch says "basic_ios::clear", HF OSError
+        verify.fsync_files(tmp)  # every rank its own writes (and, cheaply, the clean rest)
+        _barrier(strategy)
+        if main:
+            verify.write_manifest(tmp)  # last: sizes and CRC-32s of every file, for resume
+    except WRITE_ERRORS as e:  # disk full: torch "basic_ios::clear", HF OSError, SafetensorError
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(_write_failure(root, final, e)) from e
-    _barrier(strategy)
+        raise CheckpointError(write_failure(final, e)) from e
     if main:
         _fsync_dir(tmp)
         if final.exists():  # re-saving the same step (e.g. after resume): replace it whole
@@ -112,14 +121,28 @@ def _write(tmp: Path, step: int, model, processor, trainer_state, strategy: Stra
         _fault_injection_pause()
 
 
-def _write_failure(root: Path, final: Path, error: Exception) -> str:
-    free = shutil.disk_usage(root).free if root.exists() else 0
-    prev = latest(root.parent)
-    kept = f"the previous checkpoint {prev} is intact" if prev else "no earlier checkpoint exists"
+def _write_errors() -> tuple[type[BaseException], ...]:
+    from safetensors import SafetensorError
+
+    return OSError, RuntimeError, SafetensorError
+
+
+WRITE_ERRORS = _write_errors()
+
+
+def write_failure(target: Path, error: BaseException) -> str:
+    """One wording for every writer that fails (disk full, quota, a file size limit): what could
+    not be written, the free space, and the checkpoint a resume starts from."""
+    target = Path(target)
+    root = next((p for p in (target, *target.parents) if p.exists()), Path("."))
+    free = shutil.disk_usage(root).free
+    run_dir = next((p.parent for p in (target, *target.parents) if p.name == "checkpoints"), None)
+    prev = latest(run_dir) if run_dir is not None else None
+    kept = (f"the previous checkpoint {prev} is intact: resume with train.resume=auto" if prev
+            else "no checkpoint was written before it")
     first = (str(error).splitlines() or [type(error).__name__])[0][:200]
-    return (f"could not write checkpoint {final} ({first}); {free / 2**30:.2f} GiB free in "
-            f"{root}. Free space (or set log.run_dir on a larger disk); {kept}: resume with "
-            f"train.resume=auto")
+    return (f"could not write {target} ({first}); {free / 2**30:.2f} GiB free in {root}. Free "
+            f"space (or set log.run_dir on a larger disk); {kept}")
 
 
 def clean_stale(run_dir: Path) -> list[Path]:
@@ -141,9 +164,7 @@ def hf_config(model):
 
 def has_weights(ckpt: Path | None) -> bool:
     """True for an HF-format (or LoRA adapter) checkpoint; False for sharded-only ones."""
-    return ckpt is not None and any((Path(ckpt) / f).exists() for f in (
-        "model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors",
-        "pytorch_model.bin"))
+    return ckpt is not None and any((Path(ckpt) / f).exists() for f in verify.WEIGHT_FILES)
 
 
 def _barrier(strategy: Strategy | None) -> None:
@@ -173,21 +194,51 @@ def load_state(ckpt: Path, rank: int = 0, world: int = 1) -> dict[str, Any]:
     return state
 
 
-def resolve_resume(resume: str, run_dir: Path) -> Path | None:
-    """`none` -> None; `auto` -> newest complete checkpoint in run_dir (or None); else a path."""
+def resolve_resume(resume: str, run_dir: Path, say=print) -> Path | None:
+    """`none` -> None; `auto` -> the newest checkpoint in run_dir that verifies (or None; each
+    one skipped is named, with why, through `say`); else a path, which must verify."""
     if resume is None:
         return None
     if resume in RESUME_KEYWORDS:
-        return RESUME_KEYWORDS[resume](run_dir)
+        return RESUME_KEYWORDS[resume](run_dir, say)
     path = Path(resume)
     if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"train.resume={resume}: no {STATE_FILE} there; point it at a "
                                 f"checkpoints/step_NNNNNN dir or use resume=auto")
+    found = verify.problem(path)
+    if found:
+        raise CheckpointError(f"train.resume={resume}: {found}; resume from another checkpoint, "
+                              f"or train.resume=auto for the newest intact one")
     return path
 
 
+def latest_intact(run_dir: Path, say=print) -> Path | None:
+    """The newest checkpoint that verifies (mmrl.train.verify); an older one when the newest is
+    damaged (a node crash, a full disk, a copy cut short), each skipped one named."""
+    root = Path(run_dir) / "checkpoints"
+    found = sorted((p for p in root.iterdir() if _STEP_DIR.match(p.name)),
+                   key=lambda p: int(_STEP_DIR.match(p.name).group(1))) if root.is_dir() else []
+    skipped = []
+    for ckpt in reversed(found):
+        why = verify.problem(ckpt)
+        if why is None:
+            return ckpt
+        skipped.append(f"{ckpt.name}: {why}")
+        aside = ckpt.with_name(ckpt.name + ".damaged")  # kept to look at; the run redoes its step
+        shutil.rmtree(aside, ignore_errors=True)
+        ckpt.rename(aside)
+        say(f"skipping checkpoint {ckpt}: {why} (moved to {aside.name})")
+    if skipped:
+        raise CheckpointError(
+            f"no checkpoint in {root} verifies ({'; '.join(skipped)}); resume one of them "
+            f"explicitly with train.resume=PATH only if you trust it, or start over with "
+            f"train.overwrite=true")
+    return None
+
+
 # train.resume's keywords -> the checkpoint they resume from (None: start fresh); else a path.
-RESUME_KEYWORDS = {"none": lambda run_dir: None, "": lambda run_dir: None, "auto": latest}
+RESUME_KEYWORDS = {"none": lambda run_dir, say: None, "": lambda run_dir, say: None,
+                   "auto": latest_intact}
 
 
 def _fsync_dir(path: Path) -> None:

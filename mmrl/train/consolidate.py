@@ -12,6 +12,9 @@ from pathlib import Path
 
 import torch
 
+from mmrl.train import verify
+from mmrl.train.checkpoint import CheckpointError
+
 
 def sharded_kind(ckpt: Path) -> str | None:
     """"deepspeed", "dcp", or None for a checkpoint without shards."""
@@ -43,6 +46,12 @@ def full_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
     """The model's whole state dict (float32 for ZeRO, the saved dtype for FSDP2)."""
     kind = sharded_kind(ckpt)
     if kind in _FULL_STATE:
+        try:  # the libraries' readers unpickle whatever is there: check it first
+            verify.check_pickles(Path(ckpt))
+        except verify.UnsafeCheckpoint as e:
+            raise CheckpointError(f"refusing to load {e}: it holds objects other than tensors "
+                                  f"and plain data. Only load checkpoints you wrote "
+                                  f"yourself.") from None
         return _FULL_STATE[kind](Path(ckpt))
     raise ValueError(f"{ckpt} has no sharded weights (no deepspeed/ or dcp/ inside); it is "
                      f"already a Hugging Face model directory")

@@ -104,6 +104,16 @@ def all_reduce_grads(params: list[torch.Tensor], info: DistInfo, average: bool =
         offset += n
 
 
+def broadcast_object(obj, info: DistInfo):
+    """Rank 0's `obj` on every rank (a decision only rank 0 takes, e.g. the checkpoint to
+    resume from after verifying it)."""
+    if not info.enabled:
+        return obj
+    box = [obj]
+    torch_dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         torch_dist.barrier(group=info.group)

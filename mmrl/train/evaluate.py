@@ -20,7 +20,7 @@ from mmrl.data.prepare import media_loader
 from mmrl.models.forward import generate
 from mmrl.train.logging import json_safe
 from mmrl.train.metrics import summarize
-from mmrl.train.scoring import RewardSet
+from mmrl.train.scoring import RewardSet, rewards_at
 from mmrl.types import Sample, SamplingParams
 from rewards import extract_answer
 
@@ -102,8 +102,10 @@ def evaluate(model, processor, adapter: ModelAdapter, samples: list[Sample], cfg
         texts = processor.tokenizer.batch_decode([r[m.bool()] for r, m in zip(ids, mask)],
                                                  skip_special_tokens=True)
         drawn = [s for s in chunk for _ in range(k)]
-        totals, per = rewards.score(drawn, texts, {"completion_length": mask.sum(1).tolist(),
-                                                   "max_completion_length": [max_new] * len(drawn)})
+        with rewards_at("evaluation"):
+            totals, per = rewards.score(drawn, texts, {
+                "completion_length": mask.sum(1).tolist(),
+                "max_completion_length": [max_new] * len(drawn)})
         metric = row_metrics(rewards, ec.metric_reward, per)
         for i, s in enumerate(drawn):
             rows.append({"id": s.id, "draw": i % k, "task": s.task, "completion": texts[i],
@@ -120,6 +122,8 @@ def evaluate(model, processor, adapter: ModelAdapter, samples: list[Sample], cfg
     result = {"accuracy": sum(scored) / len(scored) if scored else float("nan"),
               "n": len(firsts), "failed": failed,
               "reward_mean": sum(r["reward"] for r in firsts) / max(1, len(firsts))}
+    if not scored:  # say why accuracy is NaN instead of printing a bare nan
+        result["unscored_reason"] = _unscored_reason(ec.metric_reward, len(firsts), failed)
     for key in rewards.keys:
         vals = [r["rewards"][key] for r in firsts if r["rewards"][key] is not None]
         if vals:
@@ -129,6 +133,14 @@ def evaluate(model, processor, adapter: ModelAdapter, samples: list[Sample], cfg
         result.update(summarize([{**r, "rewards": {"metric": r["metric"]}} for r in rows],
                                 "metric", k, ec.pass_threshold, iou_params))
     return result
+
+
+def _unscored_reason(metric: str, n: int, failed: int) -> str:
+    why = (": every one failed to load (data.on_bad_sample=skip; `mmrl data inspect FILE` lists "
+           "why)" if failed and not n else
+           " (it returned None for each: check the fields it needs with `mmrl data inspect "
+           "FILE --config CONFIG`)")
+    return f"reward {metric!r} scored none of the {n + failed} eval records{why}"
 
 
 def majority_baseline(samples: list[Sample]) -> float:

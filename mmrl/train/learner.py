@@ -32,7 +32,7 @@ class Learner:
 
     def __init__(self, cfg: RunConfig, info: dist.DistInfo, strategy: Strategy, policy: Policy):
         self.info, self.strategy, self.policy = info, strategy, policy
-        self.algo, self.seed = cfg.algo, cfg.train.seed
+        self.algo, self.seed, self.train_cfg = cfg.algo, cfg.train.seed, cfg.train
         self.loss = loss_settings(cfg)
         self.max_nonfinite = max(1, cfg.train.max_nonfinite_steps)
         module, self.optimizer, self.scheduler = strategy.setup(policy.model, cfg.train.steps)
@@ -145,6 +145,23 @@ class Learner:
         else:
             self.strategy.load_shards(ckpt, self.policy.model, self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
+        apply_optimizer_settings(self.optimizer, self.scheduler, self.train_cfg)
+
+
+def apply_optimizer_settings(optimizer, scheduler, tc) -> None:
+    """After a resume: the config's lr, betas and weight decay, not the checkpoint's. A restored
+    optimizer and LambdaLR carry their old base lr (a resume with train.lr=5e-4 kept training at
+    1e-4); the schedule's shape (steps, warm-up, kind) is the new config's already."""
+    for group in optimizer.param_groups:
+        group["betas"], group["weight_decay"] = tuple(tc.betas), tc.weight_decay
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if lambdas is None or list(scheduler.base_lrs) == [tc.lr] * len(scheduler.base_lrs):
+        return
+    scheduler.base_lrs = [tc.lr] * len(optimizer.param_groups)
+    for group, factor in zip(optimizer.param_groups, lambdas):
+        group["initial_lr"] = tc.lr
+        group["lr"] = tc.lr * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
 
 
 def loss_settings(cfg: RunConfig) -> algos.LossSettings:

@@ -22,8 +22,9 @@ metrics stage.
 """
 from __future__ import annotations
 
+import copy
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 
 import torch
@@ -40,20 +41,25 @@ from mmrl.train.learner import Learner
 from mmrl.train.logging import RunLogger
 from mmrl.train.policy import Policy
 from mmrl.train.prompts import PromptSource
+from mmrl.train.resume_config import as_plain
 from mmrl.train.rollout_utils import CutWatch, concat_rollouts, rollout_metrics, rollout_records
-from mmrl.train.scoring import Scorer
+from mmrl.train.scoring import Scorer, rewards_at
 from mmrl.types import RolloutBatch, ScoredBatch
+
+
+FROM_CONFIG = object()  # Trainer(resume=...): resolve train.resume here
 
 
 class Trainer:
     # What other files may read (tests/train/test_structure.py checks it).
     PUBLIC = ("cfg", "run_dir", "info", "policy", "prompts", "scorer", "rollout", "log",
               "eval_set", "step", "state_extra", "train_step", "sample_batch", "learn",
-              "check_finite", "sync_engine", "save", "close")
+              "check_finite", "sync_engine", "save", "rewind", "stop", "close")
 
-    def __init__(self, cfg: RunConfig, logger: RunLogger | None = None):
+    def __init__(self, cfg: RunConfig, logger: RunLogger | None = None, resume=FROM_CONFIG):
         """Setup: every part built explicitly, in an order that keeps the RNG streams (and so a
-        resumed run) exactly as they were."""
+        resumed run) exactly as they were. `resume`: the checkpoint rank 0 chose and verified
+        (rundir.prepare), else train.resume is resolved here."""
         self.cfg, self.run_dir = cfg, cfg.run_dir
         setup.check_environment(cfg)
         self.info = dist.init()
@@ -61,8 +67,12 @@ class Trainer:
         setup.set_seed(cfg.train.seed)
         adapter = get_adapter(cfg.model.family)
         train_set, self.eval_set = build_datasets(cfg, adapter.image_factor)
-        data_warnings = check_datasets(cfg, train_set, self.eval_set)
-        resume = checkpoint.resolve_resume(cfg.train.resume, self.run_dir)
+        with rewards_at("at start, asking each reward which records it can score"):
+            data_warnings = check_datasets(cfg, train_set, self.eval_set)
+        if resume is FROM_CONFIG:
+            resume = (checkpoint.resolve_resume(cfg.train.resume, self.run_dir)
+                      if self.info.main else None)
+        resume = dist.broadcast_object(resume, self.info)  # every rank resumes what rank 0 chose
         self.policy = Policy(cfg, self.info, strategy, adapter,
                              resume if checkpoint.has_weights(resume) else None)
         self.learner = Learner(cfg, self.info, strategy, self.policy)
@@ -77,7 +87,7 @@ class Trainer:
             tensorboard=cfg.log.tensorboard and main, wandb=cfg.log.wandb and main,
             progress=cfg.log.progress if main else "silent", log_every=cfg.log.log_every,
             config=asdict(cfg))
-        if main:
+        if main and not (self.run_dir / "config.yaml").is_file():  # a resume keeps the original
             save_config(cfg, self.run_dir / "config.yaml")
             cut = answer_budget(train_set, self.policy.processor.tokenizer, cfg.sft.target,
                                 cfg.rollout.max_new_tokens)
@@ -85,10 +95,12 @@ class Trainer:
                 self.log.warn(format_answer_budget(cut, cfg.rollout.max_new_tokens))
             for warning in data_warnings:
                 self.log.warn(warning)
+        self.prompts.say = self.log.warn  # skipped records: on the terminal and in warnings.txt
         self.checkpointer = Checkpointer(self.run_dir, cfg.train, self.info, self.log)
         # Saved with the rest: run.py's stage results (SFT, accuracy before RL) and the
         # algorithms' carried values (the adaptive KL-in-reward coefficient).
         self.step, self.state_extra = 0, {}
+        self.stop, self._step_start = None, None  # set by run.py (signals.StopSignals)
         if resume is not None:
             self.step, self.state_extra = self.checkpointer.restore(resume, self.learner,
                                                                     self.prompts)
@@ -96,7 +108,10 @@ class Trainer:
     # ---------------------------------------------------------------- one step -----------------
     def train_step(self) -> dict[str, float]:
         timer = StageTimer()
-        with timer("rollout"):
+        stop = self.stop  # run.py's StopSignals: a signal may abandon the rollout (signals.py)
+        self._step_start = self._resumable_state() if stop is not None else None
+        with timer("rollout"), rewards_at(f"step {self.step + 1}"), \
+                stop.abandonable() if stop is not None else nullcontext():
             batch, scores, per_reward, extra = self.sample_batch()
             scores, tgrpo = methods.temporal_contrast(self.cfg, self.step, self.policy,
                                                       self.rollout, self.scorer, batch, scores,
@@ -190,7 +205,21 @@ class Trainer:
         """Stop after too many non-finite steps in a row (the Learner's guard)."""
         self.learner.check_finite(self.step)
 
+    def _resumable_state(self) -> tuple:
+        """What a step changes before its update: the prompts' position and history, the random
+        streams, the carried algorithm state (the weights change only in the update)."""
+        return (copy.deepcopy(self.prompts.state_dict()), checkpoint.rng_state(),
+                copy.deepcopy(self.state_extra))
+
+    def rewind(self) -> None:
+        """Back to the start of the step being abandoned, so that a save now equals the save at
+        the end of the previous step, and a resumed run redoes the step as it would have run."""
+        prompts, rng, self.state_extra = self._step_start
+        self.prompts.load_state_dict(prompts)
+        checkpoint.set_rng_state(rng)
+
     def save(self) -> None:
+        self.state_extra["config"] = as_plain(self.cfg)  # what a resume compares its config with
         self.checkpointer.save(self.step, self.learner, self.prompts, self.state_extra)
 
     def close(self) -> None:

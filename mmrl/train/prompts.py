@@ -38,7 +38,8 @@ class PromptSource:
         self.sampler = PromptSampler(len(dataset), cfg.train.seed, cfg.data.shuffle,
                                      blocks=getattr(dataset, "blocks", None))
         self.history = HistoryFilter.make(cfg.algo)
-        self.skipped = 0
+        self.bad = BadRecords(len(dataset), cfg.data.max_bad_fraction)
+        self.say = print  # the trainer's log.warn once it exists
         self._features: OrderedDict[int, PromptFeatures] = OrderedDict()
 
     def features(self, sample: Sample, key: int | None = None) -> PromptFeatures:
@@ -58,20 +59,24 @@ class PromptSource:
 
     def next(self, n: int) -> list[PromptFeatures]:
         """Draw n prompts (the global batch: every rank draws the same ones and keeps its slice,
-        so groups stay whole); bad media raises (on_bad_sample=error) or is skipped and counted
-        (a replacement is drawn locally, so ranks' orders may then drift apart)."""
+        so groups stay whole); bad media raises (on_bad_sample=error) or is skipped and counted,
+        and a replacement drawn (locally, so ranks' orders may then drift apart), until the
+        share of bad records in the epoch, or a run of them, says the data is broken."""
         todo = [self.sampler.next() for _ in range(n)][dist.local_slice(n, self.info)]
-        want, out = len(todo), []
+        want, out, in_a_row = len(todo), [], 0
         while len(out) < want:
             idx = todo.pop(0) if todo else self.sampler.next()
             if self.history is not None and self.history.skips(self.dataset[idx]):
                 continue
             try:
-                out.append(self.features(self.dataset[idx], idx))
+                out.append(self._features_of(idx))
+                self.bad.tried(self.sampler.epoch, ok=True)
+                in_a_row = 0
             except MediaError as e:
-                self._skip(e)
-                if self.skipped > len(self.dataset):
-                    raise RuntimeError("every training sample failed to load") from e
+                self._skip(idx, e)
+                self.bad.tried(self.sampler.epoch, ok=False)
+                in_a_row += 1
+                self.bad.check(in_a_row, want)
         return out
 
     def load(self, indices: list[int]) -> tuple[list[Sample], list[PromptFeatures]]:
@@ -80,17 +85,32 @@ class PromptSource:
         samples, feats = [], []
         for idx in indices:
             try:
-                feats.append(self.features(self.dataset[idx], idx))
+                feats.append(self._features_of(idx))
                 samples.append(self.dataset[idx])
             except MediaError as e:
-                self._skip(e)
+                self._skip(idx, e)
         return samples, feats
 
-    def _skip(self, error: MediaError) -> None:
+    def _features_of(self, idx: int) -> PromptFeatures:
+        if idx in self.bad.known:  # failed before in this process: said once, not decoded again
+            raise MediaError(self.bad.known[idx])
+        return self.features(self.dataset[idx], idx)
+
+    def _skip(self, idx: int, error: MediaError) -> None:
         if not self.skips_bad_samples:
             raise MediaError(f"{error}\n(set data.on_bad_sample=skip to skip such samples "
                              f"and count them in metrics)") from None
-        self.skipped += 1
+        line = self.bad.skipped(idx, str(error))
+        if line:
+            self.say(line)
+
+    @property
+    def skipped(self) -> int:
+        return self.bad.count
+
+    def skip_summary(self) -> dict:
+        """For summary.json: how many draws were skipped, and the first records and reasons."""
+        return {"count": self.bad.count, "first": list(self.bad.first)}
 
     def group_base(self, n: int) -> int:
         """Group ids unique across ranks: rank r's groups start at r * (its share of n)."""
@@ -114,14 +134,16 @@ class PromptSource:
                 **{f"data/{k}": v for k, v in self.media_stats.items()}}
 
     def state_dict(self) -> dict:
-        state = {"sampler": self.sampler.state_dict(), "skipped": self.skipped}
+        state = {"sampler": self.sampler.state_dict(), "skipped": self.bad.count,
+                 "bad_records": self.bad.state_dict()}
         if self.history is not None:
             state["prompt_history"] = self.history.history.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
         self.sampler.load_state_dict(state["sampler"])
-        self.skipped = state["skipped"]
+        self.bad.count = state["skipped"]
+        self.bad.load_state_dict(state.get("bad_records", {}))
         # Before the split the history was in the trainer's extra state.
         saved = state.get("prompt_history", state.get("extra", {}).get("prompt_history"))
         if self.history is not None and saved is not None:
@@ -169,3 +191,68 @@ class PromptSampler:
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.pos = state["epoch"], state["pos"]
         self._order = self._make_order()
+
+
+class BadRecords:
+    """The skip policy's memory (data.on_bad_sample=skip). Every skipped record is printed once,
+    with its file:line and reason, up to SHOWN of them, then counted only; the run stops when
+    more than `max_fraction` of the records drawn in the current epoch failed (counted per
+    epoch: a bad record fails again every epoch, so a cumulative count against the data set's
+    size killed healthy runs with 25% missing images), or when one step meets IN_A_ROW bad
+    records in a row (a wrong media root: every record fails), naming the first few."""
+
+    SHOWN, IN_A_ROW, MIN_TRIED = 20, 256, 100
+
+    def __init__(self, size: int, max_fraction: float):
+        self.size, self.max_fraction = size, max_fraction
+        self.count, self.first = 0, []  # skipped draws (all epochs); first reasons
+        self.epoch, self.epoch_tried, self.epoch_bad = 0, 0, 0
+        self.known: dict[int, str] = {}  # this process: index -> reason
+
+    def skipped(self, idx: int, reason: str) -> str | None:
+        """Count a skip -> the line to print (None: printed before, or past SHOWN)."""
+        self.count += 1
+        if idx in self.known:
+            return None
+        self.known[idx] = reason
+        if len(self.first) < self.SHOWN:
+            self.first.append(reason)
+            return f"skipped {reason}"
+        if len(self.first) == self.SHOWN:
+            self.first.append(f"... more skipped records are counted, not printed")
+            return (f"more than {self.SHOWN} records skipped: further ones are counted "
+                    f"(data/skipped in metrics.jsonl, skipped_records in summary.json)")
+        return None
+
+    def tried(self, epoch: int, ok: bool) -> None:
+        if epoch != self.epoch:
+            self.epoch, self.epoch_tried, self.epoch_bad = epoch, 0, 0
+        self.epoch_tried += 1
+        self.epoch_bad += not ok
+
+    def check(self, in_a_row: int, want: int) -> None:
+        tried, bad = self.epoch_tried, self.epoch_bad
+        first = "\n  ".join(self.first[:5])
+        if in_a_row >= max(self.IN_A_ROW, 4 * want):
+            raise TooManyBadRecords(
+                f"{in_a_row} training records in a row failed to load, so a step cannot fill "
+                f"its batch; the first:\n  {first}\ncheck the media paths (relative ones start "
+                f"at the data file's folder; `mmrl data inspect FILE` lists every failing one)")
+        if tried >= min(self.size, self.MIN_TRIED) and bad / tried > self.max_fraction:
+            raise TooManyBadRecords(
+                f"{bad} of the {tried} training records drawn in epoch {self.epoch + 1} failed "
+                f"to load ({bad / tried:.0%}, over data.max_bad_fraction={self.max_fraction:g}); "
+                f"the first:\n  {first}\nfix or drop them (`mmrl data inspect FILE` lists every "
+                f"one), or raise data.max_bad_fraction")
+
+    def state_dict(self) -> dict:
+        return {"first": list(self.first),
+                "epoch": [self.epoch, self.epoch_tried, self.epoch_bad]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.first = list(state.get("first", []))
+        self.epoch, self.epoch_tried, self.epoch_bad = state.get("epoch", [0, 0, 0])
+
+
+class TooManyBadRecords(RuntimeError):
+    pass

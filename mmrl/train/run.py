@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
+import shlex
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -19,37 +18,19 @@ from mmrl.config import RunConfig
 from mmrl.train import dist, lora, rundir
 from mmrl.train.evaluate import evaluate, majority_baseline
 from mmrl.train.logging import RunLogger, json_safe
-from mmrl.train.loop import Trainer
+from mmrl.train.loop import FROM_CONFIG, Trainer
 from mmrl.train.policy import Policy
 from mmrl.train.sft import sft_warmup
+from mmrl.train.signals import StepAbandoned, StopNow, StopSignals
 from mmrl.types import Sample
 
 
 class RunInterrupted(Exception):
-    """Ctrl-C: the step finished and a checkpoint was saved; the message says how to resume."""
+    """A stop signal (signals.py): what was saved and how to resume; `exit_code` 128 + signal."""
 
-
-class _CtrlC:
-    """The first SIGINT asks the loop to stop after the current step; the second aborts."""
-
-    def __init__(self):
-        self.requested, self._old = False, None
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGINT, self.handle)
-        return self
-
-    def handle(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        print("\ninterrupt: finishing this step, then saving a checkpoint (Ctrl-C again to abort "
-              "without saving)", file=sys.stderr, flush=True)
-
-    def __exit__(self, *exc):
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
+    def __init__(self, message: str, exit_code: int = 130):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class SampledVsGreedy:
@@ -88,7 +69,7 @@ def resume_command(cfg: RunConfig) -> str:
     args = [a for a in args if not a.startswith(("train.resume=", "train.overwrite="))]
     if not any(a.startswith("log.run_dir=") for a in args):
         args.append(f"log.run_dir={cfg.run_dir}")
-    return " ".join(["mmrl", *args, "train.resume=auto"])
+    return shlex.join(["mmrl", *args, "train.resume=auto"])  # a folder may hold a space
 
 
 def _eval(policy: Policy, eval_set: list[Sample], cfg: RunConfig, out_dir: Path, name: str,
@@ -104,66 +85,127 @@ def _eval(policy: Policy, eval_set: list[Sample], cfg: RunConfig, out_dir: Path,
 
 
 def train(cfg: RunConfig) -> dict:
+    """One run in `cfg.run_dir`, which rank 0 holds locked while it runs."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return _train(cfg, FROM_CONFIG)  # the checkpoint rank 0 chose, broadcast
+    with rundir.locked(cfg.run_dir):  # the run dir is rank 0's to check and write
+        return _train(cfg, rundir.prepare(cfg))
+
+
+def _train(cfg: RunConfig, resume) -> dict:
     started = time.perf_counter()
-    if int(os.environ.get("RANK", "0")) == 0:  # the run dir is rank 0's to check and write
-        rundir.prepare(cfg)
-    trainer = Trainer(cfg)
-    log, tc, policy, evals = trainer.log, cfg.train, trainer.policy, trainer.eval_set
+    # One process may stop anywhere; ranks stop together at step boundaries (signals.py).
+    single = int(os.environ.get("WORLD_SIZE", "1")) == 1
+    with StopSignals(cfg.train.stop_timeout, can_abandon=single) as stop:
+        trainer = Trainer(cfg, resume=resume)
+        trainer.stop = stop if single else None
+        try:
+            summary = _stages(trainer, stop, started, single)
+        except torch.OutOfMemoryError as e:
+            raise RuntimeError(
+                f"out of memory at step {trainer.step + 1}: lower train.micro_batch_size (rows "
+                f"per forward), set model.gradient_checkpointing=true, lower "
+                f"rollout.num_generations or rollout.max_new_tokens, or reduce "
+                f"data.image_max_pixels. Resume with train.resume=auto; the last checkpoint is "
+                f"intact.") from e
+        finally:
+            trainer.close()
+    if trainer.info.main:
+        (trainer.run_dir / "summary.json").write_text(
+            json.dumps(json_safe(summary), indent=2, allow_nan=False))
+        _print_table(trainer.log, trainer.run_dir, summary)
+    return summary
+
+
+def _stages(trainer: Trainer, stop: StopSignals, started: float, single: bool) -> dict:
+    """[SFT warm-up] -> evaluate before RL -> RL steps -> evaluate after; each stage stops on a
+    signal where it can (signals.py) -> the summary."""
+    cfg, log, policy, evals = trainer.cfg, trainer.log, trainer.policy, trainer.eval_set
     summary = trainer.state_extra.setdefault("summary", {})
+    asked = lambda: _all_ranks(trainer.info, stop.requested)  # noqa: E731  a collective
 
     def run_eval(name: str, **kw) -> dict:
-        return _eval(policy, evals, cfg, trainer.run_dir, name, **kw)
+        with stop.interruptible(single):
+            return _eval(policy, evals, cfg, trainer.run_dir, name, **kw)
 
-    try:
-        if trainer.step == 0 and cfg.sft.steps > 0 and "sft" not in summary:
-            summary["sft"] = sft_warmup(cfg, policy, trainer.prompts, log)
-            trainer.sync_engine()
-        if evals and cfg.eval.before_rl and "accuracy_before_rl" not in summary:
-            summary["eval_before_rl"] = run_eval("before_rl")
-            summary["accuracy_before_rl"] = summary["eval_before_rl"]["accuracy"]
-            log.print(f"accuracy before RL: {summary['accuracy_before_rl']:.3f}")
-        policy.fix_reference()
-        # A resumed run's policy is no longer the one measured before RL: no comparison.
-        gap = SampledVsGreedy(cfg.eval.metric_reward, summary.get("accuracy_before_rl")
-                              if trainer.step == 0 else None, cfg.rollout.temperature, log.warn)
-        log.start(total=tc.steps, done=trainer.step)
-        with _CtrlC() as ctrl_c:
-            while trainer.step < tc.steps:
-                gap.observe(_rl_step(trainer, run_eval if evals else None))
-                if _all_ranks(trainer.info, ctrl_c.requested):
-                    log.stop()
-                    trainer.save()
-                    raise RunInterrupted(
-                        f"interrupted after step {trainer.step}; checkpoint saved in "
-                        f"{trainer.run_dir / 'checkpoints'}. Resume with: {resume_command(cfg)}")
+    def halt(what: str, save: bool = True, why: str = ""):
+        summary["wall_seconds"] = summary.get("wall_seconds", 0.0) + time.perf_counter() - started
         log.stop()
-        if evals:
+        if save:
+            trainer.save()
+        kept = (f"checkpoint saved in {trainer.run_dir / 'checkpoints'} (step {trainer.step})"
+                if save else f"nothing saved{why}")
+        raise RunInterrupted(f"{stop.name or 'interrupt'}: stopped {what}; {kept}. Resume with: "
+                             f"{resume_command(cfg)}", stop.exit_code)
+
+    if trainer.step == 0 and cfg.sft.steps > 0 and "sft" not in summary:
+        result = sft_warmup(cfg, policy, trainer.prompts, log, stop=asked)
+        if result.get("stopped"):
+            halt(f"in the SFT warm-up after its step {result['steps']} of {cfg.sft.steps}",
+                 save=False, why=" (the warm-up keeps no checkpoint: it starts over on resume)")
+        summary["sft"] = result
+        trainer.sync_engine()
+    if evals and cfg.eval.before_rl and "accuracy_before_rl" not in summary:
+        try:
+            summary["eval_before_rl"] = run_eval("before_rl")
+        except StopNow:  # the warm-up's weights are worth keeping; the evaluation is redone
+            halt("in the evaluation before RL", save="sft" in summary,
+                 why=" (no step had run)")
+        summary["accuracy_before_rl"] = summary["eval_before_rl"]["accuracy"]
+        log.print(f"accuracy before RL: {_accuracy_text(summary['eval_before_rl'])}")
+    policy.fix_reference()
+    _rl_steps(trainer, run_eval if evals else None, summary, asked, halt)
+    if asked():
+        halt("after the last step, before the evaluation after RL (it runs on resume)")
+    if evals:
+        try:
             summary["eval_after_rl"] = run_eval("after_rl")
-            summary["accuracy_after_rl"] = summary["eval_after_rl"]["accuracy"]
             if cfg.eval.shuffled_images:
                 res = run_eval("after_rl_shuffled_images", shuffled=True)
                 summary["accuracy_shuffled_images"] = res["accuracy"]
                 summary["chance"] = majority_baseline(evals)
-        summary["steps"] = trainer.step
-        summary["wall_seconds"] = summary.get("wall_seconds", 0.0) + time.perf_counter() - started
-        trainer.save()
-        if policy.peft is not None and trainer.info.main:
-            summary["merged_model"] = str(lora.export_merged(
-                policy.peft, policy.processor, trainer.run_dir / "merged"))
-        dist.destroy(trainer.info)
-    except torch.OutOfMemoryError as e:
-        raise RuntimeError(
-            f"out of memory at step {trainer.step + 1}: lower train.micro_batch_size (rows per "
-            f"forward), set model.gradient_checkpointing=true, lower rollout.num_generations or "
-            f"rollout.max_new_tokens, or reduce data.image_max_pixels. Resume with "
-            f"train.resume=auto; the last checkpoint is intact.") from e
-    finally:
-        trainer.close()
-    if trainer.info.main:
-        (trainer.run_dir / "summary.json").write_text(
-            json.dumps(json_safe(summary), indent=2, allow_nan=False))
-        _print_table(log, trainer.run_dir, summary)
+        except StopNow:
+            halt("in the evaluation after RL (it runs again on resume)")
+        summary["accuracy_after_rl"] = summary["eval_after_rl"]["accuracy"]
+    summary["steps"] = trainer.step
+    summary["wall_seconds"] = summary.get("wall_seconds", 0.0) + time.perf_counter() - started
+    summary["skipped_records"] = trainer.prompts.skip_summary()
+    trainer.save()
+    if policy.peft is not None and trainer.info.main:
+        summary["merged_model"] = str(lora.export_merged(
+            policy.peft, policy.processor, trainer.run_dir / "merged"))
+    dist.destroy(trainer.info)
     return summary
+
+
+def _rl_steps(trainer: Trainer, run_eval, summary: dict, asked, halt) -> None:
+    """The RL steps, each finished (or, on one process, abandoned and rewound) before a stop."""
+    tc, log = trainer.cfg.train, trainer.log
+    # A resumed run's policy is no longer the one measured before RL: no comparison.
+    gap = SampledVsGreedy(trainer.cfg.eval.metric_reward, summary.get("accuracy_before_rl")
+                          if trainer.step == 0 else None, trainer.cfg.rollout.temperature,
+                          log.warn)
+    log.start(total=tc.steps, done=trainer.step)
+    while trainer.step < tc.steps:
+        if asked():
+            halt(f"after step {trainer.step}")
+        try:
+            gap.observe(_rl_step(trainer, run_eval))
+        except StepAbandoned:
+            trainer.rewind()
+            halt(f"in step {trainer.step + 1}, abandoned after train.stop_timeout="
+                 f"{tc.stop_timeout:g} s (it is redone on resume)")
+        except StopNow:
+            halt(f"after step {trainer.step}, in its evaluation (skipped)")
+    log.stop()
+
+
+def _accuracy_text(result: dict) -> str:
+    """`0.625`, or why there is no number (no eval record was scored)."""
+    acc = result.get("accuracy")
+    if isinstance(acc, float) and acc == acc:
+        return f"{acc:.3f}"
+    return f"n/a ({result.get('unscored_reason') or 'no eval record was scored'})"
 
 
 def _rl_step(trainer: Trainer, run_eval) -> dict:
@@ -172,7 +214,11 @@ def _rl_step(trainer: Trainer, run_eval) -> dict:
     tc = trainer.cfg.train
     metrics = trainer.train_step()
     if tc.eval_every and run_eval is not None and trainer.step % tc.eval_every == 0:
-        res = run_eval(f"step_{trainer.step:06d}")
+        try:
+            res = run_eval(f"step_{trainer.step:06d}")
+        except StopNow:  # the step is done: logged (and saved by the caller), its eval skipped
+            trainer.log.log(trainer.step, metrics, total=tc.steps)
+            raise
         metrics.update({f"eval/{k}": v for k, v in res.items() if k != "n"})
     trainer.log.log(trainer.step, metrics, total=tc.steps)
     trainer.check_finite()
@@ -191,6 +237,9 @@ def _print_table(log: RunLogger, run_dir: Path, summary: dict) -> None:
                                                 "accuracy_shuffled_images", "chance")
             if isinstance(summary.get(k), (int, float))]
     rows.append(("steps", str(summary.get("steps"))))
+    skipped = (summary.get("skipped_records") or {}).get("count")
+    if skipped:
+        rows.append(("skipped records", f"{skipped} (summary.json: skipped_records)"))
     rows.append(("wall time", f"{summary.get('wall_seconds', 0.0) / 60:.1f} min"))
     rows.append(("run dir", str(run_dir)))
     log.summary_table("mmrl run summary", rows)

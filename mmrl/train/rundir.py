@@ -5,15 +5,21 @@ Called by rank 0 before the trainer opens any file in the run dir.
 """
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import shutil
+import socket
+import sys
+import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
 from mmrl.config import RunConfig
-from mmrl.train import checkpoint
+from mmrl.train import checkpoint, resume_config
 
 LOGS = ("metrics.jsonl", "rollouts.jsonl")
 # What a run writes; `train.overwrite=true` removes exactly these, nothing the user put there.
@@ -33,7 +39,7 @@ def prepare(cfg: RunConfig) -> Path | None:
     if removed:
         print(f"removed {len(removed)} unfinished checkpoint write(s): "
               f"{', '.join(p.name for p in removed)}")
-    resume = checkpoint.resolve_resume(tc.resume, run_dir)
+    resume = checkpoint.resolve_resume(tc.resume, run_dir, say=_say)
     owner = _stored_run_id(run_dir)
     if tc.starts_fresh and _used(run_dir):
         if not tc.overwrite:
@@ -44,25 +50,63 @@ def prepare(cfg: RunConfig) -> Path | None:
             path = run_dir / name
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(True)
         owner = None
+    state = checkpoint.load_state(resume) if resume is not None else {"step": 0}
     if resume is not None:
-        theirs = checkpoint.load_state(resume).get("run_id")
+        theirs = state.get("run_id")
         mine = tc.run_id or owner
         if theirs and mine and theirs != mine:
             raise RunDirError(
                 f"{resume} belongs to run {theirs}, not to this run ({mine}); resume it with "
                 f"train.resume={resume} explicitly, or start fresh with train.overwrite=true")
         tc.run_id = theirs or mine
+        changes = resume_config.check(state.get("extra", {}).get("config"), cfg, resume, _say)
+        resume_config.record(run_dir / "config.yaml", resume, changes)
     elif tc.resumes_latest:
         tc.run_id = tc.run_id or owner  # nothing saved yet: start over in the same run
+        (run_dir / "config.yaml").unlink(missing_ok=True)  # the Trainer writes this start's
     tc.run_id = tc.run_id or uuid.uuid4().hex[:12]
-    step = checkpoint.load_state(resume)["step"] if resume is not None else 0
     for name in LOGS:
-        truncate_jsonl(run_dir / name, step)
+        truncate_jsonl(run_dir / name, state["step"])
     return resume
 
 
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def _used(run_dir: Path) -> bool:
-    return run_dir.is_dir() and any(run_dir.iterdir())
+    return run_dir.is_dir() and any(p.name != LOCK for p in run_dir.iterdir())
+
+
+LOCK = ".mmrl.lock"
+
+
+@contextmanager
+def locked(run_dir: Path):
+    """Inside: this process holds the run dir (an OS file lock, which the kernel releases on any
+    exit, a crash or SIGKILL included, so it never goes stale); a second `mmrl train` on the
+    same dir, e.g. a requeued job beside the old one, stops with one line naming the holder.
+    On NFS, flock is a POSIX lock held by the server (Linux clients since 2.6.12)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK
+    f = path.open("a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise RunDirError(f"{run_dir} is in use by {holder}; wait for it to finish or stop it "
+                          f"(kill -TERM saves a checkpoint), or use another log.run_dir") from None
+    try:
+        f.seek(0)
+        f.truncate()
+        f.write(f"process {os.getpid()} on {socket.gethostname()} (since "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')})\n")
+        f.flush()
+        yield
+    finally:
+        f.close()  # releases the lock
 
 
 def _stored_run_id(run_dir: Path) -> str | None:

@@ -12,14 +12,18 @@ in a row trains on nothing: that is warned about once, on the progress display.
 from __future__ import annotations
 
 import functools
+from contextlib import contextmanager
 import inspect
 import math
 import numbers
+import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from rewards import get_reward
+from rewards.calls import RewardError, call_reward
 
 from mmrl import algos
 from mmrl.config import RunConfig, RewardSpec
@@ -34,7 +38,8 @@ def bind_reward(spec: RewardSpec) -> Callable[..., list]:
     try:
         fn = get_reward(spec.name)
     except KeyError as e:
-        raise KeyError(f"rewards: {e.args[0]} (see `mmrl ls rewards`)") from None
+        raise KeyError(f"rewards: {e.args[0]} (see `mmrl ls rewards`){_import_hint(spec.name, e)}"
+                       ) from None
     params = dict(spec.params)
     sig = inspect.signature(fn)
     # Params must be named parameters: anything else would vanish into **fields unnoticed.
@@ -45,6 +50,22 @@ def bind_reward(spec: RewardSpec) -> Callable[..., list]:
         raise TypeError(f"reward {spec.name!r}: unknown param(s) {unknown}; it takes "
                         f"{sorted(named) or 'none'}")
     return functools.partial(fn, **params) if params else fn
+
+
+def _import_hint(name: str, error: KeyError) -> str:
+    """Why a "module:fn" reward beside the config may not import: the `mmrl` command (a console
+    script) does not put the current folder on Python's path, as `python -m` would."""
+    cause, top = error.__cause__, name.partition(":")[0].split(".")[0]
+    if not (isinstance(cause, ModuleNotFoundError) and cause.name == top):
+        return ""  # no "module:fn", or the module itself failed inside: its message says why
+    here = Path.cwd()
+    if not any(Path(p or ".").resolve() == here for p in sys.path):
+        holds = f", which holds {top}.py," if (here / f"{top}.py").is_file() else ""
+        return (f"; the current folder {here}{holds} is not on Python's import path: run "
+                f"`PYTHONPATH=. mmrl train ...`, or put the folder that holds {top}.py on "
+                f"PYTHONPATH")
+    return (f"; the current folder {here} is on the import path but holds no {top}.py: run "
+            f"from the folder that holds it, or add that folder to PYTHONPATH")
 
 
 class RewardSet:
@@ -76,10 +97,8 @@ class RewardSet:
             rows = [i for i, s in enumerate(samples) if spec.tasks is None or s.task in spec.tasks]
             scores: list[Any] = [None] * len(samples)
             if rows:
-                sub = fn([completions[i] for i in rows], [solutions[i] for i in rows],
-                         **{k: [v[i] for i in rows] for k, v in fields.items()}, **options)
-                if len(sub) != len(rows):
-                    raise RuntimeError(f"reward {key!r} returned {len(sub)} scores for {len(rows)}")
+                sub = _call(key, fn, [samples[i] for i in rows], [completions[i] for i in rows],
+                            {k: [v[i] for i in rows] for k, v in fields.items()}, options)
                 for i, v in zip(rows, sub):
                     scores[i] = None if v is None else _number(v, key, samples[i])
             per_reward[key] = scores
@@ -106,12 +125,25 @@ class RewardSet:
                      f"--config CONFIG`)")
         self._counts = {k: [0, 0] for k in self.keys}
         return out
+def _call(key: str, fn, samples: list[Sample], completions: list[str], fields: dict,
+          options: dict) -> list:
+    """One reward over the samples routed to it -> its scores (rewards.calls names a failure:
+    the reward, the sample's id and file:line; `rewards_at` adds the step)."""
+    return call_reward(fn, key, completions, [s.solution for s in samples], fields,
+                       [f"{s.id} ({s.source})" for s in samples], options)
+
+
 def _takes_any_keyword(fn) -> bool:
     return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
 
 
-class RewardError(ValueError):
-    """A reward returned something that is not a finite number (or None)."""
+@contextmanager
+def rewards_at(where: str):
+    """Inside: a RewardError says where it happened too ("step 12", "evaluation")."""
+    try:
+        yield
+    except RewardError as e:
+        raise RewardError(f"{where}: {e}") from e.__cause__
 
 
 def _number(value: Any, key: str, sample: Sample) -> float:

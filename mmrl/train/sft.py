@@ -48,10 +48,11 @@ def reached(history: list[dict], stop_accuracy: float | None, checks: int) -> bo
     return stop_accuracy is not None and len(last) == checks and min(last) >= stop_accuracy
 
 
-def sft_warmup(cfg: RunConfig, policy: Policy, prompts: PromptSource, log: RunLogger) -> dict:
+def sft_warmup(cfg: RunConfig, policy: Policy, prompts: PromptSource, log: RunLogger,
+               stop=None) -> dict:
     """Trains `policy.model` in place on samples of `prompts.dataset` (the first
-    `sft.val_samples` held out for the stopping criterion)
-    -> {"steps", "val_accuracy", "history"}."""
+    `sft.val_samples` held out for the stopping criterion) -> {"steps", "val_accuracy", "history"}
+    (and "stopped": True when `stop()`, asked before each step, said so: a stop signal)."""
     sc, model, data, device = cfg.sft, policy.model, prompts.dataset, policy.device
     n_val = min(sc.val_samples, len(data) // 4)
     val = data[:n_val]
@@ -62,6 +63,8 @@ def sft_warmup(cfg: RunConfig, policy: Policy, prompts: PromptSource, log: RunLo
     log.print(f"SFT warm-up: up to {sc.steps} steps, stop at val accuracy {sc.stop_accuracy}"
               f"{in_a_row}")
     for step in range(1, sc.steps + 1):
+        if stop is not None and stop():
+            return {"steps": step - 1, "val_accuracy": acc, "history": history, "stopped": True}
         idx = (torch.randint(n_val, len(data), (sc.batch_size,), generator=gen)).tolist()
         samples, feats = prompts.load(idx)  # bad media: skipped and counted, or an error
         if not samples:

@@ -231,6 +231,23 @@ def test_convert_stops_at_a_malformed_record_and_writes_nothing(tmp_path):
     assert not (tmp_path / "out.jsonl").exists()
 
 
+def test_inspect_lists_every_line_that_is_not_json_and_inspects_the_rest(tmp_path):
+    """It stopped at the first such line ("cannot be read"), counting nothing after it;
+    training still stops there, naming it."""
+    path = tmp_path / "d.jsonl"
+    good = json.dumps({"task": "counting", "prompt": "How many?", "solution": "1"}).encode()
+    path.write_bytes(b"\n".join([good, b"not json", good, b'{"prompt": "cut', b"caf\xe9",
+                                  good, b""]))
+    rep = inspect_file(path)
+    assert rep["records"] == 3 and rep["by_task"] == {"counting": 3}
+    assert [line.split(": ")[0] for line in rep["bad_records"]] == [f"{path}:{i}"
+                                                                    for i in (2, 4, 5)]
+    assert "not UTF-8 text" in rep["bad_records"][2]
+    assert "malformed records: 3" in format_report(rep)
+    with pytest.raises(RecordError, match=f"{path}:2: not valid JSON"):
+        load_samples(path)
+
+
 def test_inspect_counts_and_lists_bad_media(tmp_path):
     write_mp4(tmp_path / "ok.mp4", np.zeros((4, 16, 16, 3), np.uint8), 4)
     (tmp_path / "broken.mp4").write_bytes(b"not a video at all")

@@ -2,13 +2,16 @@
 config and writing a checkpoint whose trainer state records the step and the world size."""
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
+import signal
 import socket
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -83,6 +86,41 @@ def test_multinode_sh_names_a_missing_master_addr(run):
     proc = subprocess.run(["bash", str(SCRIPTS / "multinode.sh"), str(cfg)], env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "MASTER_ADDR" in proc.stderr
+
+
+def test_sigterm_to_every_process_of_a_two_rank_run_saves_and_resumes(run, tmp_path):
+    """What slurm.sbatch's --signal=TERM@120 does: slurmstepd sends SIGTERM to every process of
+    a node's task, torchrun and its workers alike (torchrun then passes its own on). Both ranks
+    finish the same step, rank 0 saves it with both ranks' RNG streams, and the resumed run goes
+    on from there, each step logged once."""
+    cfg, run_dir, env = run
+    launch = ["bash", str(SCRIPTS / "train.sh"), "2", str(cfg)]
+    with (tmp_path / "out.txt").open("w") as out, (tmp_path / "err.txt").open("w") as err:
+        proc = subprocess.Popen([*launch, "train.steps=200", "train.save_every=0"],
+                                cwd=cfg.parent, env=env, stdout=out, stderr=err,
+                                start_new_session=True)  # its own group, as a SLURM step's
+        metrics, deadline = run_dir / "metrics.jsonl", time.time() + 300
+        while not (metrics.is_file() and metrics.stat().st_size):
+            assert proc.poll() is None, (tmp_path / "err.txt").read_text()[-4000:]
+            assert time.time() < deadline, "no step was logged"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=300)
+    stderr = (tmp_path / "err.txt").read_text()
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    done = rows[-1]["step"]
+    assert [r["step"] for r in rows] == list(range(1, done + 1))
+    assert stderr.count(f"SIGTERM: stopped after step {done}; checkpoint saved") == 2, stderr[-4000:]
+    ckpt = checkpoint.latest(run_dir)
+    assert ckpt is not None and ckpt.name == f"step_{done:06d}"  # no periodic save: the stop's
+    assert sorted(p.name for p in ckpt.glob("rng_rank*.pt")) == ["rng_rank0.pt", "rng_rank1.pt"]
+    resumed = subprocess.run([*launch, f"train.steps={done + 1}", "train.save_every=0",
+                              "train.resume=auto"], cwd=cfg.parent, env=env,
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == \
+        list(range(1, done + 2))
+    assert checkpoint.latest(run_dir).name == f"step_{done + 1:06d}"
 
 
 # srun runs its command once per node (--ntasks-per-node=1) and waits for all of them.

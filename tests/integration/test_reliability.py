@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
+from safetensors.torch import save_file
 
 from mmrl import config
 from mmrl.data.inspect import inspect_file
@@ -24,7 +25,7 @@ from mmrl.data.schema import RecordError, load_samples
 from mmrl.data.prepare import build_datasets
 from mmrl.train import checkpoint, rundir, setup
 from mmrl.train.loop import Trainer
-from mmrl.train.run import RunInterrupted, _CtrlC, train
+from mmrl.train.run import train
 from mmrl.train.scoring import RewardError, RewardSet, Scorer
 
 pytestmark = pytest.mark.integration
@@ -89,6 +90,7 @@ def test_resume_auto_refuses_another_runs_checkpoint(tmp_path):
     ckpt = tmp_path / "checkpoints" / "step_000030"
     ckpt.mkdir(parents=True)
     torch.save({"step": 30, "run_id": "oldrun"}, ckpt / checkpoint.STATE_FILE)
+    save_file({"w": torch.zeros(1)}, ckpt / "model.safetensors")  # verifies: it holds weights
     (tmp_path / "config.yaml").write_text("train:\n  run_id: newrun\n")
     cfg = config.load(None, ["data.train=x.jsonl", f"log.run_dir={tmp_path}",
                              "train.resume=auto"])
@@ -256,14 +258,6 @@ def test_errors_are_one_line_without_debug(tiny_yaml, tmp_path, capsys):
     assert len(err.strip().splitlines()) <= 5  # the summary (3 lines) and the error, no dump
     with pytest.raises(RecordError):
         main(["--debug", *args])
-
-
-def test_second_ctrl_c_aborts():
-    handler = _CtrlC()
-    handler.handle(signal.SIGINT, None)
-    assert handler.requested
-    with pytest.raises(KeyboardInterrupt):
-        handler.handle(signal.SIGINT, None)
 
 
 def test_ctrl_c_finishes_step_saves_and_prints_resume(tiny_yaml, user_rewards, tmp_path):

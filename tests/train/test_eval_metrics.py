@@ -70,3 +70,24 @@ def test_shuffle_media_moves_images_videos_and_audio_from_one_donor():
         assert o.videos == [f"v{donor}"] and o.audios == [f"a{donor}"]
         assert o.fields == s.fields and o.id == s.id
     assert sorted(o.images[0] for o in out) == sorted(s.images[0] for s in samples)
+
+
+def test_an_evaluation_that_scores_nothing_says_why_instead_of_nan(tmp_path):
+    """Every eval record's image missing, under data.on_bad_sample=skip: the accuracy line
+    printed a bare `nan`."""
+    from mmrl import config
+    from mmrl.models import get_adapter
+    from mmrl.train.evaluate import evaluate
+    from mmrl.train.run import _accuracy_text
+
+    adapter = get_adapter("qwen2_5_vl")
+    model, processor = adapter.tiny(min_pixels=3136, max_pixels=3136)
+    cfg = config.load(None, ["data.train=x.jsonl", "data.on_bad_sample=skip"])
+    samples = [Sample(id=f"e{i}", messages=[{"role": "user", "content": [
+        {"type": "image"}, {"type": "text", "text": "How many?"}]}], solution="2",
+        images=[str(tmp_path / "gone.png")], source=f"eval.jsonl:{i + 1}") for i in range(3)]
+    result = evaluate(model, processor, adapter, samples, cfg)
+    assert result["n"] == 0 and result["failed"] == 3
+    assert _accuracy_text(result) == (
+        "n/a (reward 'accuracy' scored none of the 3 eval records: every one failed to load "
+        "(data.on_bad_sample=skip; `mmrl data inspect FILE` lists why))")

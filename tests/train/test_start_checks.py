@@ -46,3 +46,23 @@ def test_a_metric_routed_per_task_scores_every_task_it_is_routed_to():
                Sample(id="c", messages=[], solution="x", task="ocr")]
     _, per = rewards.score(samples, ["<answer>B</answer>", "<answer>7.0</answer>", "x"])
     assert row_metrics(rewards, "accuracy", per) == [1.0, 1.0, None]
+
+
+def test_eval_records_with_an_empty_solution_stop_the_run_naming_the_first(tiny_config, tmp_path):
+    """Such a record cannot be measured: accuracy scored it 0.0 (a wrong eval accuracy), a reward
+    returning None left a bare `nan`."""
+    import json
+
+    from mmrl.data.synthetic import GENERATORS
+
+    GENERATORS.get("counting")(tmp_path / "data", n_train=4, n_eval=3)
+    evals = tmp_path / "data" / "eval.jsonl"
+    rows = [json.loads(line) for line in evals.read_text().splitlines()]
+    rows[1]["solution"] = " "
+    evals.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = tiny_config(tmp_path / "tiny.yaml", tmp_path / "data",
+                       data={"eval": "{data}/eval.jsonl", "generate": None})
+    with pytest.raises(ValueError) as e:
+        Trainer(config.load(path, [f"log.run_dir={tmp_path / 'run'}"]))
+    assert str(e.value).startswith(f"1 of the 3 eval records checked have an empty solution "
+                                   f"(first: {evals}:2): accuracy cannot score them")
