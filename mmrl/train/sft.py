@@ -58,6 +58,7 @@ def sft_warmup(cfg: RunConfig, learner: Learner, prompts: PromptSource, log: Run
     in_a_row = "" if sc.stop_checks == 1 else f" on {sc.stop_checks} checks in a row"
     log.print(f"SFT warm-up: up to {sc.steps} steps, stop at val accuracy {sc.stop_accuracy}"
               f"{in_a_row}")
+    log.start(total=sc.steps, description="SFT warm-up")  # progress between the checks
     for step in range(1, sc.steps + 1):
         idx = (torch.randint(n_val, len(data), (sc.batch_size,), generator=gen)).tolist()
         samples, feats = prompts.load(idx)  # bad media: skipped and counted, or an error
@@ -76,10 +77,15 @@ def sft_warmup(cfg: RunConfig, learner: Learner, prompts: PromptSource, log: Run
         dist.all_reduce_grads([p for p in model.parameters() if p.requires_grad], learner.info,
                               average=True)
         opt.step()
-        if step % sc.eval_every == 0 or step == sc.steps:
+        checks = step % sc.eval_every == 0 or step == sc.steps
+        if checks:
             acc = evaluate(model, learner.processor, learner.adapter, val, cfg)["accuracy"]
             history.append({"step": step, "loss": float(loss.detach()), "val_accuracy": acc})
-            log.print(f"  sft step {step}: loss {float(loss.detach()):.3f}  val accuracy {acc:.3f}")
-            if reached(history, sc.stop_accuracy, sc.stop_checks):
-                break
+        seen = (f"  val accuracy {acc:.3f}" if checks else
+                f"  (val accuracy {acc:.3f} at step {history[-1]['step']})" if history else "")
+        log.advance(step, sc.steps, f"loss {float(loss.detach()):.3f}{seen}", label="sft step",
+                    keep=checks)
+        if checks and reached(history, sc.stop_accuracy, sc.stop_checks):
+            break
+    log.stop()
     return {"steps": step, "val_accuracy": acc, "history": history}
