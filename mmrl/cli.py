@@ -23,11 +23,13 @@ def _load(args):
         sys.exit(f"config error: {e}")
 
 
-def _quiet_cpu_deepspeed(torch) -> None:
+def _quiet_cpu_deepspeed() -> None:
     """Without CUDA, DeepSpeed picks its CPU accelerator and warns that it did ("Setting
     accelerator to CPU") when first imported -- mid-run, by accelerate unwrapping the model at a
     checkpoint save, through the progress bar. Naming the same choice up front keeps it quiet."""
     import os
+
+    import torch
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -39,7 +41,7 @@ def cmd_train(args) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
-    _quiet_cpu_deepspeed(torch)
+    _quiet_cpu_deepspeed()
 
     from mmrl.train.run import train
 
@@ -231,7 +233,7 @@ def cmd_eval(args) -> int:
 
     from mmrl.train.evaluate import evaluate_checkpoint
 
-    _quiet_cpu_deepspeed(torch)
+    _quiet_cpu_deepspeed()
     torch.set_flush_denormal(True)
     cfg = _load(args)
     result = evaluate_checkpoint(cfg, args.checkpoint, out_dir=args.out)

@@ -61,7 +61,7 @@ def test_bar_mode_keeps_each_check_above_the_bar_and_off_mode_only_checks(capfd,
 @pytest.mark.skipif(torch.cuda.is_available(), reason="DeepSpeed warns only where it finds no GPU")
 def test_train_names_deepspeeds_cpu_accelerator_so_its_import_is_silent(monkeypatch):
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
-    cli._quiet_cpu_deepspeed(torch)
+    cli._quiet_cpu_deepspeed()
     assert os.environ["DS_ACCELERATOR"] == "cpu"
     code = "import deepspeed.accelerator as a; print(a.get_accelerator()._name)"
     quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
