@@ -1,7 +1,8 @@
-"""mmrl command line: train | eval | validate | report | ls | data.
+"""mmrl: RL from verifiable rewards for vision, video, audio and omni language models.
 
 Heavy imports (torch, transformers) happen inside the commands, so `mmrl ls` and `mmrl validate`
-answer quickly and `--help` works on a broken install.
+answer quickly and `--help` works on a broken install. `bench` and `plan` parse their own options
+(DELEGATED), so `mmrl bench --help` shows them.
 """
 from __future__ import annotations
 
@@ -23,11 +24,25 @@ def _load(args):
         sys.exit(f"config error: {e}")
 
 
+def _quiet_cpu_deepspeed() -> None:
+    """Without CUDA, DeepSpeed picks its CPU accelerator and warns that it did ("Setting
+    accelerator to CPU") when first imported -- mid-run, by accelerate unwrapping the model at a
+    checkpoint save, through the progress bar. Naming the same choice up front keeps it quiet."""
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
 def cmd_train(args) -> int:
     import os
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
+
+    _quiet_cpu_deepspeed()
 
     from mmrl.train.run import train
 
@@ -72,35 +87,50 @@ def cmd_validate(args) -> int:
     return 1 if problems else 0
 
 
+def _list_models() -> list[str]:
+    from mmrl.models import MODELS
+
+    return MODELS.names()
+
+
+def _list_algos() -> list[str]:
+    from mmrl import algos
+    from mmrl.config import PRESETS, Agg, choices
+
+    return ["advantages: " + ", ".join(sorted(algos.ADVANTAGES)),
+            "presets:    " + ", ".join(sorted(PRESETS)),
+            "agg:        " + ", ".join(choices(Agg))]
+
+
+def _list_rewards() -> list[str]:
+    from rewards import REWARDS
+
+    return [f"{name:14s} {REWARDS.summary(name)}" for name in REWARDS.names()]
+
+
+def _list_tools() -> list[str]:
+    from mmrl.tools import TOOLS, Toolbox, load_tool
+
+    return [f"{name:14s} {tool.spec['description']}"
+            for name, tool in Toolbox([load_tool(n) for n in TOOLS.names()]).tools.items()]
+
+
+def _list_recipes() -> list[str]:
+    return sorted(str(p.relative_to(RECIPES)) for p in RECIPES.rglob("*.yaml"))
+
+
+# What `mmrl ls WHAT` lists; `mmrl ls` alone lists each of them under its name.
+LISTS = {"models": _list_models, "algos": _list_algos, "rewards": _list_rewards,
+         "tools": _list_tools, "recipes": _list_recipes}
+
+
 def cmd_ls(args) -> int:
-    if args.what == "models":
-        from mmrl.models import MODELS
-
-        names = MODELS.names()
-    elif args.what == "algos":
-        from mmrl import algos
-        from mmrl.config import PRESETS, Agg, choices
-
-        print("advantages: " + ", ".join(sorted(algos.ADVANTAGES)))
-        print("presets:    " + ", ".join(sorted(PRESETS)))
-        print("agg:        " + ", ".join(choices(Agg)))
+    if args.what:
+        print("\n".join(LISTS[args.what]()))
         return 0
-    elif args.what == "tools":
-        from mmrl.tools import TOOLS, Toolbox, load_tool
-
-        for name, tool in Toolbox([load_tool(n) for n in TOOLS.names()]).tools.items():
-            print(f"{name:14s} {tool.spec['description']}")
-        return 0
-    elif args.what == "rewards":
-        from rewards import REWARDS
-
-        for name in REWARDS.names():
-            doc = (REWARDS.get(name).__doc__ or "").strip().splitlines()
-            print(f"{name:14s} {doc[0] if doc else ''}")
-        return 0
-    else:
-        names = sorted(str(p.relative_to(RECIPES)) for p in RECIPES.rglob("*.yaml"))
-    print("\n".join(names))
+    for i, (what, lines) in enumerate(LISTS.items()):
+        print(("\n" if i else "") + f"{what} (mmrl ls {what}):")
+        print("\n".join("  " + line for line in lines()))
     return 0
 
 
@@ -204,20 +234,12 @@ def cmd_eval(args) -> int:
 
     from mmrl.train.evaluate import evaluate_checkpoint
 
+    _quiet_cpu_deepspeed()
     torch.set_flush_denormal(True)
     cfg = _load(args)
     result = evaluate_checkpoint(cfg, args.checkpoint, out_dir=args.out)
     print(json.dumps(result, indent=2))
     return 0
-
-
-def cmd_bench(args) -> int:
-    import os
-
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning threads skew timings
-    from mmrl.bench.__main__ import main as bench_main
-
-    return bench_main(args.bench_args) or 0
 
 
 def cmd_consolidate(args) -> int:
@@ -229,9 +251,17 @@ def cmd_consolidate(args) -> int:
     return 0
 
 
+# Commands whose module parses its own options: name -> (module with main(argv), summary).
+DELEGATED = {
+    "bench": ("mmrl.bench.__main__", "speed benchmarks (docs/benchmarks.md)"),
+    "plan": ("mmrl.bench.plan_report", "predict peak memory per GPU for a config (docs/memory.md)"),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mmrl", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = argparse.ArgumentParser(prog="mmrl", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", help=argparse.SUPPRESS)
     for name, fn, text in [("train", cmd_train, "train with a YAML config"),
                            ("validate", cmd_validate, "check a config without building anything")]:
         sp = sub.add_parser(name, help=text)
@@ -250,24 +280,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default=None, help="default: RUN_DIR/report.html")
     sp.add_argument("--steps", default=None, help="rollout steps to show, e.g. 10,200")
     sp.set_defaults(fn=cmd_report)
-    sp = sub.add_parser("bench", help="speed benchmarks (see docs/benchmarks.md)")
-    sp.add_argument("bench_args", nargs=argparse.REMAINDER,
-                    help="--out DIR --which update,e2e,rollout,scaling --quick ...")
-    sp.set_defaults(fn=cmd_bench)
-    sp = sub.add_parser("plan", help="predict peak memory per GPU for a config (docs/memory.md)")
-    sp.add_argument("plan_args", nargs=argparse.REMAINDER,
-                    help="CONFIG [key=value ...] --gpu-gib 80 --gpus 8 --strategy ddp|zero2|... "
-                         "(all options: mmrl plan CONFIG --help)")
-    sp.set_defaults(fn=lambda args: __import__("mmrl.bench.plan_report", fromlist=["main"])
-                    .main(args.plan_args))
+    for name, (_, text) in DELEGATED.items():
+        sub.add_parser(name, help=text, add_help=False)  # parsed by its module (_run)
     sp = sub.add_parser("checkpoint", help="checkpoint tools")
     csub = sp.add_subparsers(dest="checkpoint_cmd", required=True)
     cc = csub.add_parser("consolidate", help="sharded ZeRO / FSDP2 checkpoint -> HF model dir")
     cc.add_argument("checkpoint", help="RUN_DIR/checkpoints/step_NNNNNN")
     cc.add_argument("--out", default=None, help="default: CHECKPOINT_hf next to it")
     cc.set_defaults(fn=cmd_consolidate)
-    sp = sub.add_parser("ls", help="list registered names")
-    sp.add_argument("what", choices=["models", "algos", "rewards", "tools", "recipes"])
+    sp = sub.add_parser("ls", help="list models, algorithms, rewards, tools and recipes")
+    sp.add_argument("what", nargs="?", choices=list(LISTS), help="one list (default: every list)")
     sp.set_defaults(fn=cmd_ls)
     sp = sub.add_parser("data", help="dataset tools")
     dsub = sp.add_subparsers(dest="data_cmd", required=True)
@@ -303,7 +325,23 @@ def build_parser() -> argparse.ArgumentParser:
     ip.add_argument("--media-root", default=None)
     ip.add_argument("--json", action="store_true", help="print the report as JSON")
     ip.set_defaults(fn=cmd_data_inspect)
+    p.epilog = "commands (mmrl COMMAND --help for its options):\n" + "\n".join(
+        f"  {name:28s} {text}" for name, text in command_list(p))
     return p
+
+
+def command_list(parser: argparse.ArgumentParser, prefix: str = "mmrl") -> list[tuple[str, str]]:
+    """(`mmrl data inspect`, its help) for every command, nested ones included, from the parser
+    itself so that the list in `mmrl --help` cannot fall behind it."""
+    out = []
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        helps = {a.dest: a.help for a in action._choices_actions}
+        for name, sp in action.choices.items():
+            nested = command_list(sp, f"{prefix} {name}")
+            out += nested or [(f"{prefix} {name}", helps.get(name) or "")]
+    return out
 
 
 def quiet_known_warnings() -> None:
@@ -325,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = [a for a in argv if a != "--debug"]
     try:
         return _run(argv)
+    except BrokenPipeError:  # `mmrl ls | head` closed the pipe: not an error worth a line
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         if debug:
             raise
@@ -377,9 +418,16 @@ def _one_line(e: BaseException) -> str:
 
 def _run(argv: list[str]) -> int:
     quiet_known_warnings()
+    if argv and argv[0] in DELEGATED:
+        import importlib
+
+        return importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:]) or 0
     parser = build_parser()
     parser.add_argument("--debug", action="store_true",
                         help="show tracebacks (also MMRL_DEBUG=1)")
+    if not argv:  # a bare `mmrl`: the commands, not just "COMMAND is required"
+        parser.print_help()
+        return 2
     args, rest = parser.parse_known_args(argv)
     # key=value overrides may also follow options (`mmrl eval C --checkpoint D k=v`).
     if rest and hasattr(args, "overrides") and all(not r.startswith("-") for r in rest):

@@ -7,14 +7,14 @@ sets explicitly, so a recipe can say "DAPO, but with clip_high 0.3".
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-import re
-from pathlib import Path
 import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Optional, get_args
 
 import yaml
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mmrl import config_rules
@@ -422,7 +422,8 @@ def _override(merged: DictConfig, item: str) -> str:
     """Apply one `a.b.c=value` (value parsed as YAML) with the schema's checks; returns the key."""
     key, sep, raw = item.partition("=")
     if not sep or not key:
-        raise ConfigError(f"override {clip(repr(item))}: expected key=value")
+        raise ConfigError(f"override {clip(repr(item))}: expected key=value (or a YAML file to "
+                          f"layer)")
     value = yaml.safe_load(raw) if raw else ""
     if key in _OFF_KEYS and value is False:
         value = "off"
@@ -450,45 +451,58 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> RunConf
     """Defaults <- YAML <- overrides; returns a typed RunConfig (dataclass instance).
 
     An override that is a path to another YAML file is merged as a further delta layer (e.g. a
-    recipe's `tiny.yaml`, which shrinks it to an offline CPU run)."""
+    recipe's `tiny.yaml`, which shrinks it to an offline CPU run). An error names what caused it:
+    the YAML layer, or the override as typed (`override train.lr=abc: ...`)."""
     where = f"{path}: " if path else ""
-    try:
-        merged = OmegaConf.structured(RunConfig)
-        explicit: set[str] = set()
-        if path:
-            layer = _load_layer(path)
-            explicit |= set((layer.get("algo") or {}).keys())
-            merged = OmegaConf.merge(merged, layer)
-        for item in overrides or []:
-            if item.endswith((".yaml", ".yml")) and "=" not in item:  # another delta layer
+    set_by: dict[str, str] = {}  # key -> the override that set it last
+    merged = OmegaConf.structured(RunConfig)
+    explicit: set[str] = set()
+    items = [(str(path), True)] if path else []
+    for item, is_layer in items + [(o, _is_layer(o)) for o in overrides or []]:
+        culprit = f"{item}: " if is_layer else f"override {item}: "
+        try:
+            if is_layer:
                 layer = _load_layer(item)
                 explicit |= set((layer.get("algo") or {}).keys())
                 merged = OmegaConf.merge(merged, layer)
                 continue
             key = _override(merged, item)
-            if key.startswith("algo."):
-                explicit.add(key.split(".")[1])
+        except OmegaConfBaseException as e:  # unknown key / wrong type: the message has its path
+            raise ConfigError(f"{culprit}{_short(e)}") from None
+        set_by[key] = item
+        if key.startswith("algo."):
+            explicit.add(key.split(".")[1])
+    try:
         _apply_preset(merged, explicit)
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
             raise ConfigError(f"{where}required key(s) not set: {', '.join(missing)}")
         cfg = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as e:  # unknown key / wrong type: message carries the key path
+    except OmegaConfBaseException as e:
         raise ConfigError(f"{where}{_short(e)}") from None
     if path and cfg.log.run_dir is None and cfg.name == "run":
         cfg.name = Path(path).stem if Path(path).stem != "config" else Path(path).parent.name
     # Under torchrun / accelerate the process count is known already at load.
-    check(cfg, world=int(os.environ.get("WORLD_SIZE", "1")), where=where)
+    check(cfg, world=int(os.environ.get("WORLD_SIZE", "1")), where=where, set_by=set_by)
     return cfg
 
 
-def check(cfg: RunConfig, world: int = 1, where: str = "") -> None:
+def _is_layer(item: str) -> bool:
+    return item.endswith((".yaml", ".yml")) and "=" not in item
+
+
+def check(cfg: RunConfig, world: int = 1, where: str = "",
+          set_by: dict[str, str] | None = None) -> None:
     """Raise ConfigError with one line naming the first key out of its legal range (ranges and
-    cross-field rules: mmrl/config_rules.py; legal values are the Literal types above)."""
+    cross-field rules: mmrl/config_rules.py; legal values are the Literal types above), and the
+    override that set it (`set_by`: key -> override) where one did."""
     found = config_rules.problems(cfg, world)
     if found:
         more = f" (and {len(found) - 1} more: mmrl validate lists them)" if len(found) > 1 else ""
-        raise ConfigError(f"{where}{found[0]}{more}")
+        named = [item for key, item in (set_by or {}).items()
+                 if re.search(rf"(^|\s){re.escape(key)}=", found[0])]
+        raise ConfigError(f"{'override ' + ', '.join(named) + ': ' if named else where}"
+                          f"{found[0]}{more}")
 
 
 def choices(literal) -> tuple[str, ...]:

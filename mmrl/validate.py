@@ -2,11 +2,13 @@
 
 The config's own rules (legal values, ranges, cross-field: mmrl/config.py, mmrl/config_rules.py)
 plus every name a registry must resolve (model family, advantage, data format, generator,
-rewards and their params, tools and their settings). Instantiates no model and reads no data. Lives above config.py (it
+rewards and their params, tools and their settings) and every optional package the run imports
+(wandb, vllm, deepspeed). Instantiates no model and reads no data. Lives above config.py (it
 imports the registries, which import config) so config.py stays at the bottom of the graph.
 """
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from mmrl import config_rules
@@ -43,6 +45,7 @@ def validate(cfg, world: int = 1) -> list[str]:
     if cfg.tools.use:  # every tool imports and takes its settings
         from mmrl.tools import Toolbox
         check("tools.use", lambda: Toolbox.from_config(cfg.tools))
+    check("train.parallel", lambda: problems.extend(missing_packages(cfg)))
     return problems
 
 
@@ -55,6 +58,16 @@ def not_wired(cfg) -> list[str]:
               "train.max_tokens_per_micro_batch": cfg.train.max_tokens_per_micro_batch is not None}
     return [f"{key}: not read by `mmrl train` yet (the Policy/Learner wiring of issue #31 comes "
             f"next); leave it unset to train now" for key, is_set in unused.items() if is_set]
+
+
+def missing_packages(cfg) -> list[str]:
+    """A line for each optional package (wandb, vllm, deepspeed) the config needs and this
+    environment lacks: found here, before a model loads, not at the first import mid-run."""
+    from mmrl.train import parallel
+
+    return [f"{setting} needs {package}, which is not installed: {fix}"
+            for package, setting, fix in config_rules.optional_packages(cfg, parallel.resolve(cfg))
+            if importlib.util.find_spec(package) is None]
 
 
 def data_warnings(cfg) -> list[str]:

@@ -69,22 +69,25 @@ def segment_iou(pred: Segment, gold: Segment) -> float:
     return value if math.isfinite(value) else 0.0
 
 
-def _gold_segment(solution: Any) -> Segment | None:
+def gold_segment(solution: Any) -> Segment | None:
+    """The solution's segment, ordered (a swapped solution is a data accident), or None."""
     gold = parse_segment(solution if not isinstance(solution, str) else solution_text(solution))
-    return (min(gold), max(gold)) if gold else None  # a swapped solution is a data accident
+    return (min(gold), max(gold)) if gold else None
 
 
-def _pred_segment(text: str) -> Segment | None:
+def pred_segment(text: str) -> Segment | None:
+    """The segment the tiou rewards score in a completion: its answer's, None when unparsable
+    or reversed (both score 0)."""
     answer = extract_answer(text)
     pred = parse_segment(answer) if answer else None
     return pred if pred is not None and pred[0] <= pred[1] else None
 
 
 def _tiou_one(text: str, solution: Any) -> float | None:
-    gold = _gold_segment(solution)
+    gold = gold_segment(solution)
     if gold is None:
         return None  # not a temporal grounding sample
-    pred = _pred_segment(text)
+    pred = pred_segment(text)
     return segment_iou(pred, gold) if pred else 0.0
 
 
@@ -104,14 +107,14 @@ def tiou(completions: list, solution: list, *, tasks: Any = None,
 
 
 def _tiou_v2_one(text: str, solution: Any, *, duration: Any) -> float | None:
-    gold = _gold_segment(solution)
+    gold = gold_segment(solution)
     try:
         length = float(duration)
     except (TypeError, ValueError, OverflowError):
         return None
     if gold is None or not math.isfinite(length) or length <= 0:
         return None  # no segment or no duration: tiou_v2 is not defined here
-    pred = _pred_segment(text)
+    pred = pred_segment(text)
     if pred is None:
         return 0.0
     start_factor = max(0.0, 1.0 - abs(pred[0] - gold[0]) / length)

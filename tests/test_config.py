@@ -1,4 +1,5 @@
 """Config loading: deltas, overrides, presets, and errors that name the key."""
+import warnings
 from pathlib import Path
 
 import pytest
@@ -37,10 +38,29 @@ def test_yaml_deltas_and_overrides(tmp_path):
     ("nosuch.key=1", "nosuch"),
     ("algo.preset=ppo2", "algo.preset"),
 ])
-def test_errors_name_the_key(tmp_path, override, needle):
+def test_errors_name_the_override_and_the_key(tmp_path, override, needle):
     p = _write(tmp_path, "data: {train: x.jsonl}\nrewards: [{name: accuracy}]\n")
-    with pytest.raises(config.ConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(config.ConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")) as e:
         config.load(p, [override])
+    assert str(e.value).startswith(f"override {override}: "), str(e.value)
+
+
+def test_an_error_in_a_layer_names_that_layer(tmp_path):
+    p = _write(tmp_path, "data: {train: x.jsonl}\nrewards: [{name: accuracy}]\n")
+    layer = tmp_path / "tiny.yaml"
+    layer.write_text("train: {lrr: 1}\n")
+    with pytest.raises(config.ConfigError) as e:
+        config.load(p, ["train.steps=3", str(layer)])
+    assert str(e.value).startswith(f"{layer}: Key 'lrr' not in 'TrainConfig'"), str(e.value)
+
+
+def test_an_integer_override_of_a_float_key_is_a_float_without_a_warning(tmp_path):
+    p = _write(tmp_path, "data: {train: x.jsonl}\nrewards: [{name: accuracy}]\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # OmegaConf's FutureWarning on implicit int -> float
+        cfg = config.load(p, ["train.lr=1", "rollout.temperature=1", "eval.max_new_tokens=5"])
+    assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
+    assert isinstance(cfg.rollout.temperature, float) and cfg.eval.max_new_tokens == 5
 
 
 def test_missing_required_key(tmp_path):
@@ -128,7 +148,8 @@ def test_recipe_folders_hold_only_what_users_run():
 # line naming the key and its legal range.
 BAD_NUMBERS = [
     (["rollout.num_generations=1"], "rollout.num_generations=1: must be >= 2 with algo.advantage=grpo"),
-    (["rollout.num_generations=1", "algo.advantage=rloo"], "rollout.num_generations=1: must be >= 2"),
+    (["rollout.num_generations=1", "algo.advantage=rloo"],
+     "rollout.num_generations=1: must be >= 2 with algo.advantage=rloo"),
     (["rollout.num_generations=0", "algo.advantage=pkg.mod:fn"], "rollout.num_generations=0: must be >= 1"),
     (["rollout.prompts_per_step=0"], "rollout.prompts_per_step=0: must be >= 1"),
     (["rollout.max_new_tokens=0"], "rollout.max_new_tokens=0: must be >= 1"),
@@ -151,13 +172,19 @@ BAD_NUMBERS = [
 ]
 
 
+def _culprit(p, overrides: list[str], message: str) -> str:
+    """The overrides whose keys the message names (as typed), else the YAML file."""
+    named = [o for o in overrides if f"{o.split('=')[0]}=" in message]
+    return f"override {', '.join(named)}" if named else str(p)
+
+
 @pytest.mark.parametrize("overrides, message", BAD_NUMBERS, ids=lambda x: str(x))
-def test_bad_numbers_fail_at_load_with_one_line(tmp_path, overrides, message):
+def test_bad_numbers_fail_at_load_with_one_line_naming_the_override(tmp_path, overrides, message):
     p = _write(tmp_path, "data: {train: x.jsonl}\nrewards: [{name: accuracy}]\n")
     with pytest.raises(config.ConfigError) as e:
         config.load(p, overrides)
     assert "\n" not in str(e.value)
-    assert str(e.value).startswith(f"{p}: {message}"), str(e.value)
+    assert str(e.value).startswith(f"{_culprit(p, overrides, message)}: {message}"), str(e.value)
 
 
 @pytest.mark.parametrize("overrides, message", BAD_NUMBERS[:3] + BAD_NUMBERS[-2:],
@@ -166,8 +193,8 @@ def test_bad_numbers_fail_mmrl_validate(tmp_path, capsys, overrides, message):
     p = _write(tmp_path, "data: {train: x.jsonl}\nrewards: [{name: accuracy}]\n")
     with pytest.raises(SystemExit) as e:
         cli.main(["validate", str(p), *overrides])
-    assert str(e.value) == f"config error: {p}: {message}" or \
-        str(e.value).startswith(f"config error: {p}: {message}"), str(e.value)
+    assert str(e.value).startswith(f"config error: {_culprit(p, overrides, message)}: {message}"), \
+        str(e.value)
     assert "\n" not in str(e.value)
 
 

@@ -1,5 +1,6 @@
-"""Pictures of one rollout: boxes on its image, a frame strip + timeline for its video, a waveform
-+ spectrogram for its audio. Everything returns a PIL image; html.py embeds it as a PNG data URI.
+"""Pictures of one group's media: its image with the ground-truth boxes and each completion's,
+a frame strip (+ a timeline of segments for a temporal task) for its video, a waveform +
+spectrogram for its audio. Everything returns a PIL image; rollouts.py embeds it as a PNG data URI.
 
 Colours are fixed so a reader learns them once: prediction red, ground truth green.
 """
@@ -24,33 +25,10 @@ def png_data_uri(im: Image.Image) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def box_frame(boxes: list[list[float]], image_size: tuple[int, int],
-              declared_size: list | tuple | None) -> list[list[float]]:
-    """Boxes in the pixel frame of the image file.
-
-    Models answer in the frame they were shown: normalised [0, 1] coordinates, or the resized
-    frame recorded as fields.image_size. Both are mapped back to the file's pixels here, so a box
-    the reward scored as correct is also drawn on the right object.
-
-    >>> box_frame([[0.1, 0.2, 0.5, 0.5]], (200, 100), None)
-    [[20.0, 20.0, 100.0, 50.0]]
-    >>> box_frame([[10, 10, 20, 20]], (200, 100), [100, 50])
-    [[20.0, 20.0, 40.0, 40.0]]
-    """
-    w, h = image_size
-    sx = sy = 1.0
-    values = [v for b in boxes for v in b]
-    if values and max(abs(v) for v in values) <= 1.0 and any(v != int(v) for v in values):
-        sx, sy = w, h
-    elif (isinstance(declared_size, (list, tuple)) and len(declared_size) == 2
-          and all(isinstance(v, (int, float)) and v > 0 for v in declared_size)):
-        sx, sy = w / declared_size[0], h / declared_size[1]
-    return [[b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy] for b in boxes]
-
-
-def draw_boxes(image: Image.Image, pred: list[list[float]], gt: list[list[float]],
-               side: int = DISPLAY_SIDE) -> tuple[Image.Image, float]:
-    """A display-sized copy of `image` with ground truth (green) under predictions (red).
+def draw_boxes(image: Image.Image, pred: list, gt: list, side: int = DISPLAY_SIDE,
+               labels: list[str] | None = None) -> tuple[Image.Image, float]:
+    """A display-sized copy of `image` with ground truth (green) under predictions (red), each
+    prediction's label (its rollout number) just above its top-left corner.
 
     Returns the drawn image and the scale from file pixels to drawn pixels (tests use it to
     find the edges). Nearest-neighbour upscaling keeps tiny synthetic images crisp.
@@ -65,7 +43,14 @@ def draw_boxes(image: Image.Image, pred: list[list[float]], gt: list[list[float]
             xa, xb = sorted((x1 * scale, x2 * scale))  # degenerate answers may swap corners
             ya, yb = sorted((y1 * scale, y2 * scale))
             draw.rectangle([xa, ya, xb, yb], outline=colour, width=LINE)
+    for (x1, y1, x2, y2), label in zip(pred, labels or []):
+        x, y = min(x1, x2) * scale, min(y1, y2) * scale  # outside the box: never over its object
+        draw.text((max(0.0, x), y - 12 if y >= 12 else max(y1, y2) * scale + 2), label, fill=PRED)
     return out, scale
+
+
+def fit_width(strip: Image.Image, width: int = 2 * DISPLAY_SIDE) -> Image.Image:
+    return strip.resize((width, max(1, round(strip.height * width / strip.width))))
 
 
 def frame_strip(frames: list[Image.Image]) -> Image.Image:
@@ -80,37 +65,44 @@ def frame_strip(frames: list[Image.Image]) -> Image.Image:
     return strip
 
 
-def draw_timeline(strip: Image.Image | None, duration: float, pred: list[tuple[float, float]],
-                  gt: list[tuple[float, float]], width: int = 2 * DISPLAY_SIDE) -> Image.Image:
-    """The frame strip above a time axis with the ground-truth segment (green, upper lane) and
-    the predicted segment (red, lower lane). Lanes instead of overlap so both stay visible."""
-    strip_h = 0
-    if strip is not None:
-        strip = strip.resize((width, max(1, round(strip.height * width / strip.width))))
-        strip_h = strip.height
-    lane, pad = 12, 4
-    axis_h = 2 * lane + 3 * pad + 12
-    out = Image.new("RGB", (width, strip_h + axis_h), (255, 255, 255))
+def draw_timeline(strip: Image.Image | None, duration: float,
+                  pred: list[tuple[str, tuple[float, float] | None]], gt: tuple[float, float],
+                  width: int = 2 * DISPLAY_SIDE) -> Image.Image:
+    """The frame strip above a time axis: the ground-truth segment (green) in the top lane, then
+    one lane per prediction (red, its label beside it; an empty lane where it has none). Lanes
+    instead of overlap so that every segment stays visible."""
+    strip = fit_width(strip, width) if strip is not None else None
+    strip_h = strip.height if strip is not None else 0
+    lane, pad = 10, 3
+    lanes = 1 + len(pred)
+    axis_top = strip_h + pad + lanes * (lane + pad)
+    out = Image.new("RGB", (width, axis_top + 2 * pad + 12), (255, 255, 255))
     if strip is not None:
         out.paste(strip, (0, 0))
     draw = ImageDraw.Draw(out)
     top = strip_h + pad
-    draw.rectangle([0, top, width - 1, top + 2 * lane + pad], fill=(235, 235, 235))
+    draw.rectangle([0, top - 1, width - 1, axis_top - 1], fill=(235, 235, 235))
 
     def x(t: float) -> float:
         return max(0.0, min(width - 1.0, t / duration * (width - 1))) if duration > 0 else 0.0
 
-    for segs, colour, y in ((gt, GT, top), (pred, PRED, top + lane + pad)):
-        for a, b in segs:
+    rows = [("gt", gt, GT)] + [(label, seg, PRED) for label, seg in pred]
+    for k, (label, seg, colour) in enumerate(rows):
+        y = top + k * (lane + pad)
+        if seg is not None:
+            a, b = seg
             draw.rectangle([x(a), y, max(x(b), x(a) + 1), y + lane], fill=colour)
+            end = max(x(b), x(a) + 1)
+            tx = end + 4 if end + 4 + 6 * len(label) < width else max(0.0, x(a) - 4 - 6 * len(label))
+            draw.text((tx, y - 1), label, fill=(60, 60, 60))
     ticks = 5
     for i in range(ticks + 1):  # labels at 0, 20%, ..., 100% of the duration
         t = duration * i / ticks
         tx = x(t)
-        draw.line([tx, top + 2 * lane + pad, tx, top + 2 * lane + 2 * pad], fill=(90, 90, 90))
+        draw.line([tx, axis_top, tx, axis_top + pad], fill=(90, 90, 90))
         label = f"{t:.1f}s"
         anchor_x = min(max(0, tx - 3 * len(label)), width - 6 * len(label))
-        draw.text((anchor_x, top + 2 * lane + 2 * pad), label, fill=(60, 60, 60))
+        draw.text((anchor_x, axis_top + pad), label, fill=(60, 60, 60))
     return out
 
 

@@ -10,7 +10,7 @@ import base64
 from pathlib import Path
 from typing import Any
 
-from mmrl.report import curves
+from mmrl.report import curves, parse
 from mmrl.report.load import Run, choose_steps, flatten
 from mmrl.report.rollouts import esc, fmt, step_html
 
@@ -38,7 +38,7 @@ details.step>summary{cursor:pointer;padding:8px 12px;font-weight:600;background:
 font-size:13px;max-height:8em;overflow:auto}
 .rollout{border:1px solid #e1e5ea;border-radius:6px;margin:8px 0;background:#fff}
 .rhead{padding:5px 10px;background:#f6f7f9;border-bottom:1px solid #e1e5ea;font-size:13px}
-.rbody{display:flex;flex-wrap:wrap;gap:12px;padding:8px 10px}
+.rollout>.text{padding:8px 10px}
 .media{flex:0 1 auto;max-width:660px}.media figure{margin:0 0 6px}
 .media figcaption{font-size:12px;color:#555}
 .text{flex:1 1 360px;min-width:300px}
@@ -167,7 +167,8 @@ def rollouts_section(runs: list[Run], steps: list[int] | None, max_per_step: int
             parts.append(f"<p>Steps: {links} (logged: {len(run.rollout_steps)} steps)</p>")
         for j, step in enumerate(chosen):
             rows = [r for r in run.rollouts if r.get("step") == step][:max_per_step]
-            parts.append(step_html(step, rows, roots, cache, run_key, open_=j == 0))
+            parts.append(step_html(step, rows, roots, cache, run_key, open_=j == 0,
+                                   rule=parse.box_rule(run.config)))
     return f'<section id="rollouts"><h2>Rollouts</h2>{"".join(parts)}</section>'
 
 

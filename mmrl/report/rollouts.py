@@ -11,8 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from mmrl.report import draw, media
-from mmrl.report.parse import boxes_from_value, parse_boxes, parse_segment, segments_from_value
+from mmrl.report import draw, media, parse
 
 
 def esc(value: Any) -> str:
@@ -48,67 +47,48 @@ def _guarded(path: str, roots: list[Path], render: Callable[[Path], str]) -> str
         return _placeholder(f"could not render {path}: {type(e).__name__}: {e}")
 
 
-def answer_text(r: dict) -> str:
-    """The parsed answer if the trainer stored one, else the raw completion."""
-    a = r.get("answer")
-    return a if isinstance(a, str) and a else str(r.get("completion") or "")
-
-
-def _iou(a: list[float], b: list[float]) -> float:
-    ax1, ax2 = sorted((a[0], a[2]))
-    ay1, ay2 = sorted((a[1], a[3]))
-    bx1, bx2 = sorted((b[0], b[2]))
-    by1, by2 = sorted((b[1], b[3]))
-    iw = max(0.0, min(ax2, bx2) - max(ax1, bx1))
-    ih = max(0.0, min(ay2, by2) - max(ay1, by1))
-    inter = iw * ih
-    union = (ax2 - ax1) * (ay2 - ay1) + (bx2 - bx1) * (by2 - by1) - inter
-    return inter / union if union > 0 else 0.0
-
-
-def _gt_boxes(r: dict) -> list[list[float]]:
-    fields = r.get("fields") if isinstance(r.get("fields"), dict) else {}
-    boxes = boxes_from_value(r.get("solution")) + boxes_from_value(fields.get("boxes"))
-    unique = []
-    for b in boxes:  # the solution often repeats fields.boxes
-        if b not in unique:
-            unique.append(b)
-    return unique
-
-
-def _image_html(r: dict, path: Path, draw_on: bool) -> str:
+def _image_html(members: list[tuple[int, dict]], path: Path, rule: parse.BoxRule) -> str:
+    """The group's image once: its ground-truth boxes (green) and every completion's boxes (red,
+    numbered by rollout), as the box reward read them."""
     image = media.load_image(path)
-    if not draw_on:
-        im, _ = draw.draw_boxes(image, [], [])
+    gt = parse.gold_boxes(members[0][1].get("solution"))
+    pred = [(f"#{i}", box) for i, r in members for box in parse.predicted_boxes(r, rule)] \
+        if gt else []
+    im, _ = draw.draw_boxes(image, [b for _, b in pred], gt, labels=[n for n, _ in pred])
+    if not gt:
         return _img(draw.png_data_uri(im), "media-img", str(path))
-    fields = r.get("fields") if isinstance(r.get("fields"), dict) else {}
-    size = fields.get("image_size")
-    pred = draw.box_frame(parse_boxes(answer_text(r)), image.size, size)
-    gt = draw.box_frame(_gt_boxes(r), image.size, size)
-    im, _ = draw.draw_boxes(image, pred, gt)
-    caption = f"pred {len(pred)} box(es) (red) · gt {len(gt)} (green)"
-    if pred and gt:
-        best = max(_iou(p, g) for p in pred for g in gt)
-        caption += f" · best IoU {best:.2f}"
-    cls = "media-img drawn-boxes" if (pred or gt) else "media-img"
-    return (f'<figure>{_img(draw.png_data_uri(im), cls, str(path))}'
+    caption = f"gt {len(gt)} box(es) (green) · {len(pred)} predicted (red, by rollout #)"
+    return (f'<figure>{_img(draw.png_data_uri(im), "media-img drawn-boxes", str(path))}'
             f'<figcaption>{esc(caption)}</figcaption></figure>')
 
 
-def _video_html(r: dict, path: Path) -> str:
+def _plain_image_html(path: Path) -> str:
+    im, _ = draw.draw_boxes(media.load_image(path), [], [])
+    return _img(draw.png_data_uri(im), "media-img", str(path))
+
+
+def _video_html(members: list[tuple[int, dict]], path: Path) -> str:
+    """The group's video once: a frame strip, and for a temporal task (its solution is a
+    segment) the timeline with the ground truth and each completion's segment, one lane each."""
     frames, _, container_duration = media.video_frames(path)
-    fields = r.get("fields") if isinstance(r.get("fields"), dict) else {}
+    first = members[0][1]
+    fields = first.get("fields") if isinstance(first.get("fields"), dict) else {}
     duration = fields.get("duration")
     if not isinstance(duration, (int, float)) or duration <= 0:
         duration = container_duration or 0.0
-    pred_seg = parse_segment(answer_text(r))
-    pred = [pred_seg] if pred_seg else []
-    gt = segments_from_value(r.get("solution"))
     strip = draw.frame_strip(frames) if frames else None
+    gt = parse.gold_segment(first.get("solution"))
+    if gt is None:  # not a temporal task: the frames, no timeline
+        if strip is None:
+            return _placeholder(f"no frames decoded: {path}")
+        caption = f"{float(duration):.1f}s · {len(frames)} frames"
+        return (f'<figure>{_img(draw.png_data_uri(draw.fit_width(strip)), "media-video", str(path))}'
+                f'<figcaption>{esc(caption)}</figcaption></figure>')
+    pred = [(f"#{i}", parse.pred_segment(r.get("completion") or "")) for i, r in members]
     im = draw.draw_timeline(strip, float(duration), pred, gt)
-    caption = (f"{float(duration):.1f}s · pred {_segs(pred)} (red, lower lane) · "
-               f"gt {_segs(gt)} (green, upper lane)")
-    return (f'<figure>{_img(draw.png_data_uri(im), "media-video", str(path))}'
+    caption = (f"{float(duration):.1f}s · gt {_segs([gt])} (green, top lane) · each rollout's "
+               f"segment below it (red; none where the reward read none)")
+    return (f'<figure>{_img(draw.png_data_uri(im), "media-video timeline", str(path))}'
             f'<figcaption>{esc(caption)}</figcaption></figure>')
 
 
@@ -117,7 +97,7 @@ def _segs(segs: list[tuple[float, float]]) -> str:
 
 
 def _audio_html(path: Path, cache: dict) -> str:
-    # Same clip for every completion of a group: draw it once per report.
+    # Same clip at every step the report shows: draw it once per report.
     key = ("audio", path)
     if key not in cache:
         samples, sr = media.load_audio(path)
@@ -183,14 +163,17 @@ def reward_table(r: dict) -> str:
     return f'<table class="rewards"><tr>{head}</tr><tr>{cells}</tr></table>'
 
 
-def _media_html(r: dict, roots: list[Path], cache: dict) -> str:
-    parts = []
-    for i, p in enumerate(_paths(r.get("images"))):
+def group_media_html(members: list[tuple[int, dict]], roots: list[Path], cache: dict,
+                     rule: parse.BoxRule) -> str:
+    """A group's media, once (its completions share them), drawn with what each predicted."""
+    first, parts = members[0][1], []
+    for i, p in enumerate(_paths(first.get("images"))):
         # Boxes refer to the first image: grounding answers name one frame of reference.
-        parts.append(_guarded(p, roots, lambda path, i=i: _image_html(r, path, draw_on=i == 0)))
-    for p in _paths(r.get("videos")):
-        parts.append(_guarded(p, roots, lambda path: _video_html(r, path)))
-    for p in _paths(r.get("audios")):
+        parts.append(_guarded(p, roots, lambda path, i=i: _image_html(members, path, rule)
+                              if i == 0 else _plain_image_html(path)))
+    for p in _paths(first.get("videos")):
+        parts.append(_guarded(p, roots, lambda path: _video_html(members, path)))
+    for p in _paths(first.get("audios")):
         parts.append(_guarded(p, roots, lambda path: _audio_html(path, cache)))
     return "".join(parts)
 
@@ -201,20 +184,20 @@ def _paths(value: Any) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
-def rollout_card(r: dict, index: int, roots: list[Path], cache: dict) -> str:
-    """One completion: header line, media drawn with its prediction, text, reward breakdown."""
+def rollout_card(r: dict, index: int) -> str:
+    """One completion: header line, text, the answer the rewards read, reward breakdown (its
+    media are drawn once for the group, with this completion's prediction numbered #index)."""
     flags = ' <span class="badge">truncated</span>' if r.get("truncated") else ""
     head = (f'#{index} · reward <b>{fmt(r.get("reward"))}</b> · advantage '
             f'{fmt(r.get("advantage"))} · {fmt(r.get("length"))} tokens{flags}')
-    diff = transcript_diff(r["solution"], answer_text(r)) if _wants_diff(r) else ""
+    answer = parse.answer_text(r)
+    diff = transcript_diff(r["solution"], answer) if _wants_diff(r) else ""
     text = (f'<pre class="completion">{esc(r.get("completion") or "")}</pre>'
-            f'<table class="kv"><tr><th>answer</th><td>{esc(answer_text(r))}</td></tr>'
+            f'<table class="kv"><tr><th>answer</th><td>{esc(answer)}</td></tr>'
             f'<tr><th>solution</th><td>{esc(_show(r.get("solution")))}</td></tr></table>'
             f'{diff}{reward_table(r)}')
     return (f'<div class="rollout" data-sample="{esc(r.get("sample_id", ""))}">'
-            f'<div class="rhead">{head}</div><div class="rbody">'
-            f'<div class="media">{_media_html(r, roots, cache)}</div>'
-            f'<div class="text">{text}</div></div></div>')
+            f'<div class="rhead">{head}</div><div class="text">{text}</div></div>')
 
 
 def _show(v: Any) -> str:
@@ -222,22 +205,24 @@ def _show(v: Any) -> str:
 
 
 def step_html(step: int, rows: list[dict], roots: list[Path], cache: dict, run_key: str,
-              open_: bool) -> str:
-    """A <details> block for one step: rollouts grouped by prompt group, prompt shown once."""
+              open_: bool, rule: parse.BoxRule = parse.BoxRule()) -> str:
+    """A <details> block for one step: rollouts grouped by prompt group, the prompt and the
+    media shown once per group."""
     rewards = [r["reward"] for r in rows if isinstance(r.get("reward"), (int, float))]
     mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "n/a"
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:  # str(): ids are whatever the dataset used, lists included (unhashable)
         groups.setdefault((str(r.get("group")), str(r.get("sample_id"))), []).append(r)
     body, index = [], 0
-    for (group, sample_id), members in groups.items():
-        first = members[0]
+    for (group, sample_id), rs in groups.items():
+        members = [(index + k, r) for k, r in enumerate(rs, start=1)]
+        index += len(rs)
+        first = rs[0]
         body.append(f'<div class="group"><div class="ghead">group {esc(group)} · sample '
                     f'{esc(sample_id)} · task {esc(first.get("task"))}</div>'
-                    f'<div class="prompt">{esc(first.get("prompt") or "")}</div>')
-        for r in members:
-            index += 1
-            body.append(rollout_card(r, index, roots, cache))
+                    f'<div class="prompt">{esc(first.get("prompt") or "")}</div>'
+                    f'<div class="media">{group_media_html(members, roots, cache, rule)}</div>')
+        body += [rollout_card(r, i) for i, r in members]
         body.append("</div>")
     return (f'<details class="step" id="{esc(run_key)}-step-{step}"{" open" if open_ else ""}>'
             f'<summary>step {step} · {len(rows)} rollouts · mean reward {mean}</summary>'

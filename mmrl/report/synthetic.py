@@ -3,8 +3,9 @@
 
     python -m mmrl.report.synthetic /tmp/demo_run && mmrl report /tmp/demo_run
 
-It holds image grounding (boxes), video temporal grounding (segments), speech recognition
-(transcripts), a rollout whose image is missing and one whose completion tries to inject HTML.
+It holds image grounding (boxes; one completion cut mid-answer), video temporal grounding
+(segments), video QA, speech recognition (transcripts), a rollout whose image is missing and one
+whose completion tries to inject HTML.
 """
 from __future__ import annotations
 
@@ -115,10 +116,14 @@ def _rollouts(root: Path, steps: list[int]) -> list[dict]:
                      str(b), GT_BOX, 0.0, -0.9, images=[img], fields=image_fields),
             _rollout(s, "ground-0", "grounding", 0, "<answer>[61, 21, 89, 69]</answer>",
                      "[61, 21, 89, 69]", GT_BOX, 0.93, 0.9, images=[img], fields=image_fields),
+            _rollout(s, "ground-0", "grounding", 0, "<answer>[30, 30, 4", "", GT_BOX, 0.0, -0.9,
+                     images=[img], fields=image_fields, truncated=True),  # cut: nothing read
             _rollout(s, "video-0", "temporal", 1, "<answer>0.5 to 1.2</answer>", "0.5 to 1.2",
                      [0.8, 1.6], 0.33, -0.5, videos=[vid], fields={"duration": 2.0}),
             _rollout(s, "video-0", "temporal", 1, "<answer>[0.7, 1.5]</answer>", "[0.7, 1.5]",
                      [0.8, 1.6], 0.78, 0.5, videos=[vid], fields={"duration": 2.0}),
+            _rollout(s, "videoqa-0", "video_qa", 5, "<answer>B</answer>", "B", "B", 1.0, 0.5,
+                     videos=[vid], fields={"duration": 2.0}),  # a video, no segments
             _rollout(s, "asr-0", "asr", 2, "<answer>the quick brown fox jumped</answer>",
                      "the quick brown fox jumped", "The quick brown fox jumps over", 0.5, 0.1,
                      audios=[wav]),

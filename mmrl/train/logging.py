@@ -83,6 +83,7 @@ class RunLogger:
         self._progress: Progress | None = None
         self._task = None
         self.history: list[dict] = []
+        self._hf_bars = _hf_progress_bars(False)
 
     # -- live display -------------------------------------------------------------------------
     def start(self, total: int, done: int = 0, description: str = "RL") -> None:
@@ -94,6 +95,20 @@ class RunLogger:
             TextColumn("{task.fields[info]}"), console=self.console, transient=False)
         self._progress.start()
         self._task = self._progress.add_task(description, total=total, completed=done, info="")
+
+    def advance(self, step: int, total: int | None, info: str, label: str = "step",
+                keep: bool = False) -> None:
+        """Move the live bar to `step` with `info` beside it; in lines mode print `label
+        step/total  info` every log_every steps, and at the first and the last. A `keep` step
+        (a check's result) is printed in every mode that shows messages, above a live bar."""
+        line = f"{label} {step}/{total or '?'}  {info}"
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, info=info)
+            if keep:
+                self.console.print(line)
+        elif (self.shows_lines and (step % self.log_every == 0 or step in (1, total))
+              or keep and self.shows_messages):
+            self.console.print(line)
 
     def stop(self) -> None:
         if self._progress is not None:
@@ -126,10 +141,7 @@ class RunLogger:
                 self._tb.add_scalar(k, v, step)
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in row.items() if v is not None}, step=step)
-        if self._progress is not None:
-            self._progress.update(self._task, completed=step, info=self._headline(row))
-        elif self.shows_lines and (step % self.log_every == 0 or step == total or step == 1):
-            self.console.print(f"step {step}/{total or '?'}  {self._headline(row)}")
+        self.advance(step, total, self._headline(row))
 
     def log_rollouts(self, step: int, rows: list[dict]) -> None:
         for r in rows:
@@ -149,12 +161,24 @@ class RunLogger:
 
     def close(self) -> None:
         self.stop()
+        _hf_progress_bars(self._hf_bars)
         self._metrics.close()
         self._rollouts.close()
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def _hf_progress_bars(enabled: bool) -> bool:
+    """Turn transformers' own progress bars on or off -> whether they were on. While a run logs,
+    the display is the RunLogger's: "Writing model shards" at every checkpoint tore the live bar
+    and filled logs with carriage-return lines."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+    return was
 
 
 def _start_wandb(run_dir: Path, config: dict | None):

@@ -62,6 +62,7 @@ def sft_warmup(cfg: RunConfig, policy: Policy, prompts: PromptSource, log: RunLo
     in_a_row = "" if sc.stop_checks == 1 else f" on {sc.stop_checks} checks in a row"
     log.print(f"SFT warm-up: up to {sc.steps} steps, stop at val accuracy {sc.stop_accuracy}"
               f"{in_a_row}")
+    log.start(total=sc.steps, description="SFT warm-up")  # progress between the checks
     for step in range(1, sc.steps + 1):
         if stop is not None and stop():
             return {"steps": step - 1, "val_accuracy": acc, "history": history, "stopped": True}
@@ -82,10 +83,15 @@ def sft_warmup(cfg: RunConfig, policy: Policy, prompts: PromptSource, log: RunLo
         dist.all_reduce_grads([p for p in model.parameters() if p.requires_grad], policy.info,
                               average=True)
         opt.step()
-        if step % sc.eval_every == 0 or step == sc.steps:
+        checks = step % sc.eval_every == 0 or step == sc.steps
+        if checks:
             acc = evaluate(model, policy.processor, policy.adapter, val, cfg)["accuracy"]
             history.append({"step": step, "loss": float(loss.detach()), "val_accuracy": acc})
-            log.print(f"  sft step {step}: loss {float(loss.detach()):.3f}  val accuracy {acc:.3f}")
-            if reached(history, sc.stop_accuracy, sc.stop_checks):
-                break
+        seen = (f"  val accuracy {acc:.3f}" if checks else
+                f"  (val accuracy {acc:.3f} at step {history[-1]['step']})" if history else "")
+        log.advance(step, sc.steps, f"loss {float(loss.detach()):.3f}{seen}", label="sft step",
+                    keep=checks)
+        if checks and reached(history, sc.stop_accuracy, sc.stop_checks):
+            break
+    log.stop()
     return {"steps": step, "val_accuracy": acc, "history": history}

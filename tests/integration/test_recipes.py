@@ -27,6 +27,10 @@ def test_recipe_tiny_run(recipe, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
+    # What the user sees: the warm-up's progress between its checks, no other library's lines.
+    printed = done.stdout + done.stderr
+    assert "sft step 1/" in printed
+    assert "Setting accelerator" not in printed and "Writing model shards" not in printed
     rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["loss/loss"] is not None and math.isfinite(r["loss/loss"]) for r in rows)

@@ -87,16 +87,49 @@ def test_predicted_box_red_and_ground_truth_green(html_a):
     assert not any(_is_red(p) for p in inside.reshape(-1, 3))  # outlines, not filled boxes
 
 
-def test_video_timeline_segments(html_a):
-    im = _png(_imgs(html_a, "media-video")[0])  # pred "0.5 to 1.2", gt [0.8, 1.6], 2.0 s
-    width = im.shape[1]
-    red_cols = [x for x in range(width) if any(_is_red(p) for p in im[:, x])]
-    green_cols = [x for x in range(width) if any(_is_green(p) for p in im[:, x])]
-    assert abs(red_cols[0] - 0.5 / 2.0 * (width - 1)) <= 2
-    assert abs(red_cols[-1] - 1.2 / 2.0 * (width - 1)) <= 2
-    assert abs(green_cols[0] - 0.8 / 2.0 * (width - 1)) <= 2
-    assert abs(green_cols[-1] - 1.6 / 2.0 * (width - 1)) <= 2
+def _bands(im: np.ndarray, is_colour) -> list[tuple[int, int]]:
+    """(first, last) column of each horizontal band of `is_colour` pixels, top to bottom."""
+    rows = [y for y in range(im.shape[0]) if any(is_colour(p) for p in im[y])]
+    bands, start = [], None
+    for y, nxt in zip(rows, rows[1:] + [None]):
+        start = y if start is None else start
+        if nxt != y + 1:
+            cols = [x for x in range(im.shape[1]) if any(is_colour(p) for p in im[start:y + 1, x])]
+            bands.append((cols[0], cols[-1]))
+            start = None
+    return bands
+
+
+def test_video_timeline_has_the_truth_and_one_lane_per_rollout(html_a):
+    im = _png(_imgs(html_a, "timeline")[0])  # preds "0.5 to 1.2", "[0.7, 1.5]"; gt [0.8, 1.6]
+    at = [round(t / 2.0 * (im.shape[1] - 1)) for t in (0.5, 1.2, 0.7, 1.5, 0.8, 1.6)]
+    (r1a, r1b), (r2a, r2b) = _bands(im, _is_red)
+    assert all(abs(a - b) <= 2 for a, b in zip((r1a, r1b, r2a, r2b), at[:4]))
+    (ga, gb), = _bands(im, _is_green)
+    assert abs(ga - at[4]) <= 2 and abs(gb - at[5]) <= 2
     assert im.shape[0] > 60  # the frame strip sits above the timeline
+
+
+def test_a_video_without_segments_shows_its_frames_and_no_timeline(html_a):
+    group = html_a.split("sample videoqa-0")[1].split('<div class="group">')[0]
+    assert group.count('class="media-video"') == 1 and "timeline" not in group
+    strip = _png(_imgs(group, "media-video")[0])
+    assert not any(_is_red(p) or _is_green(p) for p in strip.reshape(-1, 3))
+
+
+def test_media_appear_once_per_group(html_a):
+    step = html_a.split('id="run0-step-1"')[1].split("</details>")[0]
+    grounding = step.split("sample ground-0")[1].split('<div class="group">')[0]
+    assert grounding.count('<div class="rollout"') == 3
+    assert len(_imgs(grounding, "media-img")) == 1
+    assert len(_imgs(step.split("sample video-0")[1], "timeline")) == 1
+
+
+def test_the_answer_cell_shows_what_the_rewards_read(html_a):
+    step = html_a.split('id="run0-step-1"')[1].split("</details>")[0]
+    answers = re.findall(r"<tr><th>answer</th><td>(.*?)</td></tr>", step)
+    # [10, 10, 50, 40] read from its answer block; the cut "<answer>[30, 30, 4" reads as nothing
+    assert answers[:3] == ["[10, 10, 50, 40]", "[61, 21, 89, 69]", ""]
 
 
 def test_audio_picture_and_transcript_diff(html_a):
@@ -166,34 +199,41 @@ def test_broken_run_dir_still_reports(tmp_path):
 def test_corrupt_media_placeholder(tmp_path):
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"not a png")
-    card = rollouts.rollout_card({"images": [str(bad)], "videos": [str(bad)],
-                                  "audios": [str(bad)], "completion": "x"}, 1, [tmp_path], {})
-    assert card.count('class="missing"') == 3 and "could not decode image" in card
+    record = {"images": [str(bad)], "videos": [str(bad)], "audios": [str(bad)], "completion": "x"}
+    media_html = rollouts.group_media_html([(1, record)], [tmp_path], {}, parse.BoxRule())
+    assert media_html.count('class="missing"') == 3 and "could not decode image" in media_html
 
 
-@pytest.mark.parametrize("text,boxes", [
-    ("<answer>[10, 20, 30, 40]</answer>", [[10, 20, 30, 40]]),
-    ('{"bbox_2d": [1.5, 2, 3, 4]}, {"bbox_2d": [5,6,7,8]}', [[1.5, 2, 3, 4], [5, 6, 7, 8]]),
-    ("(0.1,0.2,0.3,0.4)", [[0.1, 0.2, 0.3, 0.4]]),
-    ("there are 3 cats", []), (None, []), ("[1, 2, 3]", []),
+def test_boxes_are_read_by_the_box_reward_and_mapped_as_its_coords_say():
+    from rewards import get_reward
+
+    config = {"rewards": [{"name": "accuracy"},
+                          {"name": "iou", "params": {"coords": "qwen2_vl"}}]}  # 0..1000
+    rule = parse.box_rule(config)
+    record = {"completion": "<answer>[500, 250, 1000, 500]</answer>", "solution": [50, 20, 100, 40],
+              "fields": {"image_size": [100, 80]}}
+    assert parse.predicted_boxes(record, rule) == [(50.0, 20.0, 100.0, 40.0)]
+    assert get_reward("iou")([record["completion"]], [record["solution"]], coords="qwen2_vl",
+                             image_size=[[100, 80]]) == [1.0]  # the box drawn is the box scored
+    # Four numbers picked out of garbage are no box to the reward, so none is drawn.
+    garbage = dict(record, completion="<answer>[2.0, answer>[4.0, 44.0, 55.0]</answer>")
+    assert parse.predicted_boxes(garbage, parse.BoxRule()) == []
+    assert parse.predicted_boxes(dict(record, fields={}), rule) == []  # the reward scored None
+
+
+@pytest.mark.parametrize("completion, segment", [
+    ("<answer>from 2.5 to 7 seconds</answer>", (2.5, 7.0)),
+    ("<answer>[1.0, 4.25]</answer>", (1.0, 4.25)),
+    ("<answer>1 to 2 or 3 to 4</answer>", None),  # more than one segment: tiou reads none
+    ("<answer>9 to 4</answer>", None),  # reversed: tiou scores 0, nothing to draw
+    ("<answer>2 to 5", None),  # cut before the answer closed
 ])
-def test_parse_boxes(text, boxes):
-    assert parse.parse_boxes(text) == boxes
+def test_segments_are_read_by_the_tiou_reward(completion, segment):
+    from rewards import get_reward
 
-
-@pytest.mark.parametrize("text,seg", [
-    ("from 2.5 to 7 seconds", (2.5, 7.0)), ("3-5", (3.0, 5.0)), ("[1.0, 4.25]", (1.0, 4.25)),
-    ("12.0s - 15.5s", (12.0, 15.5)), ("between 1:05 and 1:10", (65.0, 70.0)),
-    ("9 to 4", (4.0, 9.0)), ("no time here", None), (42, None),
-])
-def test_parse_segment(text, seg):
-    assert parse.parse_segment(text) == seg
-
-
-def test_boxes_in_resized_or_normalised_frame_map_to_file_pixels():
-    assert draw.box_frame([[0.5, 0.5, 1.0, 1.0]], (100, 80), None) == [[50, 40, 100, 80]]
-    assert draw.box_frame([[10, 10, 20, 20]], (100, 80), [50, 40]) == [[20, 20, 40, 40]]
-    assert draw.box_frame([[1, 1, 2, 2]], (100, 80), None) == [[1, 1, 2, 2]]  # integer pixels
+    assert parse.pred_segment(completion) == segment
+    if segment is None:
+        assert get_reward("tiou")([completion], [[0, 10]]) == [0.0]
 
 
 def test_transcript_diff_direct():
@@ -203,10 +243,10 @@ def test_transcript_diff_direct():
     assert rollouts.transcript_diff("", "anything") == ""
 
 
-@pytest.mark.parametrize("module", ["parse", "draw", "load"])
+@pytest.mark.parametrize("module", ["parse", "load"])
 def test_doctests(module):
     # pytest's testpaths do not collect mmrl/, so the report's doctests run from here
-    mod = {"parse": parse, "draw": draw, "load": load}[module]
+    mod = {"parse": parse, "load": load}[module]
     result = doctest.testmod(mod)
     assert result.attempted > 0 and result.failed == 0
 
