@@ -5,7 +5,7 @@ import math
 import re
 from typing import Any
 
-from rewards.core import score_batch
+from rewards.core import ANSWER_CLOSE, score_batch
 from rewards.registry import register
 
 _THINK_THEN_ANSWER = re.compile(r"\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*", re.DOTALL)
@@ -24,11 +24,24 @@ def _think_mode(think: Any) -> str:
     return mode
 
 
-def _format_one(text: str, _solution: Any, *, think: str) -> float:
+def text_after_answer(text: str) -> str:
+    """What a completion holds after its first closing answer tag, stripped ("" without one).
+
+    >>> text_after_answer("<answer>C</answer>C</answer"), text_after_answer("<answer>C</answer>\\n")
+    ('C</answer', '')
+    """
+    return text.partition(ANSWER_CLOSE)[2].strip() if ANSWER_CLOSE in text else ""
+
+
+def _format_one(text: str, _solution: Any, *, think: str, text_after: bool) -> float:
     # Counting tags first rules out a second answer hidden inside the think block or after the
     # answer, and keeps the regex below from backtracking over many candidate tags.
     if text.count("<answer>") != 1 or text.count("</answer>") != 1:
         return 0.0
+    if text_after_answer(text):
+        if not text_after:
+            return 0.0
+        text = text[:text.index(ANSWER_CLOSE) + len(ANSWER_CLOSE)]  # the shape up to the answer
     if think == "optional" and "<think>" not in text and "</think>" not in text:
         match = _ANSWER_ONLY.fullmatch(text)
         return 1.0 if match and match.group(1).strip() else 0.0
@@ -48,21 +61,30 @@ def _format_one(text: str, _solution: Any, *, think: str) -> float:
 
 @register("format")
 def format_reward(completions: list, solution: list | None = None, *, think: Any = True,
-                  tasks: Any = None, **fields: Any) -> list[float | None]:
-    """1.0 for `<think>...</think>` then exactly one non-empty `<answer>...</answer>`, else 0.0.
+                  text_after: bool = False, tasks: Any = None,
+                  **fields: Any) -> list[float | None]:
+    """1.0 for `<think>...</think>` then exactly one non-empty `<answer>...</answer>`, and no text
+    after it (unless `text_after=true`), else 0.0.
 
     Default (`think=True`): the whole completion must be one think block followed by one answer
     block, with only whitespace around and between them (DOTALL; the think block may be empty).
-    `think=False`: exactly one non-empty answer block anywhere; text outside it is allowed (so a
-    model that still thinks aloud, with or without tags, is not punished for it).
+    `think=False`: exactly one non-empty answer block; text before it is allowed (so a model that
+    still thinks aloud, with or without tags, is not punished for it).
     `think="optional"`: either the think-then-answer shape or the answer block alone.
     `think="forbidden"`: like False, but any <think> tag scores 0 (no-think templates).
+    In every mode, text after the closing `</answer>` scores 0 (whitespace aside): a policy that
+    stops ending its answers writes on to the token limit (`<answer>C</answer>C</answer`), and
+    paying it full format credit lets that drift grow. `text_after=True` allows it, in every
+    mode, for a task whose completions go on after the answer on purpose.
     Does not look at the solution.
 
     >>> format_reward(["<think>2+2</think>\\n<answer>4</answer>", "<answer>4</answer>",
     ...                "<think>a</think><answer>4</answer><answer>5</answer>"], [None] * 3)
     [1.0, 0.0, 0.0]
-    >>> format_reward(["Let me see. <answer>4</answer>"], [None], think=False)
+    >>> format_reward(["Let me see. <answer>4</answer>", "<answer>C</answer>C</answer"], [None] * 2,
+    ...               think=False)
+    [1.0, 0.0]
+    >>> format_reward(["<answer>C</answer> That is all."], [None], think=False, text_after=True)
     [1.0]
     >>> format_reward(["<answer>4</answer>", "<think>a</think><answer>4</answer>", "x<answer>4</answer>"],
     ...               [None] * 3, think="optional")
@@ -70,8 +92,10 @@ def format_reward(completions: list, solution: list | None = None, *, think: Any
     >>> format_reward(["<think>a</think><answer>4</answer>"], [None], think="forbidden")
     [0.0]
     """
+    if not isinstance(text_after, bool):
+        raise ValueError(f"format: text_after must be true or false, got {text_after!r}")
     return score_batch(_format_one, completions, solution, fields, tasks=tasks,
-                       solution_required=False, think=_think_mode(think))
+                       solution_required=False, think=_think_mode(think), text_after=text_after)
 
 
 def _to_length(value: Any) -> float | None:

@@ -42,8 +42,9 @@ from mmrl.train.logging import RunLogger
 from mmrl.train.policy import Policy
 from mmrl.train.prompts import PromptSource
 from mmrl.train.resume_config import as_plain
-from mmrl.train.rollout_utils import CutWatch, concat_rollouts, rollout_metrics, rollout_records
+from mmrl.train.rollout_utils import concat_rollouts, rollout_metrics, rollout_records
 from mmrl.train.scoring import Scorer, rewards_at
+from mmrl.train.watch import Watchers
 from mmrl.types import RolloutBatch, ScoredBatch
 
 
@@ -79,7 +80,7 @@ class Trainer:
         self.rollout = Rollout(cfg.rollout, self.policy)
         self.policy.choose_layout(cfg.train.shared_prefix)
         self.scorer = Scorer(cfg, self.info)
-        self.cut_watch = CutWatch(cfg.rollout.max_new_tokens)
+        self.watchers = Watchers(cfg.rollout.max_new_tokens, cfg.algo)
         self.prompts = PromptSource(cfg, train_set, adapter, self.policy.processor, self.info)
         main = self.info.main  # only rank 0 writes the run dir; other ranks keep a local log
         self.log = logger or RunLogger(
@@ -181,8 +182,8 @@ class Trainer:
         metrics.update(methods.label_free_metrics(self.cfg, batch))
         metrics.update(methods.think_metrics(self.cfg, batch))
         metrics.update(rollout_metrics(sb, self.scorer.keys))
-        self.cut_watch(metrics["completion/truncated_frac"], self.log.warn)
-        metrics.update(self.scorer.step_metrics(self.log.warn))
+        metrics.update(self.scorer.step_metrics())
+        self.watchers(metrics, self.log.warn)
         metrics.update(timer.metrics())
         tokens = int(batch.completion_mask.sum()) + sum(p.input_ids.numel() for p in batch.prompts)
         metrics["time/tokens_per_s"] = tokens / max(timer.total, 1e-9)

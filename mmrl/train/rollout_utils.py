@@ -8,6 +8,7 @@ import torch
 from mmrl import algos
 from mmrl.types import RolloutBatch, ScoredBatch
 from rewards import extract_answer
+from rewards.format import text_after_answer
 
 
 def concat_rollouts(pieces: list[tuple[RolloutBatch, torch.Tensor, dict]], pad_id: int):
@@ -34,6 +35,7 @@ def rollout_metrics(sb: ScoredBatch, reward_keys: list[str]) -> dict[str, float]
         if b.n > 1 else 0.0, "adv/abs_mean": float(sb.advantages.abs().mean()),
         "completion/length_mean": float(lengths.mean()), "completion/length_max": float(lengths.max()),
         "completion/truncated_frac": float(b.truncated.float().mean()),
+        "completion/cut_after_answer_frac": cut_after_answer_frac(b.texts, b.truncated.tolist()),
         "groups/zero_std_frac": float(algos.frac_zero_std_groups(sb.scores, b.group_ids)),
     }
     for key in reward_keys:
@@ -42,30 +44,16 @@ def rollout_metrics(sb: ScoredBatch, reward_keys: list[str]) -> dict[str, float]
     return m
 
 
-# Most completions cut at rollout.max_new_tokens for this many steps in a row: warned once.
-CUT_FRAC, CUT_STEPS = 0.5, 10
+def cut_after_answer_frac(texts: list[str], truncated: list[bool]) -> float:
+    """The share of completions cut at the token limit after a whole answer: the policy wrote on
+    past `</answer>` instead of ending (watch.CutWatch; the learning table's cut-with-text column).
 
-
-class CutWatch:
-    """Warns once when at least CUT_FRAC of the completions hit `rollout.max_new_tokens` for
-    CUT_STEPS steps in a row. Either the budget is too short for the answers, or the policy has
-    stopped ending them: after `</answer>` it writes on to the limit, which no reward sees when
-    `format` allows text around the answer (think: false) -- GRPO's per-sequence mean penalises a
-    long wrong completion less per token, so lengths drift up (the detection row lost its
-    end-of-sequence token this way: 97% cut by step 230, docs/learning.md)."""
-
-    def __init__(self, max_new_tokens: int):
-        self.max_new_tokens, self.run, self.warned = max_new_tokens, 0, False
-
-    def __call__(self, cut_frac: float, warn) -> None:
-        self.run = self.run + 1 if cut_frac >= CUT_FRAC else 0
-        if self.run >= CUT_STEPS and not self.warned:
-            self.warned = True
-            warn(f"{cut_frac:.0%} of completions hit rollout.max_new_tokens "
-                 f"({self.max_new_tokens}) for {self.run} steps in a row. If rollouts.jsonl shows "
-                 f"whole answers with text after them, the policy stopped ending its answers: "
-                 f"score the whole completion's shape (format with think: true or optional); "
-                 f"else raise rollout.max_new_tokens")
+    >>> cut_after_answer_frac(["<answer>C</answer>C</answer", "<answer>C</answer>", "<answer>C"],
+    ...                       [True, False, True])
+    0.3333333333333333
+    """
+    hits = sum(bool(cut and text_after_answer(t)) for t, cut in zip(texts, truncated))
+    return hits / len(texts) if texts else 0.0
 
 
 def rollout_records(sb: ScoredBatch, limit: int) -> list[dict]:

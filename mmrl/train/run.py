@@ -22,6 +22,7 @@ from mmrl.train.loop import FROM_CONFIG, Trainer
 from mmrl.train.policy import Policy
 from mmrl.train.sft import sft_warmup
 from mmrl.train.signals import StepAbandoned, StopNow, StopSignals
+from mmrl.train.watch import SampledVsGreedy
 from mmrl.types import Sample
 
 
@@ -31,36 +32,6 @@ class RunInterrupted(Exception):
     def __init__(self, message: str, exit_code: int = 130):
         super().__init__(message)
         self.exit_code = exit_code
-
-
-class SampledVsGreedy:
-    """Warns once when the rollouts' metric reward over the first `steps` RL steps sits far below
-    what greedy decoding scored before RL (at least `gap` lower and under half of it). RL
-    optimises the sampled policy; with a fat-tailed policy (a small or briefly warmed-up model at
-    temperature 1) the samples are mostly junk, and the held-out greedy metric can fall to meet
-    them (docs/learning.md, asr)."""
-
-    def __init__(self, metric: str, greedy: float | None, temperature: float, warn,
-                 steps: int = 10, gap: float = 0.15):
-        self.metric, self.key = metric, f"reward/{metric}_mean"
-        self.greedy, self.temperature, self.warn = greedy, temperature, warn
-        self.steps, self.gap, self.seen = steps, gap, []
-
-    def observe(self, metrics: dict) -> None:
-        if not isinstance(self.greedy, (int, float)) or self.greedy != self.greedy:  # none / NaN
-            return
-        if self.key not in metrics or len(self.seen) >= self.steps:
-            return
-        self.seen.append(float(metrics[self.key]))
-        if len(self.seen) < self.steps:
-            return
-        sampled = sum(self.seen) / len(self.seen)
-        if self.greedy - sampled >= self.gap and sampled < 0.5 * self.greedy:
-            self.warn(f"rollouts at temperature {self.temperature:g} score {sampled:.2f} on "
-                      f"{self.metric} over the first {self.steps} steps, where greedy decoding "
-                      f"scored {self.greedy:.2f} before RL: RL learns from the samples, and the "
-                      f"greedy metric may fall toward them. If eval/accuracy falls, lower "
-                      f"rollout.temperature (e.g. 0.5) or warm up longer (sft.steps)")
 
 
 def resume_command(cfg: RunConfig) -> str:

@@ -6,8 +6,8 @@ get None from it. The weighted total treats None as 0, so a sample is scored onl
 that apply to it.
 
 `step_metrics()` reports, per reward, the fraction of the step's samples of its tasks that it
-scored (`reward/<key>/scored_frac`). A reward that scores none of them for `SILENT_STEPS` steps
-in a row trains on nothing: that is warned about once, on the progress display.
+scored (`reward/<key>/scored_frac`), and whether every advantage was 0 (`adv/all_zero`); the
+watchers (train/watch.py) warn when either stays so for many steps.
 """
 from __future__ import annotations
 
@@ -29,8 +29,6 @@ from mmrl import algos
 from mmrl.config import RunConfig, RewardSpec
 from mmrl.train import dist
 from mmrl.types import RolloutBatch, Sample, ScoredBatch
-
-SILENT_STEPS = 10
 
 
 def bind_reward(spec: RewardSpec) -> Callable[..., list]:
@@ -78,8 +76,6 @@ class RewardSet:
         self.keys = [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]
         self.fns = [bind_reward(s) for s in specs]
         self._counts = {k: [0, 0] for k in self.keys}  # this step: [scored, routed]
-        self._silent = {k: 0 for k in self.keys}  # consecutive steps routed but never scored
-        self._warned: set[str] = set()
         # Each failing reward warns once per run (rewards/core.py keeps no module state); only
         # rewards taking **fields can receive the set (a custom one may have a fixed signature).
         self.warned: set[str] = set()
@@ -110,21 +106,14 @@ class RewardSet:
         return totals, per_reward
 
 
-    def step_metrics(self, warn: Callable[[str], None] | None = None) -> dict[str, float]:
+    def step_metrics(self) -> dict[str, float]:
         """`reward/<key>/scored_frac` over every score() call since the last step; resets."""
-        out = {}
-        for key, (scored, routed) in self._counts.items():
-            if not routed:
-                continue  # no sample of its tasks this step: nothing to say
-            out[f"reward/{key}/scored_frac"] = scored / routed
-            self._silent[key] = self._silent[key] + 1 if scored == 0 else 0
-            if self._silent[key] >= SILENT_STEPS and key not in self._warned and warn is not None:
-                self._warned.add(key)
-                warn(f"reward {key!r} scored none of its samples for {self._silent[key]} steps "
-                     f"(it returns None: check the fields it needs with `mmrl data inspect FILE "
-                     f"--config CONFIG`)")
+        out = {f"reward/{key}/scored_frac": scored / routed
+               for key, (scored, routed) in self._counts.items() if routed}
         self._counts = {k: [0, 0] for k in self.keys}
         return out
+
+
 def _call(key: str, fn, samples: list[Sample], completions: list[str], fields: dict,
           options: dict) -> list:
     """One reward over the samples routed to it -> its scores (rewards.calls names a failure:
@@ -171,7 +160,7 @@ class Scorer:
         self.rewards = RewardSet(cfg.rewards)
         self.keys = self.rewards.keys
         self.algo, self.max_new_tokens, self.info = cfg.algo, cfg.rollout.max_new_tokens, info
-        self.flat_steps, self._flat_warned = 0, False  # steps in a row with every advantage 0
+        self.all_zero = False  # the last advantages() gave every row 0: the update learns nothing
 
     def score(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, list]]:
         """-> (weighted totals [N], {reward key: [N] scores, None = not applicable})."""
@@ -192,25 +181,13 @@ class Scorer:
         adv = algos.compute_advantages(ac.advantage, all_scores + ac.reward_offset, all_groups,
                                        lengths=all_lengths, scale=ac.scale_rewards)
         adv = algos.weight_by_sign(adv, ac.pos_weight, ac.neg_weight)
-        self.flat_steps = self.flat_steps + 1 if not bool(adv.any()) else 0
+        self.all_zero = not bool(adv.any())
         return adv[start:start + scores.numel()]
 
-    def step_metrics(self, warn: Callable[[str], None] | None = None) -> dict[str, float]:
-        """The rewards' step metrics (RewardSet.step_metrics), and one warning when every
-        advantage was 0 for SILENT_STEPS steps in a row: the update then changes nothing."""
-        if self.flat_steps >= SILENT_STEPS and not self._flat_warned and warn is not None:
-            self._flat_warned = True
-            ac = self.algo
-            hint = ("with advantage reinforce (A = r) and pos_weight 0 (NSR), 0/1 rewards leave "
-                    "nothing to learn: give wrong answers a negative reward, e.g. accuracy at "
-                    "weight 2 with algo.reward_offset=-1 (+-1, as the paper)"
-                    if ac.pos_weight == 0 or ac.neg_weight == 0 else
-                    "every group's completions scored alike (all right or all wrong): check the "
-                    "rewards with `mmrl data inspect FILE --config CONFIG`, or set "
-                    "algo.dynamic_sampling=true")
-            warn(f"every advantage was 0 for {self.flat_steps} steps in a row, so no step changed "
-                 f"the model: {hint}")
-        return self.rewards.step_metrics(warn)
+    def step_metrics(self) -> dict[str, float]:
+        """The rewards' step metrics (RewardSet.step_metrics) and `adv/all_zero` (1.0 when every
+        advantage of the step was 0, over all ranks)."""
+        return {**self.rewards.step_metrics(), "adv/all_zero": float(self.all_zero)}
 
     def kl_in_reward(self, sb: ScoredBatch, state: dict, metrics: dict) -> torch.Tensor:
         """Scores minus coef * sum_t KL_t (verl use_kl_in_reward); the coefficient is fixed or

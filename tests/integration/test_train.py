@@ -184,7 +184,7 @@ def test_summary_and_rollouts_written(tiny_yaml, tmp_path):
 def test_a_policy_that_never_ends_its_completions_is_warned_about(tiny_yaml, tmp_path):
     """One token of budget: the random tiny policy never reaches end-of-sequence, every
     completion is cut, and after CUT_STEPS steps the run says so, once, in warnings.txt."""
-    from mmrl.train.rollout_utils import CUT_STEPS
+    from mmrl.train.watch import CUT_STEPS
 
     t = Trainer(_cfg(tiny_yaml, tmp_path, VARIETY, "rollout.max_new_tokens=1"))
     cut = [t.train_step()["completion/truncated_frac"] for _ in range(CUT_STEPS + 2)]

@@ -24,7 +24,10 @@ accuracy = get_reward("accuracy")
     ("<answer>b</answer><think>a</think>", True, 0.0),
     ("<think>a</think><answer>b", True, 0.0),
     ("<answer>b</answer>", False, 1.0),
-    ("reasoning aloud <answer>b</answer> done", False, 1.0),
+    ("reasoning aloud <answer>b</answer>", False, 1.0),
+    ("reasoning aloud <answer>b</answer> done", False, 0.0),  # text after the answer: nothing
+    ("<answer>C</answer>C</answer", False, 0.0),  # the drift: junk to the token limit
+    ("<answer>b</answer> \n\t", False, 1.0),  # whitespace after it is no text
     ("<think>a</think><answer>b</answer>", False, 1.0),
     ("<answer>b</answer><answer>c</answer>", False, 0.0),
     ("<answer></answer>", False, 0.0),
@@ -32,6 +35,21 @@ accuracy = get_reward("accuracy")
 ])
 def test_format(text, think, expected):
     assert fmt([text], [None], think=think) == [expected]
+
+
+@pytest.mark.parametrize("think", [True, False, "optional", "forbidden"])
+@pytest.mark.parametrize("answer", ["<answer>b</answer>", "<think>a</think><answer>b</answer>"])
+def test_format_pays_nothing_for_text_after_the_answer_in_every_mode(think, answer):
+    clean = fmt([answer], [None], think=think)
+    assert fmt([answer + "b</answer"], [None], think=think) == [0.0]
+    assert fmt([answer + " more"], [None], think=think) == [0.0]
+    # Asked for explicitly, text after the answer scores what the answer alone scores.
+    assert fmt([answer + " more"], [None], think=think, text_after=True) == clean
+
+
+def test_format_text_after_must_be_a_boolean():
+    with pytest.raises(ValueError, match="text_after must be true or false"):
+        fmt(["<answer>b</answer>"], [None], text_after="yes")
 
 
 def test_format_think_param_from_yaml_string():

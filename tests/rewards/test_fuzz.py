@@ -62,7 +62,9 @@ fields_row = st.fixed_dictionaries({
     "task": st.one_of(st.none(), st.sampled_from(["a", "b"])),
 })
 PARAMS = {
-    "format": st.fixed_dictionaries({"think": st.booleans()}),
+    "format": st.fixed_dictionaries({"think": st.sampled_from([True, False, "optional",
+                                                               "forbidden"]),
+                                      "text_after": st.booleans()}),
     "accuracy": st.fixed_dictionaries({
         "mode": st.sampled_from(["auto", "exact", "choice", "numeric"]),
         "tol": st.sampled_from([1e-6, 0.0, 0.1, 1e300])}),
@@ -107,6 +109,22 @@ def test_every_reward_survives_garbage(completions, solutions, rows, params):
     fields = {key: [rows[i % N_FIELD_ROWS][key] for i in range(BATCH)] for key in rows[0]}
     for name in REWARDS.names():
         _check(name, completions, batch_solutions, fields, params.get(name, {}))
+
+
+@FUZZ
+@given(completions=st.lists(completion, min_size=BATCH, max_size=BATCH),
+       tails=st.lists(garbage_text.filter(lambda t: t.strip() and "answer>" not in t),
+                      min_size=BATCH, max_size=BATCH),
+       think=st.sampled_from([True, False, "optional", "forbidden"]))
+def test_format_never_pays_for_text_after_the_answer(completions, tails, think):
+    # Whatever precedes it, a completion with text after its closing answer tag scores 0 unless
+    # text_after is asked for; asked for, it scores what the text up to the tag scores.
+    fmt = get_reward("format")
+    texts = [c + "</answer>" + t for c, t in zip(completions, tails)]
+    assert fmt(texts, [None] * BATCH, think=think, strict=True) == [0.0] * BATCH
+    heads = [c + "</answer>" for c in completions]
+    assert (fmt(texts, [None] * BATCH, think=think, text_after=True, strict=True)
+            == fmt(heads, [None] * BATCH, think=think, strict=True))
 
 
 @settings(FUZZ, max_examples=max(EXAMPLES // 20, 1))

@@ -10,7 +10,8 @@ import torch
 
 from mmrl import algos, config
 from mmrl.train.dist import DistInfo
-from mmrl.train.scoring import SILENT_STEPS, Scorer
+from mmrl.train.scoring import Scorer
+from mmrl.train.watch import SILENT_STEPS, SignalWatch
 from mmrl.types import RolloutBatch, ScoredBatch
 
 GROUPS = torch.tensor([0, 0, 1, 1])
@@ -35,15 +36,18 @@ def test_nsr_with_0_1_accuracy_learns_nothing_until_the_offset_makes_it_plus_min
 
 def test_every_advantage_zero_for_ten_steps_warns_once_with_what_to_do():
     scorer, warned = _scorer("algo.pos_weight=0"), []
+    watch = SignalWatch(scorer.algo)
     for step in range(SILENT_STEPS + 3):
         scorer.advantages(torch.tensor([2.0, 0.0, 0.0, 2.0]), GROUPS, torch.ones(4))
-        scorer.step_metrics(warned.append)
+        metrics = scorer.step_metrics()
+        assert metrics["adv/all_zero"] == 1.0
+        watch(metrics, warned.append)
         assert len(warned) == (step + 1 >= SILENT_STEPS)
     assert "every advantage was 0 for 10 steps" in warned[0]
     assert "algo.reward_offset=-1" in warned[0]
-    # One step with signal resets the count.
+    # A step with signal is reported as such.
     scorer.advantages(torch.tensor([2.0, 0.0, 0.0, 2.0]) - 1, GROUPS, torch.ones(4))
-    assert scorer.flat_steps == 0
+    assert scorer.step_metrics()["adv/all_zero"] == 0.0
 
 
 def test_kl_in_the_reward_is_clamped_like_the_loss():

@@ -8,7 +8,8 @@ from mmrl import cli, config
 from mmrl.config import RewardSpec
 from mmrl.data.inspect import check_scorable, reward_scorability
 from mmrl.data.schema import load_samples
-from mmrl.train.scoring import SILENT_STEPS, RewardSet
+from mmrl.train.scoring import RewardSet
+from mmrl.train.watch import SILENT_STEPS, SilentRewards
 from mmrl.types import Sample
 
 
@@ -55,16 +56,17 @@ def test_scored_frac_per_step_and_a_warning_after_silent_steps():
     rs = RewardSet([RewardSpec(name="tiou_v2", tasks=["tg"]), RewardSpec(name="format")])
     samples = [Sample(id="a", messages=[], solution=[0, 1], task="tg"),
                Sample(id="b", messages=[], solution="x", task="other")]
-    warnings = []
+    warnings, watch = [], SilentRewards()
     for step in range(SILENT_STEPS):
         rs.score(samples, ["<answer>0 to 1</answer>"] * 2)  # no duration: tiou_v2 is None
-        m = rs.step_metrics(warnings.append)
+        m = rs.step_metrics()
         assert m == {"reward/tiou_v2/scored_frac": 0.0, "reward/format/scored_frac": 1.0}
+        watch(m, warnings.append)
         assert len(warnings) == (1 if step == SILENT_STEPS - 1 else 0)
     assert "'tiou_v2' scored none of its samples for 10 steps" in warnings[0]
     samples[0].fields["duration"] = 5.0
     rs.score(samples, ["<answer>0 to 1</answer>"] * 2)
-    assert rs.step_metrics(warnings.append)["reward/tiou_v2/scored_frac"] == 1.0
+    assert rs.step_metrics()["reward/tiou_v2/scored_frac"] == 1.0
 
 
 def test_mmrl_train_stops_before_building_the_model(tmp_path, capsys):
@@ -98,7 +100,7 @@ def test_answer_budget_names_gold_answers_the_rollout_budget_cuts():
 
 # ---------------------------------------------- sampled rollouts far below greedy decoding -----
 def _gap(greedy, per_step, **kw):
-    from mmrl.train.run import SampledVsGreedy
+    from mmrl.train.watch import SampledVsGreedy
 
     said = []
     g = SampledVsGreedy("wer", greedy, 1.0, said.append, **kw)
@@ -128,24 +130,9 @@ def test_sampled_near_greedy_or_no_greedy_says_nothing(greedy, sampled):
 def test_sampled_vs_greedy_waits_for_its_steps_and_ignores_other_rewards():
     assert _gap(0.9, [0.0] * 9) == []
     assert _gap(0.9, [0.0] * 10, steps=10) != []
-    from mmrl.train.run import SampledVsGreedy
+    from mmrl.train.watch import SampledVsGreedy
     said = []
     g = SampledVsGreedy("count", 0.9, 1.0, said.append)
     for _ in range(20):
         g.observe({"reward/wer_mean": 0.0})  # the metric reward is not trained on: no numbers
     assert said == []
-
-
-def test_cut_completions_warn_once_after_ten_steps_in_a_row():
-    from mmrl.train.rollout_utils import CUT_FRAC, CUT_STEPS, CutWatch
-
-    said = []
-    watch = CutWatch(24)
-    for frac in [0.97] * (CUT_STEPS - 1) + [0.2] + [CUT_FRAC] * (CUT_STEPS - 1):
-        watch(frac, said.append)  # nine cut steps, one that ends (resets), nine more
-    assert said == []
-    for frac in [0.97] * 5:
-        watch(frac, said.append)
-    assert len(said) == 1  # the tenth in a row warns; later ones do not repeat it
-    assert "97% of completions hit rollout.max_new_tokens (24) for 10 steps" in said[0]
-    assert "think: true or optional" in said[0] and "raise rollout.max_new_tokens" in said[0]

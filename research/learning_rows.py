@@ -1,0 +1,89 @@
+"""The learning table's rows (docs/learning.md): which recipe each trains, with which overrides,
+and the methods compared with their plain-GRPO rows. Read by learning_table.py (to run them) and
+learning_render.py (to lay them out)."""
+from __future__ import annotations
+
+# row -> (recipe, extra overrides). The metric is the recipe's eval.metric_reward.
+ROWS: dict[str, tuple[str, list[str]]] = {
+    "counting": ("counting", []),
+    "detection": ("detection", []),
+    "temporal_grounding": ("temporal_grounding", []),
+    "asr": ("asr", []),
+    "vqa": ("vqa", []),
+    "classification": ("classification", []),
+    "video_qa": ("video_qa", []),
+    "audio_qa": ("audio_qa", []),
+    "captioning": ("captioning", []),
+    "counting_qwen2_vl": ("counting", ["model.family=qwen2_vl"]),
+    # Seed 0 (warmed up to 0.67) stopped at 0.75 (three counts of four) after 200 and after 300
+    # steps at temperature 1, where the trainer warned that samples scored below greedy; at 0.7
+    # (the asr fix) it reaches 1.0 by step 300.
+    "counting_qwen3_vl": ("counting", ["model.family=qwen3_vl", "train.steps=300",
+                                       "rollout.temperature=0.7"]),
+    "audio_visual": ("audio_visual", []),  # Qwen2.5-Omni (thinker): video and audio
+    # 200 training prompts: 150 steps x 8 prompts are 6 passes, so a prompt's history (which
+    # spans passes) has visits to remember; the plain row for history filtering.
+    "vqa_200": ("vqa", ["data.max_samples=200"]),
+    # A pretext task (docs/methods.md, pretext tasks): `mmrl data generate rotation` on a
+    # folder of photo-like scenes (PRETEXT), trained with the vqa recipe's accuracy reward.
+    "rotation": ("vqa", []),
+    # The same for videos: `mmrl data generate temporal_jigsaw` (2 clips: in order or swapped)
+    # on a folder of clips of a falling ball, trained with the video_qa recipe on `order`.
+    "temporal_jigsaw": ("video_qa", [
+        "rewards=[{name: order, weight: 1.0}, {name: format, weight: 0.1, params: {think: false}}]",
+        "eval.metric_reward=order", "rollout.max_new_tokens=12", "data.video_fps=2",
+        # Two orders: at 0.4 the warm-up stopped on a constant answer. Checked every 2 steps:
+        # val accuracy leaps from 0.5 to 1.0 within 10 steps once the order is read.
+        "sft.stop_accuracy=0.6", "sft.eval_every=2"]),
+    # `mmrl data generate clip_counting`: 1-3 clips of those videos joined, how many?
+    "clip_counting": ("video_qa", [
+        "rewards=[{name: count, weight: 1.0}, {name: format, weight: 0.1, params: {think: false}}]",
+        "eval.metric_reward=count", "data.video_fps=2", "sft.stop_accuracy=0.6",
+        "sft.eval_every=2"]),
+}
+# Rows whose data is a pretext task built from a folder of unlabelled media, as a user runs it
+# (`mmrl data generate TASK OUT source=FOLDER`), instead of the recipe's anchor task:
+# row -> (folder painted as the user's media: "photos" or "videos", generator arguments).
+PRETEXT = {"rotation": ("photos", {"size": 56, "n_train": 600, "n_eval": 100}),
+           "temporal_jigsaw": ("videos", {"size": 56, "n_train": 1000, "n_eval": 100,
+                                          "clips": 2, "frames_per_clip": 2, "fps": 2}),
+           "clip_counting": ("videos", {"size": 56, "n_train": 1000, "n_eval": 100,
+                                        "max_clips": 3, "frames_per_clip": 2, "fps": 2})}
+# The seeds' methods (docs/methods.md), each a row on top of a recipe row and
+# compared with it seed by seed: method row -> (plain GRPO row, overrides).
+METHODS: dict[str, tuple[str, list[str]]] = {
+    # TTRL / MM-UPT: no labels in RL. TTRL's plain majority: with min_agreement 0.5 a majority
+    # seldom formed after the warm-up, the format reward alone drove RL, and accuracy fell to 0.
+    "counting+majority_vote": ("counting", [
+        "rewards=[{name: majority_vote, weight: 1.0, params: {min_agreement: 0.0}},"
+        " {name: format, weight: 0.1, params: {think: false}}]"]),
+    # One uninformative group is enough to skip (k = 1), on the 200-prompt row: with the 1000
+    # prompts of the vqa row a 150-step run drew most prompts once, and the filter never fired.
+    "vqa+history_skip": ("vqa_200", ["algo.history_epochs=1", "algo.history_mode=skip"]),
+    # No-Thinking-CLS-RL / TON: half the prompts ask for thinking, half forbid it; the warm-up
+    # imitates a (fixed) think block where asked, or the policy never opens one.
+    "counting+think_hybrid": ("counting", [
+        "data.think_hybrid=0.5", "rewards=[{name: count, weight: 1.0},"
+        " {name: think_format, weight: 0.1}]",
+        "sft.think_target='<think>I count the red squares.</think><answer>{solution}</answer>'",
+        "rollout.max_new_tokens=24"]),
+    "temporal_grounding+gt_guidance": ("temporal_grounding", ["algo.gt_threshold=0.5"]),
+    # Video order: temporal grounding needs it (when is the square visible; its first reward,
+    # tiou, is T-GRPO's accuracy), and so does video_qa's colour order.
+    "temporal_grounding+tgrpo": ("temporal_grounding", ["algo.tgrpo_alpha=0.3"]),
+    "video_qa+tgrpo": ("video_qa", ["algo.tgrpo_alpha=0.3"]),  # which colour comes first
+    # Spatial-SSRL / SSL4RL: RL on a pretext task first, then the task. The vqa row starts from
+    # the rotation row's final checkpoint of the same seed (STARTS_FROM) instead of the random
+    # tiny model; both rows answer with an option letter.
+    "vqa+rotation_pretext": ("vqa", []),
+}
+# Method rows that start from another row's final checkpoint (run first when missing).
+STARTS_FROM = {"vqa+rotation_pretext": "rotation"}
+# Each method's own logged rate (metrics.jsonl), averaged over the run's steps.
+RATES = {"counting+majority_vote": "label_free/majority_wrong", "vqa+history_skip":
+         "history/kept_frac", "counting+think_hybrid": "think/think",
+         "temporal_grounding+gt_guidance": "gt_guidance/fired_frac",
+         "temporal_grounding+tgrpo": "tgrpo/win_frac", "video_qa+tgrpo": "tgrpo/win_frac"}
+for _name, (_base, _extra) in METHODS.items():
+    ROWS[_name] = (ROWS[_base][0], ROWS[_base][1] + _extra)
+GROUPS = {"recipes": [r for r in ROWS if r not in METHODS], "methods": list(METHODS)}
