@@ -105,7 +105,6 @@ class RewardSet:
                     totals[i] += spec.weight * v
         return totals, per_reward
 
-
     def step_metrics(self) -> dict[str, float]:
         """`reward/<key>/scored_frac` over every score() call since the last step; resets."""
         out = {f"reward/{key}/scored_frac": scored / routed
