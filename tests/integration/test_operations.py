@@ -35,7 +35,7 @@ def variety(completions, solution, **fields):
     flag = os.environ.get("MMRL_OPS_FLAG")
     if flag:  # tells the test "scoring now", a line a call
         with open(flag, "a") as f:
-            f.write("scored\n")
+            f.write("scored\\n")
     time.sleep(float(os.environ.get("MMRL_OPS_SLOW") or 0))
     return [len(set(c)) / 10 for c in completions]
 def by_difficulty(completions, solution, difficulty, **fields):

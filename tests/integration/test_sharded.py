@@ -134,7 +134,7 @@ def test_sharded_cli_run_resumes_bit_for_bit(strategy, setup, tmp_path):
     for k, v in weights[0].items():
         assert torch.equal(v, weights[1][k]), k
     # A sharded checkpoint refuses another process count, naming the way out.
-    one = subprocess.run([sys.executable, "-m", "mmrl.cli", "train", str(cfg),
+    one = subprocess.run([sys.executable, "-m", "mmrl.cli", "train", str(cfg), "data.shuffle=false",
                           f"log.run_dir={tmp_path / 'resumed'}", "train.resume=auto",
                           "train.steps=4"], cwd=tmp_path, env=setup["env"], capture_output=True,
                          text=True, timeout=300)
