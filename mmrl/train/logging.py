@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
     TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from mmrl import config_rules
 
@@ -105,10 +106,10 @@ class RunLogger:
         if self._progress is not None:
             self._progress.update(self._task, completed=step, info=info)
             if keep:
-                self.console.print(line)
+                self._say(line)
         elif (self.shows_lines and (step % self.log_every == 0 or step in (1, total))
               or keep and self.shows_messages):
-            self.console.print(line)
+            self._say(line)
 
     def stop(self) -> None:
         if self._progress is not None:
@@ -117,13 +118,19 @@ class RunLogger:
 
     def print(self, msg: str) -> None:
         if self.shows_messages:
-            self.console.print(msg)
+            self._say(msg)
 
     def warn(self, msg: str) -> None:
         """A warning shown above the progress bar (or in the log lines), also in warnings.txt."""
         with (self.run_dir / "warnings.txt").open("a") as f:
             f.write(msg + "\n")
-        self.console.print(f"[bold yellow]warning:[/] {msg}")
+        self._say(Text.assemble(("warning: ", "bold yellow"), msg))
+
+    def _say(self, text: str | Text) -> None:
+        """One message as written: no rich markup read in it (a path or a key may hold
+        brackets) and no wrap at the console's width (a file:line cut in two cannot be
+        searched for or clicked)."""
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def _headline(self, metrics: dict) -> str:
         parts = [f"{short} {metrics[k]:.3g}" for k, short in HEADLINE
