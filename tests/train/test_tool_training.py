@@ -17,6 +17,8 @@ import torch
 from mmrl import algos, config
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.train.loop import Trainer
+from mmrl.train.rollout_utils import rollout_records
+from mmrl.types import ScoredBatch
 
 CALL = '<tool_call>\n{"name": "crop", "arguments": {"bbox_2d": [0, 0, 20, 20]}}\n</tool_call>'
 TOOLS = {"use": [{"name": "crop"}], "max_turns": 2, "max_tokens": 300,
@@ -97,6 +99,20 @@ def test_trajectories_call_the_tool_with_different_turn_counts(stepped):
     assert metrics["tools/turns_mean"] == sum(t.turns for t in batch.trajectories) / batch.n
 
 
+def test_rollout_records_carry_each_trajectory_turn_by_turn(stepped):
+    t, batch, _, _, _ = stepped
+    scores = torch.zeros(batch.n)
+    sb = ScoredBatch(rollout=batch, scores=scores, per_reward={}, advantages=scores)
+    records = json.loads(json.dumps(rollout_records(sb, batch.n)))  # JSON-able
+    for record, traj in zip(records, batch.trajectories):
+        assert record["turns"] == traj.turn_texts and record["completion"] == traj.turn_texts[-1]
+        assert [c["error"] for c in record["calls"]] == [c.error for c in traj.calls]
+        assert [o["length"] for o in record["observations"]] == [o.length
+                                                                for o in traj.observations]
+    assert any(c["name"] == "crop" and c["error"] is None and len(c["arguments"]["bbox_2d"]) == 4
+               for r in records for c in r["calls"])
+
+
 @pytest.mark.parametrize("shared", [True, False])
 def test_trainer_logprobs_equal_the_samplers_on_every_model_token(stepped, shared):
     t, batch, _, before, _ = stepped
@@ -163,8 +179,6 @@ def test_micro_batches_do_not_change_the_update_of_mixed_turn_counts(tool_yaml, 
 
 
 def _scored(t: Trainer, batch, scores, per):
-    from mmrl.types import ScoredBatch
-
     adv = t.scorer.advantages(scores, batch.group_ids, batch.policy_mask.sum(1))
     assert bool(adv.any())
     return ScoredBatch(rollout=batch, scores=scores, per_reward=per, advantages=adv)
