@@ -2,8 +2,9 @@
 the real `crop` tool.
 
 A random tiny model never writes a tool call, so the trainer's model is first taught (teacher
-forced, a few s) to open with a crop call; sampling at temperature 1 then gives trajectories of
-one or two turns -- calls that run, broken calls, the turn cap. Checked on those: the trainer's
+forced, once per module: most of the module's ~60 s) to open with a crop call; sampling at
+temperature 1 then gives trajectories of one or two turns -- crops that run, broken and
+malformed calls, cut second turns. Checked on those: the trainer's
 logprobs equal the sampler's on every model token (float32, both layouts), the loss sees only
 the model's tokens, parameters change, the step metrics carry the tool metrics, micro-batches do
 not change the update, and a run resumed mid-way equals the uninterrupted one."""
