@@ -10,6 +10,7 @@ the model's tokens, parameters change, the step metrics carry the tool metrics, 
 not change the update, and a run resumed mid-way equals the uninterrupted one."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -205,3 +206,23 @@ def test_a_run_resumed_mid_way_equals_the_uninterrupted_one(tool_yaml, tmp_path)
         assert torch.equal(v, weights[k]), k
     resumed.close()
     assert json.loads(json.dumps(second["tools/turns_mean"])) > 0
+
+
+def test_turn_capped_rows_leave_the_loss_when_asked(stepped):
+    """tools.mask_truncated_trajectories: a row that hit the turn cap has an all-zero loss mask;
+    the other rows keep their policy mask."""
+    t, batch, _, _, _ = stepped
+    capped = dataclasses.replace(batch.trajectories[0], hit_turn_cap=True)
+    batch = dataclasses.replace(batch, trajectories=[capped, *batch.trajectories[1:]])
+    scores = torch.arange(batch.n, dtype=torch.float32)
+    seen, loss = [], algos.policy_loss
+    algos.policy_loss = lambda inputs, *a, **kw: (seen.append(inputs.mask.cpu()),
+                                                  loss(inputs, *a, **kw))[1]
+    t.learner.mask_turn_cap = True
+    try:
+        t.learner.update(_scored(t, batch, scores, {}), 0)
+    finally:
+        algos.policy_loss, t.learner.mask_turn_cap = loss, False
+    mask = torch.cat(seen)
+    assert not mask[0].any()
+    assert torch.equal(mask[1:].bool(), batch.policy_mask[1:, :mask.shape[1]].bool())
