@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -140,11 +141,16 @@ def cmd_ls(args) -> int:
 def cmd_data(args) -> int:
     from mmrl.data.synthetic import GENERATORS
 
+    generator = GENERATORS.get(args.name)
+    params = [p for p in inspect.signature(generator).parameters if p != "out_dir"]
     kwargs = {}
     for item in args.params:
         k, _, v = item.partition("=")
+        if k not in params:  # a TypeError from deep inside named neither the generator nor its knobs
+            raise ValueError(f"data generator {args.name!r} takes no parameter {k!r}; it takes "
+                             f"{', '.join(params)} (e.g. {params[0]}=500)")
         kwargs[k] = json.loads(v) if v[:1].isdigit() or v in ("true", "false") else v
-    print(json.dumps(GENERATORS.get(args.name)(args.out, **kwargs), indent=2))
+    print(json.dumps(generator(args.out, **kwargs), indent=2))
     return 0
 
 

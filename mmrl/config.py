@@ -422,7 +422,7 @@ def _override(merged: DictConfig, item: str) -> str:
     """Apply one `a.b.c=value` (value parsed as YAML) with the schema's checks; returns the key."""
     key, sep, raw = item.partition("=")
     if not sep or not key:
-        raise ConfigError(f"override {clip(repr(item))}: expected key=value (or a YAML file to "
+        raise ConfigError(f"override {clip(item)}: expected key=value (or a YAML file to "
                           f"layer)")
     value = yaml.safe_load(raw) if raw else ""
     if key in _OFF_KEYS and value is False:
@@ -440,7 +440,7 @@ def _override(merged: DictConfig, item: str) -> str:
         return key
     parent = OmegaConf.select(merged, parent_key) if parent_key else merged
     if parent is None:
-        raise ConfigError(f"override {clip(repr(item))}: no config section {parent_key!r}")
+        raise ConfigError(f"override {clip(item)}: no config section {parent_key!r}")
     # update (not setattr) converts an int given for a float key without OmegaConf's
     # FutureWarning; struct mode still refuses an unknown key or a wrong type, naming the key.
     OmegaConf.update(merged, key, value, merge=False)
@@ -459,7 +459,7 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> RunConf
     explicit: set[str] = set()
     items = [(str(path), True)] if path else []
     for item, is_layer in items + [(o, _is_layer(o)) for o in overrides or []]:
-        culprit = f"{item}: " if is_layer else f"override {item}: "
+        culprit = f"{item}: " if is_layer else f"override {clip(item)}: "
         try:
             if is_layer:
                 layer = _load_layer(item)
@@ -501,7 +501,7 @@ def check(cfg: RunConfig, world: int = 1, where: str = "",
         more = f" (and {len(found) - 1} more: mmrl validate lists them)" if len(found) > 1 else ""
         named = [item for key, item in (set_by or {}).items()
                  if re.search(rf"(^|\s){re.escape(key)}=", found[0])]
-        raise ConfigError(f"{'override ' + ', '.join(named) + ': ' if named else where}"
+        raise ConfigError(f"{'override ' + clip(', '.join(named)) + ': ' if named else where}"
                           f"{found[0]}{more}")
 
 

@@ -36,7 +36,7 @@ def test_broken_yaml_is_named(tmp_path):
 def test_values_no_option_can_mean_are_refused(override, says):
     with pytest.raises(config.ConfigError) as e:
         config.load(None, ["data.train=x.jsonl", override])
-    assert str(e.value).startswith(says)
+    assert str(e.value).startswith(f"override {override}: {says}"), str(e.value)
 
 
 def test_int_for_a_float_key_is_taken_without_a_warning():

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 class PromptSource:
     # What other files may read (tests/train/test_structure.py checks it).
     PUBLIC = ("dataset", "features", "next", "load", "group_base", "observe",
-              "weight_advantages", "end_step", "metrics", "state_dict", "load_state_dict")
+              "weight_advantages", "end_step", "metrics", "say", "skip_summary", "state_dict",
+              "load_state_dict")
 
     def __init__(self, cfg: RunConfig, dataset: Sequence[Sample], adapter: ModelAdapter,
                  processor, info: dist.DistInfo):

@@ -77,3 +77,10 @@ def test_the_cli_prints_the_cause_of_a_wrapped_error(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "mmrl: error: every training sample failed to load\n  caused by: a.png: file not found" \
         in err
+
+
+def test_generate_names_the_generators_parameters_for_an_unknown_one(tmp_path, capsys):
+    assert cli.main(["data", "generate", "counting", str(tmp_path / "c"), "n=24"]) != 0
+    message = capsys.readouterr().err
+    assert "data generator 'counting' takes no parameter 'n'" in message
+    assert "n_train, n_eval, seed" in message and not (tmp_path / "c").exists()
