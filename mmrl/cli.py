@@ -66,7 +66,10 @@ def config_summary(cfg) -> str:
                         for s in cfg.rewards)
     tc = cfg.tools
     tools = ([f"  tools: {', '.join(s.name for s in tc.use)} ({tc.call_format} calls, up to "
-              f"{tc.max_turns} turns and {tc.max_tokens} tokens a trajectory)"] if tc.use else [])
+              f"{tc.max_turns} turns and {tc.max_tokens} tokens a trajectory; "
+              + ("the shared-prefix layout shares each group's initial prompt"
+                 if t.shared_prefix else "train.shared_prefix=false: every row runs its prompt")
+              + ")"] if tc.use else [])
     return "\n".join([
         f"run {cfg.name}: {cfg.model.family} ({cfg.model.path}), data {cfg.data.train}",
         f"  {a.preset or a.advantage}: {t.steps} steps x {r.prompts_per_step} prompts x "

@@ -179,12 +179,34 @@ def problems(cfg, world: int = 1) -> list[str]:
         out.append(f"data.video_fps={d.video_fps} and data.video_nframes={d.video_nframes}: "
                    f"set one of them to null (fps samples by time, nframes a fixed count)")
     out += _tool_problems(cfg.tools, r)
+    if cfg.tools.enabled:
+        out += _not_with_tools(cfg)
+    elif any(spec.name == "tool_use" for spec in cfg.rewards):
+        out.append("rewards: tool_use scores tool calls, and tools.use is empty (no calls are "
+                   "made); configure tools.use or drop the reward")
     mode = "server" if r.vllm.server_url else "colocated"
     if r.backend == "vllm" and r.vllm.weight_transfer not in WEIGHT_TRANSFER[mode]:
         out.append(f"rollout.vllm.weight_transfer={r.vllm.weight_transfer}: must be one of "
                    f"{'|'.join(WEIGHT_TRANSFER[mode])} with vLLM {mode} "
                    f"(rollout.vllm.server_url {'set' if r.vllm.server_url else 'unset'})")
     return out
+
+
+# Options the trajectory rollout is not wired into: (key, is it on, why).
+_NOT_WITH_TOOLS = (
+    ("train.sequence_parallel", lambda c: c.train.sequence_parallel > 1,
+     "the Ulysses split does not place observation media"),
+    ("algo.gt_threshold", lambda c: c.algo.gt_threshold is not None,
+     "a ground-truth row replaces a whole trajectory with one turn"),
+    ("algo.tgrpo_alpha", lambda c: c.algo.tgrpo_alpha > 0,
+     "the shuffled-frame re-rollout is single-turn"),
+)
+
+
+def _not_with_tools(cfg) -> list[str]:
+    """A sentence per option that tools.use cannot run with (docs/tools.md)."""
+    return [f"{key}={_get(cfg, key)} cannot run with tools.use ({why}); turn it off "
+            f"or set tools.use=[]" for key, on, why in _NOT_WITH_TOOLS if on(cfg)]
 
 
 def _tool_problems(t, r) -> list[str]:

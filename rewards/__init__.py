@@ -10,7 +10,7 @@ them with functools.partial); `REWARDS.params(name)` lists them. This package im
 from `mmrl`.
 """
 from rewards import (choice, counting, detection, format, label_free, numeric, order, sets,
-                     speech, temporal, text, thinking)
+                     speech, temporal, text, thinking, tool_use)
 from rewards.core import combine, extract_answer
 from rewards.metrics import (corpus_bleu, corpus_cer, corpus_error_rate, corpus_wer, map50,
                              mean_average_precision, mean_relative_accuracy,
@@ -22,4 +22,5 @@ __all__ = [
     "corpus_bleu", "corpus_error_rate", "corpus_wer", "corpus_cer", "mean_average_precision",
     "map50", "mean_relative_accuracy", "temporal_grounding_metrics",
     "choice", "counting", "detection", "format", "label_free", "numeric", "order", "sets", "speech", "temporal", "text", "thinking",
+    "tool_use",
 ]

@@ -8,10 +8,11 @@ tools. Nothing here knows a model or a processor beyond asking it to render a te
 from mmrl.tools.base import (ERROR_KINDS, TOOLS, ToolContext, ToolInputError, as_content,
                              as_items, error_text, tool_spec)
 from mmrl.tools.calls import CALL_FORMATS, ParsedTurn, ToolCall, parse_turn
-from mmrl.tools.metrics import trajectory_metrics
-from mmrl.tools.prompt import add_tool_prompt
+from mmrl.tools.metrics import call_fields, trajectory_metrics
+from mmrl.tools.prompt import add_tool_prompt, tool_prompt
 from mmrl.tools.toolbox import Outcome, Tool, Toolbox, load_tool
 
-__all__ = ["CALL_FORMATS", "ERROR_KINDS", "TOOLS", "Outcome", "ParsedTurn", "Tool", "ToolCall",
+__all__ = ["CALL_FORMATS", "call_fields", "ERROR_KINDS", "TOOLS", "Outcome", "ParsedTurn", "Tool", "ToolCall",
            "ToolContext", "ToolInputError", "Toolbox", "add_tool_prompt", "as_content", "as_items",
-           "error_text", "load_tool", "parse_turn", "tool_spec", "trajectory_metrics"]
+           "error_text", "load_tool", "parse_turn", "tool_prompt", "tool_spec",
+           "trajectory_metrics"]

@@ -34,3 +34,10 @@ def trajectory_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     out.update({f"tools/calls/{name}": count / n for name, count in sorted(per_tool.items())})
     out.update({f"tools/errors/{kind}": errors.get(kind, 0) / n for kind in ERROR_KINDS})
     return out
+
+
+def call_fields(trajectories: Sequence[Trajectory]) -> list[list[dict]]:
+    """Each row's calls as plain dicts ({"name", "turn", "error"}): the `calls` field rewards
+    get (the tool_use reward), since `rewards/` knows no mmrl type."""
+    return [[{"name": c.name, "turn": c.turn, "error": c.error} for c in t.calls]
+            for t in trajectories]

@@ -69,3 +69,10 @@ def add_tool_prompt(sample: Sample, specs: Sequence[dict], processor,
     else:
         messages.insert(0, {"role": "system", "content": [{"type": "text", "text": text}]})
     return dataclasses.replace(sample, messages=messages), None
+
+
+def tool_prompt(sample: Sample, toolbox, processor,
+                call_format: str) -> tuple[Sample, list[dict] | None]:
+    """`add_tool_prompt` with the tools `sample` is offered (its record's "tools", else all of
+    `toolbox`): what training, evaluation and the SFT warm-up all show the model."""
+    return add_tool_prompt(sample, toolbox.specs(toolbox.offered(sample)), processor, call_format)

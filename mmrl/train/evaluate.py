@@ -18,6 +18,9 @@ from mmrl.config import RewardSpec, RunConfig
 from mmrl.data.media import MediaError, processor_errors
 from mmrl.data.prepare import media_loader
 from mmrl.models.forward import generate
+from mmrl.rollout.hf import HFEngine
+from mmrl.rollout.trajectory import TrajectoryRollout
+from mmrl.tools import call_fields, tool_prompt, trajectory_metrics
 from mmrl.train.logging import json_safe
 from mmrl.train.metrics import summarize
 from mmrl.train.scoring import RewardSet, rewards_at
@@ -56,14 +59,18 @@ def row_metrics(rewards: RewardSet, name: str, per: dict[str, list]) -> list[flo
             for i in range(len(per[keys[0]]))]
 
 
-def _decode_chunk(samples, adapter: ModelAdapter, processor, load,
-                  cfg: RunConfig) -> tuple[list[Sample], list, int]:
+def _decode_chunk(samples, adapter: ModelAdapter, processor, load, cfg: RunConfig,
+                  loop: TrajectoryRollout | None) -> tuple[list[Sample], list, int]:
     chunk, feats, failed = [], [], 0
     for s in samples:
         try:
             media = load(s)
+            prompted, chat_tools = (s, None) if loop is None else tool_prompt(
+                s, loop.toolbox, processor, cfg.tools.call_format)
             with processor_errors(s):
-                feats.append(adapter.prompt_features(processor, s, **media))
+                feats.append(adapter.prompt_features(processor, prompted, tools=chat_tools,
+                                                     **media))
+                feats[-1].media = media  # the tools' context reads the decoded media
             chunk.append(s)
         except MediaError:
             if not cfg.data.skips_bad_samples:
@@ -86,26 +93,28 @@ def evaluate(model, processor, adapter: ModelAdapter, samples: list[Sample], cfg
         media_loader(cfg, adapter.image_factor)
     was_training = model.training
     model.eval()
-    rows, failed = [], 0
+    rows, failed, trajectories = [], 0, []
+    # With tools, every draw is a trajectory, up to tools.eval_max_turns model turns.
+    loop = (TrajectoryRollout.from_config(cfg.tools, HFEngine(model, processor), processor,
+                                          adapter, evaluation=True)
+            if cfg.tools.enabled else None)
     starts = range(0, len(samples), ec.batch_size)
     # A bar on a terminal only: logs of long evaluations stay clean.
     for start in track(starts, description="eval", transient=True, console=Console(stderr=True),
                        disable=not sys.stderr.isatty()):
         chunk, feats, bad = _decode_chunk(samples[start:start + ec.batch_size], adapter,
-                                          processor, load, cfg)
+                                          processor, load, cfg, loop)
         failed += bad
         if not chunk:
             continue
-        ids, mask, _, _ = generate(model, processor, feats, SamplingParams(
-            num_generations=k, max_new_tokens=max_new, temperature=ec.temperature, top_p=1.0,
-            top_k=0, do_sample=k > 1, suppress_ids=suppress))
-        texts = processor.tokenizer.batch_decode([r[m.bool()] for r, m in zip(ids, mask)],
-                                                 skip_special_tokens=True)
+        params = SamplingParams(num_generations=k, max_new_tokens=max_new,
+                                temperature=ec.temperature, top_p=1.0, top_k=0, do_sample=k > 1,
+                                suppress_ids=suppress)
+        texts, fields, drawn_trajectories = _draw(model, processor, feats, params, loop)
         drawn = [s for s in chunk for _ in range(k)]
         with rewards_at("evaluation"):
             totals, per = rewards.score(drawn, texts, {
-                "completion_length": mask.sum(1).tolist(),
-                "max_completion_length": [max_new] * len(drawn)})
+                **fields, "max_completion_length": [max_new] * len(drawn)})
         metric = row_metrics(rewards, ec.metric_reward, per)
         for i, s in enumerate(drawn):
             rows.append({"id": s.id, "draw": i % k, "task": s.task, "completion": texts[i],
@@ -113,6 +122,11 @@ def evaluate(model, processor, adapter: ModelAdapter, samples: list[Sample], cfg
                          "fields": s.fields, "reward": totals[i],
                          "rewards": {key: v[i] for key, v in per.items()},
                          "metric": metric[i]})
+            if drawn_trajectories is not None:  # what the model said and called, turn by turn
+                t = drawn_trajectories[i]
+                rows[-1].update(turns=t.turn_texts, calls=fields["calls"][i],
+                                hit_turn_cap=t.hit_turn_cap)
+                trajectories.append(t)
     model.train(was_training)
     if out_file is not None:
         out_file.parent.mkdir(parents=True, exist_ok=True)
@@ -122,6 +136,9 @@ def evaluate(model, processor, adapter: ModelAdapter, samples: list[Sample], cfg
     result = {"accuracy": sum(scored) / len(scored) if scored else float("nan"),
               "n": len(firsts), "failed": failed,
               "reward_mean": sum(r["reward"] for r in firsts) / max(1, len(firsts))}
+    if trajectories:
+        result.update(trajectory_metrics([t for r, t in zip(rows, trajectories)
+                                           if r["draw"] == 0]))
     if not scored:  # say why accuracy is NaN instead of printing a bare nan
         result["unscored_reason"] = _unscored_reason(ec.metric_reward, len(firsts), failed)
     for key in rewards.keys:
@@ -133,6 +150,19 @@ def evaluate(model, processor, adapter: ModelAdapter, samples: list[Sample], cfg
         result.update(summarize([{**r, "rewards": {"metric": r["metric"]}} for r in rows],
                                 "metric", k, ec.pass_threshold, iou_params))
     return result
+
+
+def _draw(model, processor, feats, params: SamplingParams, loop: TrajectoryRollout | None):
+    """-> (final texts, reward fields, trajectories or None) of k draws per prompt: one turn of
+    the model's generate, or trajectories over the same generate with tools."""
+    if loop is not None:
+        batch = loop.rollout(feats, params)
+        return batch.texts, {"completion_length": batch.policy_mask.sum(1).tolist(),
+                             "calls": call_fields(batch.trajectories)}, batch.trajectories
+    ids, mask, _, _ = generate(model, processor, feats, params)
+    texts = processor.tokenizer.batch_decode([r[m.bool()] for r, m in zip(ids, mask)],
+                                             skip_special_tokens=True)
+    return texts, {"completion_length": mask.sum(1).tolist()}, None
 
 
 def _unscored_reason(metric: str, n: int, failed: int) -> str:

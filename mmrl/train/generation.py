@@ -2,7 +2,9 @@
 
 It asks the engine what it is (`samples_from_training_model`) instead of its type: an engine that
 samples with the training model needs the weights whole while it generates and never needs a
-sync; one with its own copy (vLLM) needs the new weights after every update.
+sync; one with its own copy (vLLM) needs the new weights after every update. With tools
+(`tools.use`), each of the G samples is a trajectory (mmrl/rollout/trajectory.py) over the same
+engine: model turns, tool calls, observation turns.
 """
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ import torch
 
 from typing import TYPE_CHECKING
 
-from mmrl.config import RolloutConfig
+from mmrl.config import RolloutConfig, ToolsConfig
 from mmrl.rollout import make_engine
+from mmrl.rollout.trajectory import TrajectoryRollout
 from mmrl.types import PromptFeatures, RolloutBatch, SamplingParams
 
 if TYPE_CHECKING:
@@ -22,11 +25,16 @@ class Rollout:
     # What other files may read (tests/train/test_structure.py checks it).
     PUBLIC = ("generate", "sync", "close")
 
-    def __init__(self, rc: RolloutConfig, policy: Policy):
+    def __init__(self, rc: RolloutConfig, policy: Policy, tools: ToolsConfig | None = None):
         self.rc, self.policy = rc, policy
         self.tokenizer = policy.processor.tokenizer
         with policy.full_params():  # a colocated engine starts from the whole weights
             self.engine = make_engine(rc, policy.model, policy.processor, policy.adapter)
+        self.trajectories = (TrajectoryRollout.from_config(tools, self.engine, policy.processor,
+                                                           policy.adapter)
+                             if tools is not None and tools.enabled else None)
+        if self.trajectories is not None and policy.info.main:
+            print(self.trajectories.style.reason, flush=True)  # tool role or <tool_response>
 
     @torch.no_grad()
     def generate(self, prompts: list[PromptFeatures], group_offset: int = 0) -> RolloutBatch:
@@ -34,9 +42,11 @@ class Rollout:
         policy.model.eval()
         # The training model's own generate under ZeRO-3 / FSDP2: the weights are gathered
         # once, not once per token.
+        sampling = SamplingParams.from_rollout(rc, suppress_ids=policy.placeholder_ids)
         with policy.full_params(self.engine.samples_from_training_model):
-            ids, mask, slogp, truncated = self.engine.generate(
-                prompts, SamplingParams.from_rollout(rc, suppress_ids=policy.placeholder_ids))
+            if self.trajectories is not None:
+                return self.trajectories.rollout(prompts, sampling, group_offset)
+            ids, mask, slogp, truncated = self.engine.generate(prompts, sampling)
         g = rc.num_generations
         texts = self.tokenizer.batch_decode(
             [row[m.bool()] for row, m in zip(ids, mask)], skip_special_tokens=True)

@@ -34,6 +34,7 @@ class Learner:
         self.info, self.strategy, self.policy = info, strategy, policy
         self.algo, self.seed, self.train_cfg = cfg.algo, cfg.train.seed, cfg.train
         self.loss = loss_settings(cfg)
+        self.mask_turn_cap = cfg.tools.enabled and cfg.tools.mask_truncated_trajectories
         self.max_nonfinite = max(1, cfg.train.max_nonfinite_steps)
         module, self.optimizer, self.scheduler = strategy.setup(policy.model, cfg.train.steps)
         policy.attach(module)
@@ -48,9 +49,11 @@ class Learner:
         """One optimizer step per iteration over `sb`; `step` (steps done) seeds the random
         token selection of clip_cov / kl_cov, so a resumed run draws the same tokens."""
         ac, batch, policy = self.algo, sb.rollout, self.policy
-        mask = batch.completion_mask.float()
+        mask = batch.policy_mask.float()  # tool-use rows: the model's tokens, no observations
         if ac.overlong_filter:
             mask = algos.overlong_filter_mask(mask, batch.truncated)
+        if self.mask_turn_cap:  # Mini-o3: rows still calling tools at max_turns leave the loss
+            mask = algos.overlong_filter_mask(mask, batch.hit_turn_cap)
         # The normaliser is global so that summing micro-batch losses equals the one-shot loss.
         local = algos.loss_normalizer(mask, ac.agg)
         normalizer = float(dist.all_sum(local, self.info).clamp(min=1))

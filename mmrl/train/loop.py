@@ -34,6 +34,7 @@ from mmrl.config import RunConfig, save as save_config
 from mmrl.data.inspect import answer_budget, format_answer_budget
 from mmrl.data.prepare import build_datasets, check_datasets
 from mmrl.models import get_adapter
+from mmrl.tools import trajectory_metrics
 from mmrl.train import checkpoint, dist, methods, parallel, setup
 from mmrl.train.checkpointer import Checkpointer
 from mmrl.train.generation import Rollout
@@ -77,7 +78,7 @@ class Trainer:
         self.policy = Policy(cfg, self.info, strategy, adapter,
                              resume if checkpoint.has_weights(resume) else None)
         self.learner = Learner(cfg, self.info, strategy, self.policy)
-        self.rollout = Rollout(cfg.rollout, self.policy)
+        self.rollout = Rollout(cfg.rollout, self.policy, cfg.tools)
         self.policy.choose_layout(cfg.train.shared_prefix)
         self.scorer = Scorer(cfg, self.info)
         self.watchers = Watchers(cfg.rollout.max_new_tokens, cfg.algo)
@@ -165,7 +166,7 @@ class Trainer:
                        if ac.kl_reward_coef > 0 else scores)
             rewards = methods.guided_scores(ac, guided, rewards, batch.group_ids)
             sb.advantages = self.scorer.advantages(rewards, batch.group_ids,
-                                                   batch.completion_mask.sum(1))
+                                                   batch.policy_mask.sum(1))
             sb.advantages = self.prompts.weight_advantages(sb.advantages, batch)
         with timer("update"):
             metrics = self.learner.update(sb, self.step)
@@ -182,6 +183,8 @@ class Trainer:
         metrics.update(methods.label_free_metrics(self.cfg, batch))
         metrics.update(methods.think_metrics(self.cfg, batch))
         metrics.update(rollout_metrics(sb, self.scorer.keys))
+        if batch.trajectories is not None:  # turns, calls per tool, errors, turn-cap share
+            metrics.update(trajectory_metrics(batch.trajectories))
         metrics.update(self.scorer.step_metrics())
         self.watchers(metrics, self.log.warn)
         metrics.update(timer.metrics())

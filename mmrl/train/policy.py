@@ -99,15 +99,19 @@ class Policy:
         sub = batch.select(rows)
         width = int(sub.completion_mask.sum(1).max().clamp(min=1))  # drop all-pad columns
         ids, mask = sub.completion_ids[:, :width], sub.completion_mask[:, :width]
+        # Tool-use rows: each observation's media after its prompt's, in token order; the values
+        # on observation tokens are not the policy's and every loss masks them (policy_mask).
+        observations = sub.observations()
         if self.shared_prefix:
             return shared_prefix_logprobs(
                 module, sub.prompts, ids.to(self.device), mask.to(self.device),
                 temperature=self.temperature, return_entropy=entropy,
                 placeholder_ids=self.placeholder_ids, pad_id=self.pad_id,
-                stats=self.pack_stats), width
-        inputs = collate(sub.prompts, ids, mask, self.pad_id)
+                stats=self.pack_stats, observations=observations), width
+        inputs = collate(sub.prompts, ids, mask, self.pad_id, observations=observations)
         inputs = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
-        out = completion_logprobs(module, inputs, ids.to(self.device), mask.to(self.device),
+        out = completion_logprobs(module, inputs, ids.to(self.device),
+                                  sub.policy_mask[:, :width].to(self.device),
                                   temperature=self.temperature, return_entropy=entropy,
                                   placeholder_ids=self.placeholder_ids)
         return out, width

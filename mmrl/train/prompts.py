@@ -17,6 +17,7 @@ from mmrl.config import RunConfig
 from mmrl.data.media import MediaError, processor_errors
 from mmrl.data.prepare import media_loader
 from mmrl.train import dist
+from mmrl.tools import Toolbox, tool_prompt
 from mmrl.train.methods import HistoryFilter
 from mmrl.types import PromptFeatures, RolloutBatch, Sample
 
@@ -41,6 +42,9 @@ class PromptSource:
         self.history = HistoryFilter.make(cfg.algo)
         self.bad = BadRecords(len(dataset), cfg.data.max_bad_fraction)
         self.say = print  # the trainer's log.warn once it exists
+        # With tools, every prompt tells the model about the tools its record offers.
+        self.tools = cfg.tools if cfg.tools.enabled else None
+        self.toolbox = Toolbox.from_config(cfg.tools) if self.tools is not None else None
         self._features: OrderedDict[int, PromptFeatures] = OrderedDict()
 
     def features(self, sample: Sample, key: int | None = None) -> PromptFeatures:
@@ -49,8 +53,12 @@ class PromptSource:
             self._features.move_to_end(key)
             return self._features[key]
         media = self.load_media(sample)
+        chat_tools = None
+        if self.toolbox is not None:
+            sample, chat_tools = tool_prompt(sample, self.toolbox, self.processor,
+                                             self.tools.call_format)
         with processor_errors(sample):  # e.g. aspect ratio: a media error naming the record
-            feats = self.adapter.prompt_features(self.processor, sample, **media)
+            feats = self.adapter.prompt_features(self.processor, sample, tools=chat_tools, **media)
         feats.media = media
         if key is not None and self.cache_size > 0:  # bounded: media tensors are big
             self._features[key] = feats

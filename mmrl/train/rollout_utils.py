@@ -72,7 +72,19 @@ def rollout_records(sb: ScoredBatch, limit: int) -> list[dict]:
             "reward": float(sb.scores[i]), "advantage": float(sb.advantages[i]),
             "length": int(b.completion_mask[i].sum()), "truncated": bool(b.truncated[i]),
         })
+        if b.trajectories is not None:  # turn by turn: what the model said, called and read
+            out[-1].update(_trajectory_record(b.trajectories[i]))
     return out
+
+
+def _trajectory_record(t) -> dict:
+    """A trajectory's turns, calls (with their arguments and errors) and observation texts
+    (their media stay out: the report reads the record's own media and the calls' arguments)."""
+    return {"turns": list(t.turn_texts), "hit_turn_cap": t.hit_turn_cap,
+            "calls": [{"name": c.name, "arguments": c.arguments, "turn": c.turn,
+                       "error": c.error} for c in t.calls],
+            "observations": [{"start": o.start, "length": o.length, "text": o.text}
+                             for o in t.observations]}
 
 
 def _prompt_text(messages: list[dict]) -> str:

@@ -27,6 +27,7 @@ from rewards.calls import RewardError, call_reward
 
 from mmrl import algos
 from mmrl.config import RunConfig, RewardSpec
+from mmrl.tools import call_fields
 from mmrl.train import dist
 from mmrl.types import RolloutBatch, Sample, ScoredBatch
 
@@ -163,9 +164,11 @@ class Scorer:
 
     def score(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, list]]:
         """-> (weighted totals [N], {reward key: [N] scores, None = not applicable})."""
-        lengths = batch.completion_mask.sum(1).tolist()
+        lengths = batch.policy_mask.sum(1).tolist()  # the model's tokens (not observations)
         extra = {"completion_length": lengths, "group_id": batch.group_ids.tolist(),
                  "max_completion_length": [self.max_new_tokens] * batch.n}
+        if batch.trajectories is not None:  # the tool_use reward reads each row's calls
+            extra["calls"] = call_fields(batch.trajectories)
         totals, per = self.rewards.score([p.sample for p in batch.prompts], batch.texts, extra)
         return torch.tensor(totals, dtype=torch.float32), per
 
@@ -196,7 +199,7 @@ class Scorer:
         ctl = algos.KLController(state.get("kl_reward_coef", ac.kl_reward_coef),
                                  ac.kl_reward_target, ac.kl_reward_horizon)
         scores, kl = algos.kl_in_reward(sb.scores, sb.old_logp, sb.ref_logp,
-                                        sb.rollout.completion_mask, ctl.coef, ac.kl_reward_kind,
+                                        sb.rollout.policy_mask, ctl.coef, ac.kl_reward_kind,
                                         ac.kl_clamp)
         kl = float(dist.all_sum(kl, self.info)) / self.info.world
         metrics.update({"kl_reward/kl": kl, "kl_reward/coef": ctl.coef})

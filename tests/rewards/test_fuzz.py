@@ -60,6 +60,8 @@ fields_row = st.fixed_dictionaries({
     "completion_length": st.one_of(number, garbage_value),
     "max_completion_length": st.one_of(number, garbage_value),
     "task": st.one_of(st.none(), st.sampled_from(["a", "b"])),
+    "calls": st.one_of(garbage_value, st.lists(st.fixed_dictionaries(
+        {"name": garbage_text, "error": st.one_of(st.none(), garbage_value)}), max_size=3)),
 })
 PARAMS = {
     "format": st.fixed_dictionaries({"think": st.sampled_from([True, False, "optional",

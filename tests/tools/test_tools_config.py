@@ -6,6 +6,7 @@ import pytest
 
 from mmrl import config
 from mmrl.cli import config_summary
+from mmrl.config_rules import problems
 from mmrl.validate import validate
 
 BASE = ["data.train=x.jsonl", "rewards=[{name: accuracy}]"]
@@ -45,3 +46,27 @@ def test_validate_resolves_tools_and_settings():
                for p in validate(worse))
     with pytest.raises(config.ConfigError, match="names a tool twice"):
         load("tools.use=[{name: crop}, {name: crop}]")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("algo.gt_threshold=0.5", "algo.gt_threshold=0.5 cannot run with tools.use"),
+    ("algo.tgrpo_alpha=0.3", "algo.tgrpo_alpha=0.3 cannot run with tools.use"),
+])
+def test_options_the_trajectories_are_not_wired_into_are_refused(override, message):
+    with pytest.raises(config.ConfigError, match=message):
+        load("tools.use=[{name: crop}]", override)
+    load(override)  # fine without tools
+
+
+def test_sequence_parallel_is_refused_with_tools():
+    cfg = load("tools.use=[{name: crop}]", "rollout.prompts_per_step=2")
+    cfg.train.sequence_parallel = 2
+    assert any(p.startswith("train.sequence_parallel=2 cannot run with tools.use")
+               for p in problems(cfg, world=2))
+
+
+def test_the_tool_use_reward_needs_tools():
+    with pytest.raises(config.ConfigError, match="tool_use scores tool calls, and tools.use is "
+                                                 "empty"):
+        load("rewards=[{name: accuracy}, {name: tool_use, weight: 0.5}]")
+    load("rewards=[{name: accuracy}, {name: tool_use}]", "tools.use=[{name: crop}]")
