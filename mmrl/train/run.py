@@ -26,6 +26,9 @@ from mmrl.train.watch import SampledVsGreedy
 from mmrl.types import Sample
 
 
+UNLOGGED = "unlogged_step"  # state_extra: a step's metrics whose periodic evaluation a stop cut
+
+
 class RunInterrupted(Exception):
     """A stop signal (signals.py): what was saved and how to resume; `exit_code` 128 + signal."""
 
@@ -157,17 +160,23 @@ def _rl_steps(trainer: Trainer, run_eval, summary: dict, asked, halt) -> None:
                           if trainer.step == 0 else None, trainer.cfg.rollout.temperature,
                           log.warn)
     log.start(total=tc.steps, done=trainer.step)
-    while trainer.step < tc.steps:
+    unlogged = trainer.state_extra.pop(UNLOGGED, None)  # a stop cut its periodic evaluation
+    while unlogged is not None or trainer.step < tc.steps:
         if asked():
             halt(f"after step {trainer.step}")
         try:
-            gap.observe(_rl_step(trainer, run_eval))
+            if unlogged is not None:
+                metrics, unlogged = unlogged, None
+                _finish_step(trainer, metrics, run_eval)
+            else:
+                gap.observe(_rl_step(trainer, run_eval))
         except StepAbandoned:
             trainer.rewind()
             halt(f"in step {trainer.step + 1}, abandoned after train.stop_timeout="
                  f"{tc.stop_timeout:g} s (it is redone on resume)")
         except StopNow:
-            halt(f"after step {trainer.step}, in its evaluation (skipped)")
+            halt(f"after step {trainer.step}, in its evaluation (it runs on resume, and the "
+                 f"step is logged with it)")
     log.stop()
 
 
@@ -182,20 +191,27 @@ def _accuracy_text(result: dict) -> str:
 def _rl_step(trainer: Trainer, run_eval) -> dict:
     """One step, its periodic evaluation (`run_eval`, None without an eval set), its log line,
     the non-finite guard and the periodic checkpoint -> the step's metrics."""
-    tc = trainer.cfg.train
     metrics = trainer.train_step()
+    _finish_step(trainer, metrics, run_eval)
+    return metrics
+
+
+def _finish_step(trainer: Trainer, metrics: dict, run_eval) -> None:
+    """A trained step's periodic evaluation, its log line, the non-finite guard and the periodic
+    checkpoint. A stop inside the evaluation keeps the step's metrics in the checkpoint
+    (UNLOGGED), so the resumed run evaluates and logs that step whole, once."""
+    tc = trainer.cfg.train
     if tc.eval_every and run_eval is not None and trainer.step % tc.eval_every == 0:
         try:
             res = run_eval(f"step_{trainer.step:06d}")
-        except StopNow:  # the step is done: logged (and saved by the caller), its eval skipped
-            trainer.log.log(trainer.step, metrics, total=tc.steps)
+        except StopNow:
+            trainer.state_extra[UNLOGGED] = json_safe(metrics)
             raise
         metrics.update({f"eval/{k}": v for k, v in res.items() if k != "n"})
     trainer.log.log(trainer.step, metrics, total=tc.steps)
     trainer.check_finite()
     if tc.save_every and trainer.step % tc.save_every == 0 and trainer.step < tc.steps:
         trainer.save()
-    return metrics
 
 
 def _all_ranks(info: dist.DistInfo, flag: bool) -> bool:

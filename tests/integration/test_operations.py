@@ -189,6 +189,32 @@ def test_sigterm_in_the_warm_up_or_the_evaluation_before_rl(tiny, tmp_path, monk
     assert "accuracy_before_rl" in summary
 
 
+def test_sigterm_in_a_periodic_evaluation_logs_that_step_whole_on_resume(tiny, tmp_path,
+                                                                         monkeypatch):
+    """A stop inside step 1's evaluation saves step 1 with its metrics held back; the resumed
+    run evaluates step 1, logs it once with its eval/* values, then goes on."""
+    args = [f"log.run_dir={tmp_path}", "eval.before_rl=false", "train.eval_every=1",
+            "train.steps=2"]
+    flag = tmp_path / "scoring"
+    monkeypatch.setenv("MMRL_OPS_FLAG", str(flag))
+    monkeypatch.setenv("MMRL_OPS_SLOW", "2")
+    # Scoring calls: the start check, step 1's rollouts, then step 1's evaluation.
+    _signal_when(lambda: flag.exists() and len(flag.read_text().splitlines()) >= 3)
+    with pytest.raises(RunInterrupted) as e:
+        train(config.load(tiny, args))
+    assert "stopped after step 1, in its evaluation (it runs on resume" in str(e.value)
+    assert not (tmp_path / "metrics.jsonl").exists() or not _rows(tmp_path / "metrics.jsonl")
+    saved = checkpoint.load_state(checkpoint.latest(tmp_path))
+    assert saved["step"] == 1 and "loss/loss" in saved["extra"]["unlogged_step"]
+    monkeypatch.delenv("MMRL_OPS_FLAG")
+    monkeypatch.setenv("MMRL_OPS_SLOW", "0")
+    train(config.load(tiny, [*args, "train.resume=auto"]))
+    rows = _rows(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all("eval/accuracy" in r for r in rows)
+    assert rows[0]["loss/loss"] == saved["extra"]["unlogged_step"]["loss/loss"]
+
+
 def _signal_when(ready) -> None:
     """SIGTERM to this process, from another thread, once `ready()` (never before the run's
     handlers are installed: the default action would end pytest)."""
