@@ -200,6 +200,8 @@ _NOT_WITH_TOOLS = (
      "a ground-truth row replaces a whole trajectory with one turn"),
     ("algo.tgrpo_alpha", lambda c: c.algo.tgrpo_alpha > 0,
      "the shuffled-frame re-rollout is single-turn"),
+    ("rollout.backend", lambda c: c.rollout.backend == "vllm",
+     "continuing a trajectory on vLLM is not verified yet: use rollout.backend=hf"),
 )
 
 

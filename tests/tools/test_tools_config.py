@@ -51,6 +51,8 @@ def test_validate_resolves_tools_and_settings():
 @pytest.mark.parametrize("override, message", [
     ("algo.gt_threshold=0.5", "algo.gt_threshold=0.5 cannot run with tools.use"),
     ("algo.tgrpo_alpha=0.3", "algo.tgrpo_alpha=0.3 cannot run with tools.use"),
+    ("rollout.backend=vllm", "rollout.backend=vllm cannot run with tools.use .continuing a "
+                             "trajectory on vLLM is not verified yet: use rollout.backend=hf"),
 ])
 def test_options_the_trajectories_are_not_wired_into_are_refused(override, message):
     with pytest.raises(config.ConfigError, match=message):
