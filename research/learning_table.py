@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE))
 
 from learning_render import (BAR_CHANCE, BAR_GAIN, FINDINGS, methods_table, plot,  # noqa: E402,F401
                              read_findings, verdict, write_markdown)
-from learning_rows import GROUPS, METHODS, PRETEXT, RATES, ROWS, STARTS_FROM  # noqa: E402,F401
+from learning_rows import GENERATED, GROUPS, METHODS, PRETEXT, RATES, ROWS, STARTS_FROM  # noqa: E402,F401
 
 # Every completion of a logged step goes to rollouts.jsonl: the cut+text share is over all of them.
 ALL_ROLLOUTS = "log.rollouts_per_step=100000"
@@ -93,6 +93,7 @@ def prepare_generated(row: str, data_root: Path, log: Path,
     `eval_seed`, the held-out ones are drawn again from that seed. Deterministic, cached."""
     _fresh_seed(eval_seed)
     task, args = GENERATED[row]
+    args = {k: json.dumps(v) if isinstance(v, bool) else v for k, v in args.items()}
     out = data_root / row
     if not (out / "eval.jsonl").exists():
         _mmrl(["data", "generate", task, str(out), *(f"{k}={v}" for k, v in args.items())], log)
