@@ -40,7 +40,19 @@ ROWS: dict[str, tuple[str, list[str]]] = {
         "rewards=[{name: count, weight: 1.0}, {name: format, weight: 0.1, params: {think: false}}]",
         "eval.metric_reward=count", "data.video_fps=2", "sft.stop_accuracy=0.6",
         "sft.eval_every=2"]),
+    # Issue #26 item 7: find the yellow patch in a 448-px scene seen at 56x56 and read its
+    # pattern; only a crop of the patch shows it (`mmrl data generate visual_search`). The
+    # no-tool control is the same data written with tools=false: no crop is offered.
+    "visual_search": ("visual_search", []),
+    "visual_search_no_tool": ("visual_search", ["sft.target='<answer>{solution}</answer>'"]),
 }
+# Rows whose records a generator writes directly (mmrl records, no anchor conversion):
+# row -> (generator, arguments).
+GENERATED = {"visual_search": ("visual_search", {"n_train": 600, "n_eval": 100, "size": 448,
+                                                 "patch": 24, "cell": 1, "budget_pixels": 3136}),
+             "visual_search_no_tool": ("visual_search", {"n_train": 600, "n_eval": 100,
+                                                         "size": 448, "patch": 24, "cell": 1,
+                                                         "budget_pixels": 3136, "tools": False})}
 # Rows whose data is a pretext task built from a folder of unlabelled media, as a user runs it
 # (`mmrl data generate TASK OUT source=FOLDER`), instead of the recipe's anchor task:
 # row -> (folder painted as the user's media: "photos" or "videos", generator arguments).

@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE))
 
 from learning_render import (BAR_CHANCE, BAR_GAIN, FINDINGS, methods_table, plot,  # noqa: E402,F401
                              read_findings, verdict, write_markdown)
-from learning_rows import GROUPS, METHODS, PRETEXT, RATES, ROWS, STARTS_FROM  # noqa: E402,F401
+from learning_rows import GENERATED, GROUPS, METHODS, PRETEXT, RATES, ROWS, STARTS_FROM  # noqa: E402,F401
 
 # Every completion of a logged step goes to rollouts.jsonl: the cut+text share is over all of them.
 ALL_ROLLOUTS = "log.rollouts_per_step=100000"
@@ -83,6 +83,25 @@ def prepare_pretext(task: str, data_root: Path, log: Path,
         folder = data_root / f"{kind}_seed{eval_seed}"
         paint(folder, n=args["n_eval"], seed=eval_seed)
         _mmrl(["data", "generate", task, str(fresh), f"source={folder}",
+               *(f"{k}={v}" for k, v in {**args, "n_train": 0, "seed": eval_seed}.items())], log)
+    return out / "train.jsonl", fresh / "eval.jsonl"
+
+
+def prepare_generated(row: str, data_root: Path, log: Path,
+                      eval_seed: int | None = None) -> tuple[Path, Path]:
+    """Records a generator writes as mmrl JSONL (`mmrl data generate TASK OUT k=v ...`); with
+    `eval_seed`, the held-out ones are drawn again from that seed. Deterministic, cached."""
+    _fresh_seed(eval_seed)
+    task, args = GENERATED[row]
+    args = {k: json.dumps(v) if isinstance(v, bool) else v for k, v in args.items()}
+    out = data_root / row
+    if not (out / "eval.jsonl").exists():
+        _mmrl(["data", "generate", task, str(out), *(f"{k}={v}" for k, v in args.items())], log)
+    if eval_seed is None:
+        return out / "train.jsonl", out / "eval.jsonl"
+    fresh = data_root / f"{row}_eval{eval_seed}"
+    if not (fresh / "eval.jsonl").exists():
+        _mmrl(["data", "generate", task, str(fresh),
                *(f"{k}={v}" for k, v in {**args, "n_train": 0, "seed": eval_seed}.items())], log)
     return out / "train.jsonl", fresh / "eval.jsonl"
 
@@ -201,6 +220,7 @@ def run_row(row: str, seed: int, data_root: Path, runs_root: Path, *,
     log = run_dir.parent / f"{run_dir.name}.log"
     log.write_text("")
     train, evalf = (prepare_pretext(row, data_root, log, eval_seed) if row in PRETEXT
+                    else prepare_generated(row, data_root, log, eval_seed) if row in GENERATED
                     else prepare(recipe, data_root, log, eval_seed))
     cfg = [f"recipes/{recipe}/config.yaml", f"research/layers/{recipe}.yaml"]
     started = time.perf_counter()

@@ -296,7 +296,7 @@ def answer_budget(samples, tokenizer, target: str, max_new_tokens: int,
     (a 3-label answer of 21 tokens under a budget of 16 did exactly that). None when all fit, else
     {"over", "of", "longest"} over up to `sample_size` records spread over the data set."""
     picked = spread(samples, sample_size)
-    lengths = [len(tokenizer(target.format(solution=s.solution), add_special_tokens=False)
+    lengths = [len(tokenizer(target.format(**{**s.fields, "solution": s.solution}), add_special_tokens=False)
                    ["input_ids"]) + 1 for s in picked if s.solution is not None]
     over = sum(n > max_new_tokens for n in lengths)
     return {"over": over, "of": len(lengths), "longest": max(lengths)} if over else None

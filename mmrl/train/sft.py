@@ -26,7 +26,8 @@ def target_text(sc: SFTConfig, sample: Sample) -> str:
     to think (when set), else `sft.target`."""
     asked_to_think = sample.fields.get("think_mode") == "think"
     target = sc.think_target if sc.think_target and asked_to_think else sc.target
-    return target.format(solution=sample.solution)
+    # Record fields may fill the target too (e.g. {patch_box} for a tool call's box).
+    return target.format(**{**sample.fields, "solution": sample.solution})
 
 
 def _targets(sc: SFTConfig, tokenizer, pad_id: int,
