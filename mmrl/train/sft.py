@@ -27,7 +27,12 @@ def target_text(sc: SFTConfig, sample: Sample) -> str:
     asked_to_think = sample.fields.get("think_mode") == "think"
     target = sc.think_target if sc.think_target and asked_to_think else sc.target
     # Record fields may fill the target too (e.g. {patch_box} for a tool call's box).
-    return target.format(**{**sample.fields, "solution": sample.solution})
+    try:
+        return target.format(**{**sample.fields, "solution": sample.solution})
+    except KeyError as e:
+        raise ValueError(f"sft.target names {{{e.args[0]}}}, which record {sample.id} "
+                         f"({sample.source}) does not have; its fields: "
+                         f"{', '.join(sorted(sample.fields)) or 'none'}") from None
 
 
 def _targets(sc: SFTConfig, tokenizer, pad_id: int,
