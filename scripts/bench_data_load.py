@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ def write_parquet(path: Path, n: int, size: int) -> None:
 
 
 def measure(mode: str, path: Path, draw: int) -> dict:
+    from mmrl.bench.common import peak_rss_bytes
     from mmrl.data import formats
     from mmrl.data.schema import load_samples
     from mmrl.train.prompts import PromptSampler
@@ -62,7 +62,7 @@ def measure(mode: str, path: Path, draw: int) -> dict:
     drawn = [samples[sampler.next()] for _ in range(draw)]
     return {"mode": mode, "records": len(samples), "startup_s": round(ready, 2),
             "first_draws_s": round(time.perf_counter() - t0 - ready, 3), "drawn": len(drawn),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+            "peak_rss_mb": round(peak_rss_bytes() / 2**20, 1)}
 
 
 def main() -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ def child(what: str, path: Path, run_dir: Path) -> dict:
     import io
 
     from mmrl import cli
+    from mmrl.bench.common import peak_rss_bytes
 
     built = {}
     if what == "train":
@@ -64,7 +64,7 @@ def child(what: str, path: Path, run_dir: Path) -> dict:
         code = cli.main(argv)
     return {"what": what, "exit": code, **built,
             "wall_s": round(time.perf_counter() - STARTED, 2),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+            "peak_rss_mb": round(peak_rss_bytes() / 2**20, 1)}
 
 
 def main() -> int:

@@ -59,6 +59,21 @@ def rss_bytes() -> int:
         return 0
 
 
+def reset_peak_rss() -> None:
+    """Start this process's resident-set high-water mark (VmHWM) afresh at its current RSS."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_rss_bytes() -> int:
+    """This process's own peak resident set (VmHWM). Not ru_maxrss: Linux carries that across
+    exec, so a benchmark child of a large process (a long pytest run) would report its parent's
+    peak."""
+    with open("/proc/self/status") as f:
+        line = next(l for l in f if l.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024  # kB
+
+
 class PeakRSS:
     """Samples RSS in a thread every `interval` s; `.peak` is the max seen, `.extra` the max
     above the RSS at entry. torch ops release the GIL, so the sampler runs during them."""

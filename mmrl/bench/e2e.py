@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import statistics
 import subprocess
 import sys
@@ -184,7 +183,9 @@ def _side_main(argv=None) -> int:
     s = json.loads(args.settings)
     run = run_mmrl if args.side == "mmrl" else run_trl
     times, stages = run(Path(args.workdir), s, args.steps)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB -> MB on Linux
+    from mmrl.bench.common import peak_rss_bytes
+
+    peak = peak_rss_bytes() / 2**20
     cuda_peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
     print("BENCH_RESULT " + json.dumps({"times_s": [t for t, _ in times], "cpu_s": [c for _, c in times],
                                         "stages": stages, "peak_rss_mb": peak,

@@ -4,18 +4,21 @@
 
 Each measurement runs in a fresh process (a process that already trained keeps freed memory
 around). On CUDA the peak is `torch.cuda.max_memory_allocated` above what was allocated before
-the Trainer was built; on CPU it is the peak resident set above the resident set at that point,
-with glibc told to serve every allocation of 64 KiB or more by mmap (MALLOC_MMAP_THRESHOLD_), so
-that freed tensors leave the resident set at once and it tracks live tensors.
+the Trainer was built; on CPU it is the peak resident set of this process's own memory (VmHWM,
+reset at that point) above the resident set there, with glibc told to serve every allocation of 64 KiB or more by mmap (MALLOC_MMAP_THRESHOLD_), so
+that freed tensors leave the resident set at once and it tracks live tensors. Not ru_maxrss: Linux
+carries it across exec, so a child of a large process (a long pytest run) reports its parent's
+peak.
 """
 from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
+
+from mmrl.bench.common import peak_rss_bytes, reset_peak_rss, rss_bytes
 
 MARK = "MMRL_PEAK "
 
@@ -35,11 +38,6 @@ def measure(config_path: str | None, overrides: list[str], *, steps: int = 2,
     return json.loads(line[len(MARK):])
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def _child(spec: dict) -> dict:
     import torch
 
@@ -56,7 +54,8 @@ def _child(spec: dict) -> dict:
         base = torch.cuda.memory_allocated()
     else:  # the resident set also grows by imports and one-time setup: pay those first
         _warm_up(spec, cfg)
-        base = _rss()
+        base = rss_bytes()
+        reset_peak_rss()
     start = time.perf_counter()
     trainer = Trainer(cfg)
     trainer.policy.fix_reference()
@@ -68,8 +67,8 @@ def _child(spec: dict) -> dict:
     seconds = time.perf_counter() - start
     if cuda:
         peak = torch.cuda.max_memory_allocated() - base
-    else:  # ru_maxrss is KiB on Linux
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    else:
+        peak = peak_rss_bytes() - base
     trainer.close()
     return {"peak_bytes": peak, "baseline_bytes": base, "device": "cuda" if cuda else "cpu",
             "seconds": seconds, "stages": stages, "prompt_tokens": max(prompts["tokens"]),

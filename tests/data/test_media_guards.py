@@ -5,24 +5,24 @@ A large JPEG decodes reduced instead of at full size."""
 from __future__ import annotations
 
 import json
-import resource
-
 import numpy as np
 import pytest
 import soundfile as sf
 from PIL import Image
 
+from mmrl.bench.common import peak_rss_bytes, reset_peak_rss
 from mmrl.data.inspect import inspect_file
 from mmrl.data.media import MediaError, decode_limit, fit_image, load_audio, load_image
 
 
 def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak_rss_bytes() / 2**20
 
 
 def test_huge_png_is_refused_from_its_header_without_decoding(tmp_path):
     path = tmp_path / "huge.png"
     Image.new("1", (12000, 12000)).save(path)  # 1 bit per pixel: small to build, 144 MP
+    reset_peak_rss()  # the peak of this step alone, not of the tests before it
     before = _peak_mb()
     with pytest.raises(MediaError) as e:
         load_image(str(path), "d.jsonl:3", max_pixels=1_000_000)
