@@ -173,6 +173,7 @@ class VLLMEngine:
         try:
             with _preserve_process_state():
                 self.llm = LLM(**kwargs)
+            self.llm.collective_rpc("use_trainer_positions")
         except Exception:
             shutil.rmtree(self._tmp, ignore_errors=True)
             raise

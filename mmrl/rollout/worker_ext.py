@@ -19,6 +19,14 @@ from typing import Iterable, Iterator
 
 import torch
 
+# Families whose M-RoPE rule differs between vLLM and transformers (module, model class): after a
+# video, vLLM resumes text at the block's largest position + 1 (time axis included, the original
+# Qwen code), transformers 5 at the block start + its larger spatial side; the two disagree as
+# soon as a video's time positions outrun its height and width (e.g. 8 frames of 56 x 56 px).
+_TRAINER_ROPE = {"qwen2_vl": ("transformers.models.qwen2_vl.modeling_qwen2_vl", "Qwen2VLModel"),
+                 "qwen2_5_vl": ("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl",
+                                "Qwen2_5_VLModel")}
+
 
 def _from_safetensors(blob: bytes) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors.torch import load
@@ -115,6 +123,18 @@ class WeightSync:
 
         return self._mmrl_reload(stream())
 
+    def use_trainer_positions(self) -> bool:
+        """Make the model's M-RoPE positions those of the trainer's forward: transformers' own
+        `get_rope_index` over the whole prompt (see _TRAINER_ROPE), and every sampled token one
+        past the prompt's last. True when the family needed it."""
+        model = self.model_runner.get_model()
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        if model_type not in _TRAINER_ROPE:
+            return False
+        model.get_mrope_input_positions = _trainer_positions(model.config, model_type,
+                                                             model.get_mrope_input_positions)
+        return True
+
     def set_logit_scale(self, scale: float) -> int:
         """Multiply the model's output logits by `scale` (times the model's own scale).
 
@@ -147,3 +167,43 @@ class WeightSync:
         for tests that a sync reached the worker."""
         params = dict(self.model_runner.get_model().named_parameters())
         return float(params[name].detach().float().sum())
+
+
+def _trainer_positions(config, model_type: str, own):
+    """vLLM's `get_mrope_input_positions(input_tokens, mm_features)` computed by the transformers
+    model class's `get_rope_index` (its only state is `config`)."""
+    import importlib
+    from functools import partial
+    from types import SimpleNamespace
+
+    module, name = _TRAINER_ROPE[model_type]
+    hf_model = getattr(importlib.import_module(module), name)
+    owner = SimpleNamespace(config=config)
+    owner.get_vision_position_ids = partial(hf_model.get_vision_position_ids, owner)
+
+    def positions(input_tokens, mm_features):
+        if not mm_features:
+            return own(input_tokens, mm_features)
+        n = len(input_tokens)
+        types = torch.zeros(1, n, dtype=torch.long)
+        grids: dict[str, list] = {"image": [], "video": []}
+        seconds = []
+        for f in sorted(mm_features, key=lambda f: f.mm_position.offset):
+            start, length = f.mm_position.offset, f.mm_position.length
+            types[0, start:start + length] = 1 if f.modality == "image" else 2
+            grids[f.modality].append(f.data[f"{f.modality}_grid_thw"].data.reshape(3))
+            if f.modality == "video":
+                per_grid = f.data.get("second_per_grid_ts")
+                seconds.append(float(per_grid.data) if per_grid is not None else 1.0)
+        extra = {"second_per_grid_ts": torch.tensor(seconds)} if model_type == "qwen2_5_vl" else {}
+        pos, _ = hf_model.get_rope_index(
+            owner, torch.tensor([list(input_tokens)]), types,
+            image_grid_thw=torch.stack(grids["image"]) if grids["image"] else None,
+            video_grid_thw=torch.stack(grids["video"]) if grids["video"] else None, **extra)
+        pos = pos[:, 0]
+        # A sampled token continues the prompt's last one, as the trainer's forward over
+        # [prompt, completion] places it (not the largest position, which a video's time axis
+        # can hold).
+        return pos, int(pos[:, -1].max()) + 1 - n
+
+    return positions
