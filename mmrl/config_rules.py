@@ -200,15 +200,30 @@ _NOT_WITH_TOOLS = (
      "a ground-truth row replaces a whole trajectory with one turn"),
     ("algo.tgrpo_alpha", lambda c: c.algo.tgrpo_alpha > 0,
      "the shuffled-frame re-rollout is single-turn"),
-    ("rollout.backend", lambda c: c.rollout.backend == "vllm",
-     "continuing a trajectory on vLLM is not verified yet: use rollout.backend=hf"),
+    ("rollout.vllm.server_url", lambda c: c.rollout.backend == "vllm" and bool(
+        c.rollout.vllm.server_url), "continuing a trajectory on a vLLM server is not verified: "
+     "the colocated engine is (unset server_url), or use rollout.backend=hf"),
 )
+
+# Families whose trajectories the colocated vLLM engine continues exactly as HF generate does
+# (tests/integration/test_vllm_trajectory.py); why each other family is refused.
+VLLM_TRAJECTORY_FAMILIES = ("qwen2_5_vl",)
+_VLLM_TRAJECTORY_REFUSED = {
+    "qwen3_vl": "Qwen3-VL writes a timestamp before each frame of a video, which a vLLM token "
+                "prompt (one placeholder per video) cannot carry",
+}
 
 
 def _not_with_tools(cfg) -> list[str]:
     """A sentence per option that tools.use cannot run with (docs/tools.md)."""
-    return [f"{key}={_get(cfg, key)} cannot run with tools.use ({why}); turn it off "
-            f"or set tools.use=[]" for key, on, why in _NOT_WITH_TOOLS if on(cfg)]
+    out = [f"{key}={_get(cfg, key)} cannot run with tools.use ({why}); turn it off "
+           f"or set tools.use=[]" for key, on, why in _NOT_WITH_TOOLS if on(cfg)]
+    family = cfg.model.family
+    if cfg.rollout.backend == "vllm" and family not in VLLM_TRAJECTORY_FAMILIES:
+        why = _VLLM_TRAJECTORY_REFUSED.get(family, "not verified on vLLM yet")
+        out.append(f"model.family={family} with rollout.backend=vllm cannot run tools.use ({why}; "
+                   f"verified: {', '.join(VLLM_TRAJECTORY_FAMILIES)}); use rollout.backend=hf")
+    return out
 
 
 def _tool_problems(t, r) -> list[str]:

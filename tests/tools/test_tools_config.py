@@ -51,13 +51,26 @@ def test_validate_resolves_tools_and_settings():
 @pytest.mark.parametrize("override, message", [
     ("algo.gt_threshold=0.5", "algo.gt_threshold=0.5 cannot run with tools.use"),
     ("algo.tgrpo_alpha=0.3", "algo.tgrpo_alpha=0.3 cannot run with tools.use"),
-    ("rollout.backend=vllm", "rollout.backend=vllm cannot run with tools.use .continuing a "
-                             "trajectory on vLLM is not verified yet: use rollout.backend=hf"),
 ])
 def test_options_the_trajectories_are_not_wired_into_are_refused(override, message):
     with pytest.raises(config.ConfigError, match=message):
         load("tools.use=[{name: crop}]", override)
     load(override)  # fine without tools
+
+
+def test_tools_on_vllm_run_colocated_for_the_verified_families_only():
+    tools = "tools.use=[{name: crop}]"
+    assert load(tools, "rollout.backend=vllm").rollout.backend == "vllm"  # qwen2_5_vl, colocated
+    with pytest.raises(config.ConfigError, match="rollout.vllm.server_url=http://h:8000 cannot "
+                       "run with tools.use .continuing a trajectory on a vLLM server is not"):
+        load(tools, "rollout.backend=vllm", "rollout.vllm.server_url=http://h:8000")
+    with pytest.raises(config.ConfigError, match="model.family=qwen3_vl with rollout.backend=vllm "
+                       "cannot run tools.use .Qwen3-VL writes a timestamp before each frame"):
+        load(tools, "rollout.backend=vllm", "model.family=qwen3_vl")
+    with pytest.raises(config.ConfigError, match="model.family=qwen2_audio with rollout.backend="
+                       "vllm cannot run tools.use .not verified on vLLM yet; verified: qwen2_5_vl"):
+        load("tools.use=[{name: audio_clip}]", "rollout.backend=vllm", "model.family=qwen2_audio")
+    load(tools, "model.family=qwen3_vl")  # fine on HF
 
 
 def test_sequence_parallel_is_refused_with_tools():
