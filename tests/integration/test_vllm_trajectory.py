@@ -132,11 +132,13 @@ def setup(tmp_path_factory):
     engine.close()
 
 
-def _rollout(setup, keys, hf=False, **sampling):
+def _rollout(setup, keys, hf=False, settings=None, **sampling):
     adapter, _, processor, prompts, vllm_loop, hf_loop = setup
     params = dict(num_generations=1, max_new_tokens=80, do_sample=False, seed=0,
                   suppress_ids=adapter.placeholder_token_ids(processor))
     loop = hf_loop if hf else vllm_loop
+    if settings is not None:
+        loop = TrajectoryRollout(loop.engine, processor, adapter, loop.toolbox, settings)
     return loop.rollout([prompts[k] for k in keys], SamplingParams(**{**params, **sampling}))
 
 
@@ -175,4 +177,23 @@ def test_sampled_trajectories_match_the_training_forward(setup):
     assert batch.n == 8 and batch.group_ids.tolist() == [0] * 4 + [1] * 4
     back = [o for t in batch.trajectories for o in t.observations]
     assert any("images" in o.media for o in back) and any("videos" in o.media for o in back)
+    assert _max_err(setup, batch) <= TOL
+
+
+@pytest.mark.parametrize("budget", ["trajectory", "turn"])
+def test_budgets_cut_on_vllm_where_they_cut_on_hf(setup, budget):
+    """tools.max_tokens drops an observation that does not fit, with its image; a turn cut by
+    rollout.max_new_tokens ends the row: both exactly as on HF generate."""
+    if budget == "trajectory":
+        second = _rollout(setup, ["image"]).trajectories[0].observations[1]
+        kw = dict(settings=TrajectorySettings(max_turns=3, max_tokens=second.start + second.length,
+                                              max_observation_tokens=400))
+    else:
+        kw = dict(max_new_tokens=5)
+    batch, hf = _rollout(setup, ["image"], **kw), _rollout(setup, ["image"], hf=True, **kw)
+    (t,) = batch.trajectories
+    assert bool(batch.truncated[0]) and len(t.observations) == (1 if budget == "trajectory" else 0)
+    assert torch.equal(hf.completion_ids, batch.completion_ids) and bool(hf.truncated[0])
+    assert [len(o.media.get("images", [])) for o in t.observations] == \
+        [len(o.media.get("images", [])) for o in hf.trajectories[0].observations]
     assert _max_err(setup, batch) <= TOL
