@@ -229,6 +229,36 @@ def test_prompt_and_media_mismatch_name_the_sample(setup):
                         top_k=0, do_sample=True, suppress_ids=()))
 
 
+def test_text_after_a_long_video_sits_where_the_trainer_puts_it(setup):
+    """8 frames of 56 px: the video's time positions (0..3, or 0..6 at Qwen2.5-VL's 2 tokens
+    per second) outrun its 2 x 2 merged patches, where vLLM's own M-RoPE rule and transformers'
+    place the text after it differently (logprobs were 5e-3 apart); the engine uses the
+    trainer's. Two videos and an image in one prompt: media matched to placeholders in order."""
+    from mmrl.data.media import Video
+
+    adapter, _, processor, _, engine = setup
+    if "videos" not in adapter.media_kinds:
+        pytest.skip(f"{adapter.family} takes no video")
+    rng = np.random.default_rng(0)
+    videos = [Video(frames=rng.integers(0, 255, (n, 56, 56, 3), dtype=np.uint8), fps=2.0,
+                    timestamps=[k / 2 for k in range(n)], duration=n / 2) for n in (8, 4)]
+    images = [Image.new("RGB", (56, 84), "green")]
+    content = [{"type": "video"}, {"type": "text", "text": "then"}, {"type": "image"},
+               {"type": "video"}, {"type": "text", "text": "What changes?"}]
+    p = adapter.prompt_features(processor, Sample(id="video", messages=[{"role": "user",
+                                                                         "content": content}]),
+                                images, videos=videos)
+    p.media = {"images": images, "videos": videos}
+    gen = engine.generate([p], SamplingParams(num_generations=G, max_new_tokens=8, seed=0,
+                                              temperature=1.0, top_p=1.0, top_k=0,
+                                              suppress_ids=adapter.placeholder_token_ids(processor)))
+    inputs = collate([p] * G, gen.completion_ids, gen.completion_mask,
+                     processor.tokenizer.pad_token_id)
+    with torch.no_grad():
+        ours = completion_logprobs(setup[1], inputs, gen.completion_ids, gen.completion_mask)
+    assert _max_err(ours, gen.sampler_logp, gen.completion_mask) <= TOL
+
+
 def test_sleep_mode_rejected_on_cpu():
     adapter = get_adapter("qwen2_vl")
     model, processor = adapter.tiny(seed=0, num_hidden_layers=1)
