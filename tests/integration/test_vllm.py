@@ -230,10 +230,12 @@ def test_prompt_and_media_mismatch_name_the_sample(setup):
 
 
 def test_text_after_a_long_video_sits_where_the_trainer_puts_it(setup):
-    """8 frames of 56 px: the video's time positions (0..3, or 0..6 at Qwen2.5-VL's 2 tokens
+    """32 frames of 56 px: the video's time positions (0..15, or 0..30 at Qwen2.5-VL's 2 tokens
     per second) outrun its 2 x 2 merged patches, where vLLM's own M-RoPE rule and transformers'
-    place the text after it differently (logprobs were 5e-3 apart); the engine uses the
-    trainer's. Two videos and an image in one prompt: media matched to placeholders in order."""
+    place the text after it differently (logprobs were 2e-3 apart); the engine uses the
+    trainer's, and samples after the prompt's last token, not after the video's largest time
+    position (the short text after it ends below that). Two videos and an image in one prompt:
+    media matched to placeholders in order."""
     from mmrl.data.media import Video
 
     adapter, _, processor, _, engine = setup
@@ -241,10 +243,10 @@ def test_text_after_a_long_video_sits_where_the_trainer_puts_it(setup):
         pytest.skip(f"{adapter.family} takes no video")
     rng = np.random.default_rng(0)
     videos = [Video(frames=rng.integers(0, 255, (n, 56, 56, 3), dtype=np.uint8), fps=2.0,
-                    timestamps=[k / 2 for k in range(n)], duration=n / 2) for n in (8, 4)]
+                    timestamps=[k / 2 for k in range(n)], duration=n / 2) for n in (4, 32)]
     images = [Image.new("RGB", (56, 84), "green")]
     content = [{"type": "video"}, {"type": "text", "text": "then"}, {"type": "image"},
-               {"type": "video"}, {"type": "text", "text": "What changes?"}]
+               {"type": "video"}, {"type": "text", "text": "?"}]
     p = adapter.prompt_features(processor, Sample(id="video", messages=[{"role": "user",
                                                                          "content": content}]),
                                 images, videos=videos)
