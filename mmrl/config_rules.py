@@ -201,8 +201,9 @@ _NOT_WITH_TOOLS = (
     ("algo.tgrpo_alpha", lambda c: c.algo.tgrpo_alpha > 0,
      "the shuffled-frame re-rollout is single-turn"),
     ("rollout.vllm.server_url", lambda c: c.rollout.backend == "vllm" and bool(
-        c.rollout.vllm.server_url), "continuing a trajectory on a vLLM server is not verified: "
-     "the colocated engine is (unset server_url), or use rollout.backend=hf"),
+        c.rollout.vllm.server_url), "the server takes a prompt with media as chat messages "
+     "rendered from the record, which cannot carry the model's own token ids: unset "
+     "server_url for the colocated engine, or use rollout.backend=hf"),
 )
 
 # Families whose trajectories the colocated vLLM engine continues exactly as HF generate does

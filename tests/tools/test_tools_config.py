@@ -62,7 +62,7 @@ def test_tools_on_vllm_run_colocated_for_the_verified_families_only():
     tools = "tools.use=[{name: crop}]"
     assert load(tools, "rollout.backend=vllm").rollout.backend == "vllm"  # qwen2_5_vl, colocated
     with pytest.raises(config.ConfigError, match="rollout.vllm.server_url=http://h:8000 cannot "
-                       "run with tools.use .continuing a trajectory on a vLLM server is not"):
+                       "run with tools.use .the server takes a prompt with media as chat messages"):
         load(tools, "rollout.backend=vllm", "rollout.vllm.server_url=http://h:8000")
     with pytest.raises(config.ConfigError, match="model.family=qwen3_vl with rollout.backend=vllm "
                        "cannot run tools.use .Qwen3-VL writes a timestamp before each frame"):
