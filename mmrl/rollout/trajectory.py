@@ -4,7 +4,9 @@ as the next (observation) turn, and generation continues -- on any rollout engin
 Turn 1 samples G trajectories per prompt; every later turn continues each trajectory by one
 `engine.generate` call over its whole sequence so far (prompt, model turns, observations, with
 all their media), one sample per row. On the HF engine that prefill runs `get_rope_index` over
-the whole sequence, as the training forward does, so positions agree by construction. A
+the whole sequence, as the training forward does, so positions agree by construction; the
+colocated vLLM engine places them with the same `get_rope_index` (worker_ext.py) and gets the
+trajectory's media in sequence order (vllm_io.build_request). A
 trajectory ends on a final answer (or a turn without a call), at `max_turns` (the turn cap: a
 turn still calling tools there is not answered), when a turn is cut without its end token, or
 when the next observation does not fit the trajectory's token budget -- that observation and its

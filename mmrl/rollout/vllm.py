@@ -8,6 +8,10 @@ media are passed alongside; vLLM's expanded prompt must then equal the trainer's
 which is checked on every request (a mismatch means the two processors disagree, e.g. on the
 pixel budget, and the sampler would see a different prompt from the one trained on).
 
+Positions: for the M-RoPE families whose vLLM rule differs from transformers' (text after a
+long video), the engine makes vLLM use transformers' `get_rope_index` (worker_ext.py), so a
+prompt -- a whole tool trajectory included -- sits where the trainer's forward puts it.
+
 Log-probabilities: vLLM returns "raw" sampled-token logprobs, taken before its temperature,
 top-p/top-k and token bans. The engine multiplies the model's logits by 1/T inside vLLM and
 samples at vLLM temperature 1, so the samples follow softmax(logits/T) and the returned
