@@ -206,10 +206,12 @@ _NOT_WITH_TOOLS = (
      "server_url for the colocated engine, or use rollout.backend=hf"),
 )
 
-# Families whose trajectories the colocated vLLM engine continues exactly as HF generate does
-# (tests/integration/test_vllm_trajectory.py); why each other family is refused.
-VLLM_TRAJECTORY_FAMILIES = ("qwen2_5_vl",)
-_VLLM_TRAJECTORY_REFUSED = {
+# Families whose video the colocated vLLM engine places where the trainer does (M-RoPE
+# positions, one placeholder per video: tests/integration/test_vllm.py); a built-in tool that
+# returns video runs on vLLM for these only. Images and audio continue on every family.
+VLLM_VIDEO_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+_VIDEO_TOOLS = ("frames",)
+_VLLM_VIDEO_REFUSED = {
     "qwen3_vl": "Qwen3-VL writes a timestamp before each frame of a video, which a vLLM token "
                 "prompt (one placeholder per video) cannot carry",
 }
@@ -220,10 +222,12 @@ def _not_with_tools(cfg) -> list[str]:
     out = [f"{key}={_get(cfg, key)} cannot run with tools.use ({why}); turn it off "
            f"or set tools.use=[]" for key, on, why in _NOT_WITH_TOOLS if on(cfg)]
     family = cfg.model.family
-    if cfg.rollout.backend == "vllm" and family not in VLLM_TRAJECTORY_FAMILIES:
-        why = _VLLM_TRAJECTORY_REFUSED.get(family, "not verified on vLLM yet")
-        out.append(f"model.family={family} with rollout.backend=vllm cannot run tools.use ({why}; "
-                   f"verified: {', '.join(VLLM_TRAJECTORY_FAMILIES)}); use rollout.backend=hf")
+    video = [spec.name for spec in cfg.tools.use if spec.name in _VIDEO_TOOLS]
+    if cfg.rollout.backend == "vllm" and video and family not in VLLM_VIDEO_FAMILIES:
+        why = _VLLM_VIDEO_REFUSED.get(family, "its video positions on vLLM are not verified")
+        out.append(f"tools.use {video[0]} with model.family={family} cannot run on "
+                   f"rollout.backend=vllm ({why}; video on vLLM: "
+                   f"{', '.join(VLLM_VIDEO_FAMILIES)}); use rollout.backend=hf")
     return out
 
 

@@ -261,6 +261,42 @@ def test_text_after_a_long_video_sits_where_the_trainer_puts_it(setup):
     assert _max_err(ours, gen.sampler_logp, gen.completion_mask) <= TOL
 
 
+def test_a_trajectory_continues_with_a_tool_result_mid_sequence(setup):
+    """A fixed first turn (a tool call the model did not sample), then an observation holding an
+    image (a region of the prompt's image, enlarged) or an audio clip (a span of the prompt's
+    audio): vLLM continues [prompt, turn, observation] from token ids with both media items in
+    order, and its logprobs are the training forward's over the whole sequence. Which families
+    tools on vLLM are allowed for: mmrl/config_rules.py."""
+    _check_continuation(setup, setup[3][0])
+
+
+def _check_continuation(state, prompt):
+    from mmrl.models.trajectory import encode_observation
+    from mmrl.rollout.trajectory import continuation
+
+    adapter, model, processor, _, engine = state
+    tok = processor.tokenizer
+    if prompt.media.get("images"):
+        kind, item = "images", prompt.media["images"][0].crop((0, 0, 28, 28)).resize((84, 56))
+        call = '{"name": "crop", "arguments": {"bbox_2d": [0, 0, 28, 28]}}'
+    else:
+        kind, item = "audios", prompt.media["audios"][0][4000:12000]
+        call = '{"name": "audio_clip", "arguments": {"start": 0.25, "end": 0.75}}'
+    first = torch.tensor(tok.encode(f"<tool_call>\n{call}\n</tool_call>", add_special_tokens=False)
+                         + [tok.convert_tokens_to_ids("<|im_end|>")])
+    obs_ids, obs = encode_observation(adapter, processor, [[{"type": kind[:-1]}]], {kind: [item]},
+                                      "<|im_end|>", len(first))
+    cont = continuation(prompt, [first, obs_ids], [obs])
+    assert len(cont.media[kind]) == len(prompt.media[kind]) + 1 and cont.media[kind][-1] is item
+    gen = engine.generate([cont], SamplingParams(num_generations=G, max_new_tokens=8, seed=0,
+                                                 temperature=1.0, top_p=1.0, top_k=0,
+                                                 suppress_ids=adapter.placeholder_token_ids(processor)))
+    inputs = collate([cont] * G, gen.completion_ids, gen.completion_mask, tok.pad_token_id)
+    with torch.no_grad():
+        ours = completion_logprobs(model, inputs, gen.completion_ids, gen.completion_mask)
+    assert _max_err(ours, gen.sampler_logp, gen.completion_mask) <= TOL
+
+
 def test_sleep_mode_rejected_on_cpu():
     adapter = get_adapter("qwen2_vl")
     model, processor = adapter.tiny(seed=0, num_hidden_layers=1)
@@ -271,7 +307,8 @@ def test_sleep_mode_rejected_on_cpu():
 @pytest.mark.parametrize("family", [f for f in ("qwen3_vl", "qwen2_5_omni") if f in MODELS.names()])
 def test_more_families_match_before_and_after_sync(family):
     """One engine per family, shorter: Qwen3-VL, and the Qwen2.5-Omni thinker (which vLLM only
-    serves wrapped in a full Omni config) on an image and an audio prompt."""
+    serves wrapped in a full Omni config) on an image and an audio prompt, each also continued
+    with a tool result mid-sequence."""
     adapter = get_adapter(family)
     model, processor = adapter.tiny(seed=0, num_hidden_layers=2)
     prompts = _image_prompts(adapter, processor)[:1]
@@ -288,5 +325,7 @@ def test_more_families_match_before_and_after_sync(family):
         engine.sync_weights(model)
         gen = _sample(state)
         assert _max_err(_hf_logprobs(state, gen), gen.sampler_logp, gen.completion_mask) <= TOL
+        for prompt in prompts:  # a tool result mid-sequence, as above
+            _check_continuation(state, prompt)
     finally:
         engine.close()
