@@ -138,6 +138,27 @@ def as_content(items: list) -> tuple[list[dict], dict[str, list]]:
     return content, media
 
 
+# What the running call read of its original media (one list per tool thread: every call runs
+# on a thread of its own, see toolbox._call); None outside a call, where looked_at does nothing.
+_seen = threading.local()
+
+
+def looked_at(media: str, path: str, **where: Any) -> None:
+    """Say what of an original media item this call read, for the run's records and report:
+    `media` "image" | "video" | "audio", `path` the file, and where in it -- `box` [x1, y1, x2, y2]
+    in original pixels with `size` [w, h]; `span` [start, end] seconds with `duration` (and the
+    returned frames' `timestamps`). Values must be JSON-able. A user tool may call it too."""
+    notes = getattr(_seen, "notes", None)
+    if notes is not None:
+        notes.append({"media": media, "path": path, **where})
+
+
+def watching() -> list[dict]:
+    """Start collecting this thread's looked_at notes; returns the list they go to."""
+    _seen.notes = []
+    return _seen.notes
+
+
 def error_text(kind: str, message: str) -> str:
     """What the model reads when a call fails."""
     return f"Error ({kind}): {message}"
