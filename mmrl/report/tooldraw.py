@@ -62,7 +62,7 @@ def draw_frames_on_timeline(frames: list[Image.Image], timestamps: list[float],
         out.paste(thumb, (round(cx - thumb.width / 2), (THUMB_HEIGHT - thumb.height) // 2))
         tx = round(time_x(t, duration, width))
         draw.line([cx, THUMB_HEIGHT + 1, tx, lane_top - 1], fill=(150, 150, 150))
-        draw.line([tx, lane_top, tx, lane_top + lane - 1], fill=TOOL)
+        draw.rectangle([tx - 1, lane_top, tx + 1, lane_top + lane - 1], fill=TOOL)  # 3 px: seen
     time_axis(draw, lane_top + lane, duration, width)
     return out
 

@@ -96,8 +96,9 @@ def _frames_html(seen: dict, path: Path) -> str:
     times = _numbers(times, len(times), "timestamps")
     frames = media.frames_at(path, tuple(times))
     im = tooldraw.draw_frames_on_timeline(frames, times, (start, end), duration)
+    at = ", ".join(f"{t:.2f}" for t in times)
     caption = (f"{len(frames)} frames of {start:g}–{end:g}s (shaded) of the {duration:.1f}s "
-               f"video, each joined to its time (blue ticks)")
+               f"video, each joined to its time (blue ticks: {at} s)")
     return (f'<figure>{img(draw.png_data_uri(im), "tool-frames", str(path))}'
             f'<figcaption>{esc(caption)}</figcaption></figure>')
 

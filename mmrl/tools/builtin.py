@@ -127,7 +127,7 @@ def frames(context: ToolContext, start: Any, end: Any, video: Any = 1, *, fps: f
     start, end = _seconds(start, end, duration, "video")
     clip = load_video(path, fps=fps, start=start, end=min(end, duration), max_frames=max_frames,
                       source=context.sample.source)
-    looked_at("video", path, duration=duration, span=[start, end],
+    looked_at("video", path, duration=float(duration), span=[start, end],
               timestamps=[float(t) for t in clip.timestamps])
     return [clip, f"frames {start:g}-{end:g} s at {clip.fps:.3g} fps"]
 
