@@ -37,6 +37,7 @@ def rollout_metrics(sb: ScoredBatch, reward_keys: list[str]) -> dict[str, float]
         "completion/truncated_frac": float(b.truncated.float().mean()),
         "completion/cut_after_answer_frac": cut_after_answer_frac(b.texts, b.truncated.tolist()),
         "groups/zero_std_frac": float(algos.frac_zero_std_groups(sb.scores, b.group_ids)),
+        "groups/solved_frac": float(algos.frac_solved_groups(sb.scores, b.group_ids)),
     }
     for key in reward_keys:
         applicable = [v for v in sb.per_reward[key] if v is not None]

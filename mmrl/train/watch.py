@@ -106,10 +106,12 @@ class CutWatch:
 
 class SignalWatch:
     """Groups whose completions all scored alike give GRPO no advantage. Warns when the mean
-    share of such groups (`groups/zero_std_frac`) over SIGNAL_STEPS steps reaches SIGNAL_FRAC:
-    little signal left (on the learning table, classification seed 3 sat at 73% late in RL and
-    rose 0.09); and when every advantage was 0 for SILENT_STEPS steps in a row (`adv/all_zero`):
-    no update changes the model."""
+    share of such groups that did not all score the step's best (`groups/zero_std_frac` minus
+    `groups/solved_frac`) over SIGNAL_STEPS steps reaches SIGNAL_FRAC: little signal left (on
+    the learning table, classification seed 3 sat at 73% late in RL and rose 0.09). Groups
+    alike because every completion is right are a run that learned its prompts, not a problem
+    (the quickstart ends so). Also warns when every advantage was 0 for SILENT_STEPS steps in a
+    row (`adv/all_zero`): no update changes the model."""
 
     def __init__(self, algo: AlgoConfig):
         self.algo = algo
@@ -121,12 +123,15 @@ class SignalWatch:
                  f"the model: {self._flat_hint()}")
             return
         share = metrics.get("groups/zero_std_frac")
+        if share is not None:
+            share -= metrics.get("groups/solved_frac", 0.0)
         mean = None if share is None else self.window.add(share)
         if mean is None or mean < SIGNAL_FRAC or self.little or self.flat.fired:
             return
         self.little = True
-        warn(f"little signal left: in {mean:.0%} of groups every completion scored the same "
-             f"(groups/zero_std_frac, mean of the last {SIGNAL_STEPS} steps), so those groups "
+        warn(f"little signal left: in {mean:.0%} of groups every completion scored the same, "
+             f"below the step's best (groups/zero_std_frac - groups/solved_frac, mean of the "
+             f"last {SIGNAL_STEPS} steps), so those groups "
              f"teach nothing. If the held-out metric has stopped rising short of where it "
              f"should be: sample more varied groups (rollout.num_generations, "
              f"rollout.temperature), keep only groups with signal (algo.dynamic_sampling=true), "
