@@ -10,6 +10,7 @@ reads the message in an error observation, and the kind is counted in the metric
 from __future__ import annotations
 
 import inspect
+import json
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -147,10 +148,13 @@ def looked_at(media: str, path: str, **where: Any) -> None:
     """Say what of an original media item this call read, for the run's records and report:
     `media` "image" | "video" | "audio", `path` the file, and where in it -- `box` [x1, y1, x2, y2]
     in original pixels with `size` [w, h]; `span` [start, end] seconds with `duration` (and the
-    returned frames' `timestamps`). Values must be JSON-able. A user tool may call it too."""
+    returned frames' `timestamps`). Numpy values become numbers, anything else not JSON-able its
+    str: the note goes into rollouts.jsonl as is. A user tool may call it too."""
     notes = getattr(_seen, "notes", None)
     if notes is not None:
-        notes.append({"media": media, "path": path, **where})
+        note = {"media": media, "path": str(path), **where}
+        notes.append(json.loads(json.dumps(note, default=lambda v: v.tolist()
+                                           if hasattr(v, "tolist") else str(v))))
 
 
 def watching() -> list[dict]:
