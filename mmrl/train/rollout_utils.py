@@ -30,7 +30,8 @@ def rollout_metrics(sb: ScoredBatch, reward_keys: list[str]) -> dict[str, float]
     lengths = b.completion_mask.sum(1).float()
     m = {
         "reward/total_mean": float(sb.scores.mean()), "reward/total_std": float(sb.scores.std())
-        if b.n > 1 else 0.0,
+        if b.n > 1 else 0.0, "reward/total_max": float(sb.scores.max()),
+        "reward/total_min": float(sb.scores.min()),
         "adv/mean": float(sb.advantages.mean()), "adv/std": float(sb.advantages.std())
         if b.n > 1 else 0.0, "adv/abs_mean": float(sb.advantages.abs().mean()),
         "completion/length_mean": float(lengths.mean()), "completion/length_max": float(lengths.max()),
