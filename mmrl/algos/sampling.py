@@ -64,9 +64,8 @@ def frac_zero_std_groups(scores: Tensor, group_ids: Tensor, eps: float = 1e-6) -
 
 
 def frac_solved_groups(scores: Tensor, group_ids: Tensor, eps: float = 1e-6) -> float:
-    """Fraction of groups whose completions all scored the step's best score: alike because the
-    prompt is solved, not because it is out of reach (zero-std groups minus these are the
-    unsolved ones). 0.0 if empty."""
+    """Fraction of groups whose completions all scored the step's best score (alike because the
+    prompt is solved, when that best is the run's: train/watch.py). 0.0 if empty."""
     if scores.numel() == 0:
         return 0.0
     ids, inv, spread = _group_range(scores, group_ids)
