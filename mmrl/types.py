@@ -80,6 +80,10 @@ class ToolCallRecord:
     turn: int  # 0-based model turn that made the call
     error: str | None = None  # the error kind its observation reported (None: the tool answered)
     seconds: float = 0.0  # wall time of the tool
+    message: str = ""  # the error message the model read ("" when the tool answered)
+    # What of the original media the call read, as the tool said (tools.base.looked_at): e.g.
+    # {"media": "image", "path", "size", "box"} in original pixels; what the report draws.
+    seen: list[dict] = field(default_factory=list)
 
 
 @dataclass

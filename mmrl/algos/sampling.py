@@ -16,6 +16,8 @@ so they only dilute the batch) and keeps sampling until enough informative group
 [True, True, False, False, False, False]
 >>> frac_zero_std_groups(s, g)
 0.6666666666666666
+>>> frac_solved_groups(s, g)  # group 9 scored the step's best in every completion
+0.3333333333333333
 """
 from __future__ import annotations
 
@@ -59,6 +61,18 @@ def frac_zero_std_groups(scores: Tensor, group_ids: Tensor, eps: float = 1e-6) -
     """Fraction of *groups* (not rows) whose scores are all equal (range <= eps); 0.0 if empty."""
     ids, keep = groups_with_signal(scores, group_ids, eps)
     return 0.0 if ids.numel() == 0 else float((~keep).sum().item()) / ids.numel()
+
+
+def frac_solved_groups(scores: Tensor, group_ids: Tensor, eps: float = 1e-6) -> float:
+    """Fraction of groups whose completions all scored the step's best score (alike because the
+    prompt is solved, when that best is the run's: train/watch.py). 0.0 if empty."""
+    if scores.numel() == 0:
+        return 0.0
+    ids, inv, spread = _group_range(scores, group_ids)
+    r = scores.detach().to(torch.float64)
+    low = r.new_zeros(ids.numel()).scatter_reduce_(0, inv, r, "amin", include_self=False)
+    solved = (spread <= eps) & (low >= r.max() - eps)
+    return float(solved.sum().item()) / ids.numel()
 
 
 def overlong_filter_mask(mask: Tensor, truncated: Tensor) -> Tensor:

@@ -29,7 +29,7 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
     names = run_names(paths)
     runs = [load_run(p, name) for p, name in zip(paths, names)]
     # Files may have changed since an earlier report in this process (a live run, a rerun).
-    for cached in (media.load_image, media.video_frames, media.load_audio):
+    for cached in (media.load_image, media.video_frames, media.frames_at, media.load_audio):
         cached.cache_clear()
     sections = [page.summary_section(runs), page.curves_section(runs),
                 page.rollouts_section(runs, steps, max(1, max_rollouts_per_step))]

@@ -33,10 +33,7 @@ def draw_boxes(image: Image.Image, pred: list, gt: list, side: int = DISPLAY_SID
     Returns the drawn image and the scale from file pixels to drawn pixels (tests use it to
     find the edges). Nearest-neighbour upscaling keeps tiny synthetic images crisp.
     """
-    scale = display_scale(image.width, image.height, side)
-    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-    resample = Image.NEAREST if scale > 1 else Image.BILINEAR
-    out = image.resize(size, resample)
+    out, scale = display(image, side)
     draw = ImageDraw.Draw(out)
     for boxes, colour in ((gt, GT), (pred, PRED)):  # predictions on top: they are what changed
         for x1, y1, x2, y2 in boxes:
@@ -47,6 +44,14 @@ def draw_boxes(image: Image.Image, pred: list, gt: list, side: int = DISPLAY_SID
         x, y = min(x1, x2) * scale, min(y1, y2) * scale  # outside the box: never over its object
         draw.text((max(0.0, x), y - 12 if y >= 12 else max(y1, y2) * scale + 2), label, fill=PRED)
     return out, scale
+
+
+def display(image: Image.Image, side: int = DISPLAY_SIDE) -> tuple[Image.Image, float]:
+    """`image` with its long side `side` px, and the scale from file pixels to drawn pixels."""
+    scale = display_scale(image.width, image.height, side)
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    resample = Image.NEAREST if scale > 1 else Image.BILINEAR
+    return image.resize(size, resample), scale
 
 
 def fit_width(strip: Image.Image, width: int = 2 * DISPLAY_SIDE) -> Image.Image:
@@ -76,7 +81,7 @@ def draw_timeline(strip: Image.Image | None, duration: float,
     lane, pad = 10, 3
     lanes = 1 + len(pred)
     axis_top = strip_h + pad + lanes * (lane + pad)
-    out = Image.new("RGB", (width, axis_top + 2 * pad + 12), (255, 255, 255))
+    out = Image.new("RGB", (width, axis_top + AXIS_HEIGHT), (255, 255, 255))
     if strip is not None:
         out.paste(strip, (0, 0))
     draw = ImageDraw.Draw(out)
@@ -84,7 +89,7 @@ def draw_timeline(strip: Image.Image | None, duration: float,
     draw.rectangle([0, top - 1, width - 1, axis_top - 1], fill=(235, 235, 235))
 
     def x(t: float) -> float:
-        return max(0.0, min(width - 1.0, t / duration * (width - 1))) if duration > 0 else 0.0
+        return time_x(t, duration, width)
 
     rows = [("gt", gt, GT)] + [(label, seg, PRED) for label, seg in pred]
     for k, (label, seg, colour) in enumerate(rows):
@@ -95,15 +100,28 @@ def draw_timeline(strip: Image.Image | None, duration: float,
             end = max(x(b), x(a) + 1)
             tx = end + 4 if end + 4 + 6 * len(label) < width else max(0.0, x(a) - 4 - 6 * len(label))
             draw.text((tx, y - 1), label, fill=(60, 60, 60))
-    ticks = 5
-    for i in range(ticks + 1):  # labels at 0, 20%, ..., 100% of the duration
+    time_axis(draw, axis_top, duration, width)
+    return out
+
+
+AXIS_HEIGHT = 18  # px below `top` that time_axis draws on (tick and label)
+
+
+def time_x(t: float, duration: float, width: int) -> float:
+    """The x of time `t` on a `width`-px axis from 0 to `duration` (clamped to the picture)."""
+    return max(0.0, min(width - 1.0, t / duration * (width - 1))) if duration > 0 else 0.0
+
+
+def time_axis(draw: ImageDraw.ImageDraw, top: int, duration: float, width: int) -> None:
+    """Ticks and labels at 0, 20%, ..., 100% of `duration`, from `top` down."""
+    ticks, pad = 5, 3
+    for i in range(ticks + 1):
         t = duration * i / ticks
-        tx = x(t)
-        draw.line([tx, axis_top, tx, axis_top + pad], fill=(90, 90, 90))
+        tx = time_x(t, duration, width)
+        draw.line([tx, top, tx, top + pad], fill=(90, 90, 90))
         label = f"{t:.1f}s"
         anchor_x = min(max(0, tx - 3 * len(label)), width - 6 * len(label))
-        draw.text((anchor_x, axis_top + pad), label, fill=(60, 60, 60))
-    return out
+        draw.text((anchor_x, top + pad), label, fill=(60, 60, 60))
 
 
 def audio_picture(samples: np.ndarray, sr: int, width_px: int = 2 * DISPLAY_SIDE) -> Image.Image:
@@ -116,7 +134,7 @@ def audio_picture(samples: np.ndarray, sr: int, width_px: int = 2 * DISPLAY_SIDE
     fig = Figure(figsize=(width_px / dpi, 2.6), dpi=dpi)
     ax_w, ax_s = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [1, 1.6]})
     seconds = samples.size / sr
-    env_t, lo, hi = _envelope(samples, sr, columns=width_px)
+    env_t, lo, hi = envelope(samples, sr, columns=width_px)
     ax_w.fill_between(env_t, lo, hi, color="#3366aa", linewidth=0)
     ax_w.set_ylim(-1.05, 1.05)
     ax_w.set_yticks([])
@@ -135,7 +153,7 @@ def audio_picture(samples: np.ndarray, sr: int, width_px: int = 2 * DISPLAY_SIDE
     return Image.open(buf).convert("RGB")
 
 
-def _envelope(samples: np.ndarray, sr: int, columns: int):
+def envelope(samples: np.ndarray, sr: int, columns: int):
     """Per-pixel-column min and max: a faithful waveform at any length without plotting
     millions of points."""
     columns = max(1, min(columns, samples.size))

@@ -83,6 +83,24 @@ def video_frames(path: Path, n: int = 6) -> tuple[list[Image.Image], list[float]
         raise MediaError(f"could not decode video: {e}") from e
 
 
+@functools.lru_cache(maxsize=64)
+def frames_at(path: Path, times: tuple[float, ...]) -> list[Image.Image]:
+    """The frames shown at `times` (seconds from the start), display-sized: the frames a
+    `frames` tool call returned, redrawn from the file (the run dir keeps only their times)."""
+    import av
+
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            # A frame's recorded time may sit a rounding below its pts: seek a hair earlier.
+            found = _frames_at(container, stream, [max(0.0, t - 1e-3) for t in times])
+    except Exception as e:  # av.error.* and malformed containers
+        raise MediaError(f"could not decode video: {e}") from e
+    if len(found) != len(times):
+        raise MediaError(f"{len(found)} of {len(times)} frames decoded")
+    return [im for im, _ in found]
+
+
 def _to_image(frame) -> Image.Image:
     im = frame.to_image()
     scale = FRAME_HEIGHT / max(im.height, 1)

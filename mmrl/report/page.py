@@ -12,7 +12,8 @@ from typing import Any
 
 from mmrl.report import curves, parse
 from mmrl.report.load import Run, choose_steps, flatten
-from mmrl.report.rollouts import esc, fmt, step_html
+from mmrl.report.markup import esc, fmt
+from mmrl.report.rollouts import step_html
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d2330;
@@ -55,6 +56,13 @@ del.s,del.d{background:#fbd5d2;color:#8c1d18}ins.s,ins.i{background:#d3f2d9;colo
 text-decoration:none;margin-left:2px}del.d{text-decoration:line-through}
 tr.differs>td{background:#fff3cd}
 .note{color:#8a5a00;background:#fff6e0;padding:4px 8px;border-radius:4px;margin:4px 0}
+.turn{border-left:3px solid #9db4d6;padding:2px 0 2px 8px;margin:6px 0}
+.tlabel{font-size:12px;font-weight:600;color:#41526b}
+.call{margin:4px 0 4px 10px}.chead{font-size:12.5px}.chead code{background:#eef1f5;padding:0 4px}
+.tool-error{color:#b3261e;background:#fdf0ee;padding:3px 8px;border-radius:4px;margin:3px 0;
+font-family:monospace;font-size:12px}.obs{font-size:12px;color:#666;margin:2px 0 2px 10px}
+.tool-pics figure{margin:4px 0}.tool-pics img{vertical-align:top;margin-right:8px;max-width:100%}
+.tool-pics figcaption{font-size:12px;color:#555}
 .legend span{display:inline-block;width:12px;height:12px;margin:0 4px -2px 10px}
 """
 

@@ -1,50 +1,18 @@
-"""HTML for logged rollouts: each completion next to its media, drawn with what it predicted.
+"""HTML for logged rollouts: each completion next to its media, drawn with what it predicted;
+a trajectory with tools turn by turn (turns.py).
 
-Every string that came from a record goes through `esc` (completions are untrusted model output
-and prompts are dataset text). Every media file is rendered inside `_guarded`, so a missing or
-corrupt file becomes a visible placeholder box and never aborts the report.
+Every record string goes through `esc` and every media file is rendered inside `guarded`
+(markup.py), so a missing or corrupt file becomes a visible placeholder and never aborts the
+report.
 """
 from __future__ import annotations
 
-import html
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from mmrl.report import draw, media, parse
-
-
-def esc(value: Any) -> str:
-    return html.escape(value if isinstance(value, str) else str(value), quote=True)
-
-
-def fmt(v: Any) -> str:
-    if v is None:
-        return "n/a"  # None = reward not applicable to this sample (mixed-task batches)
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return esc(v)
-
-
-def _placeholder(text: str) -> str:
-    return f'<div class="missing">{esc(text)}</div>'
-
-
-def _img(uri: str, cls: str, alt: str) -> str:
-    return f'<img class="{cls}" src="{uri}" alt="{esc(alt)}">'
-
-
-def _guarded(path: str, roots: list[Path], render: Callable[[Path], str]) -> str:
-    """render(resolved_path), or a placeholder naming the path and what went wrong."""
-    resolved = media.resolve(path, roots)
-    if resolved is None:
-        return _placeholder(f"missing: {path}")
-    try:
-        return render(resolved)
-    except media.MediaError as e:
-        return _placeholder(f"{e}: {path}")
-    except Exception as e:  # a report must survive any one bad file; say what happened
-        return _placeholder(f"could not render {path}: {type(e).__name__}: {e}")
+from mmrl.report import draw, media, parse, turns
+from mmrl.report.markup import esc, fmt, guarded, img, placeholder
 
 
 def _image_html(members: list[tuple[int, dict]], path: Path, rule: parse.BoxRule) -> str:
@@ -56,15 +24,15 @@ def _image_html(members: list[tuple[int, dict]], path: Path, rule: parse.BoxRule
         if gt else []
     im, _ = draw.draw_boxes(image, [b for _, b in pred], gt, labels=[n for n, _ in pred])
     if not gt:
-        return _img(draw.png_data_uri(im), "media-img", str(path))
+        return img(draw.png_data_uri(im), "media-img", str(path))
     caption = f"gt {len(gt)} box(es) (green) · {len(pred)} predicted (red, by rollout #)"
-    return (f'<figure>{_img(draw.png_data_uri(im), "media-img drawn-boxes", str(path))}'
+    return (f'<figure>{img(draw.png_data_uri(im), "media-img drawn-boxes", str(path))}'
             f'<figcaption>{esc(caption)}</figcaption></figure>')
 
 
 def _plain_image_html(path: Path) -> str:
     im, _ = draw.draw_boxes(media.load_image(path), [], [])
-    return _img(draw.png_data_uri(im), "media-img", str(path))
+    return img(draw.png_data_uri(im), "media-img", str(path))
 
 
 def _video_html(members: list[tuple[int, dict]], path: Path) -> str:
@@ -80,15 +48,15 @@ def _video_html(members: list[tuple[int, dict]], path: Path) -> str:
     gt = parse.gold_segment(first.get("solution"))
     if gt is None:  # not a temporal task: the frames, no timeline
         if strip is None:
-            return _placeholder(f"no frames decoded: {path}")
+            return placeholder(f"no frames decoded: {path}")
         caption = f"{float(duration):.1f}s · {len(frames)} frames"
-        return (f'<figure>{_img(draw.png_data_uri(draw.fit_width(strip)), "media-video", str(path))}'
+        return (f'<figure>{img(draw.png_data_uri(draw.fit_width(strip)), "media-video", str(path))}'
                 f'<figcaption>{esc(caption)}</figcaption></figure>')
     pred = [(f"#{i}", parse.pred_segment(r.get("completion") or "")) for i, r in members]
     im = draw.draw_timeline(strip, float(duration), pred, gt)
     caption = (f"{float(duration):.1f}s · gt {_segs([gt])} (green, top lane) · each rollout's "
                f"segment below it (red; none where the reward read none)")
-    return (f'<figure>{_img(draw.png_data_uri(im), "media-video timeline", str(path))}'
+    return (f'<figure>{img(draw.png_data_uri(im), "media-video timeline", str(path))}'
             f'<figcaption>{esc(caption)}</figcaption></figure>')
 
 
@@ -103,7 +71,7 @@ def _audio_html(path: Path, cache: dict) -> str:
         samples, sr = media.load_audio(path)
         cache[key] = (draw.png_data_uri(draw.audio_picture(samples, sr)), samples.size / sr)
     uri, seconds = cache[key]
-    return (f'<figure>{_img(uri, "media-audio", str(path))}'
+    return (f'<figure>{img(uri, "media-audio", str(path))}'
             f'<figcaption>{esc(f"{seconds:.1f}s audio: waveform + spectrogram")}</figcaption>'
             f'</figure>')
 
@@ -169,12 +137,12 @@ def group_media_html(members: list[tuple[int, dict]], roots: list[Path], cache: 
     first, parts = members[0][1], []
     for i, p in enumerate(_paths(first.get("images"))):
         # Boxes refer to the first image: grounding answers name one frame of reference.
-        parts.append(_guarded(p, roots, lambda path, i=i: _image_html(members, path, rule)
+        parts.append(guarded(p, roots, lambda path, i=i: _image_html(members, path, rule)
                               if i == 0 else _plain_image_html(path)))
     for p in _paths(first.get("videos")):
-        parts.append(_guarded(p, roots, lambda path: _video_html(members, path)))
+        parts.append(guarded(p, roots, lambda path: _video_html(members, path)))
     for p in _paths(first.get("audios")):
-        parts.append(_guarded(p, roots, lambda path: _audio_html(path, cache)))
+        parts.append(guarded(p, roots, lambda path: _audio_html(path, cache)))
     return "".join(parts)
 
 
@@ -184,15 +152,22 @@ def _paths(value: Any) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
-def rollout_card(r: dict, index: int) -> str:
-    """One completion: header line, text, the answer the rewards read, reward breakdown (its
-    media are drawn once for the group, with this completion's prediction numbered #index)."""
+def rollout_card(r: dict, index: int, roots: list[Path] | None = None) -> str:
+    """One completion: header line, text (a trajectory's turn by turn, with its calls drawn on
+    the media they read), the answer the rewards read, reward breakdown (its media are drawn once
+    for the group, with this completion's prediction numbered #index)."""
     flags = ' <span class="badge">truncated</span>' if r.get("truncated") else ""
+    if r.get("hit_turn_cap"):
+        flags += ' <span class="badge">turn cap</span>'
+    multi = turns.is_trajectory(r)
+    calls = f' · {len(r.get("calls") or [])} call(s)' if multi else ""
     head = (f'#{index} · reward <b>{fmt(r.get("reward"))}</b> · advantage '
-            f'{fmt(r.get("advantage"))} · {fmt(r.get("length"))} tokens{flags}')
+            f'{fmt(r.get("advantage"))} · {fmt(r.get("length"))} tokens{calls}{flags}')
     answer = parse.answer_text(r)
     diff = transcript_diff(r["solution"], answer) if _wants_diff(r) else ""
-    text = (f'<pre class="completion">{esc(r.get("completion") or "")}</pre>'
+    body = turns.trajectory_html(r, roots or []) if multi else \
+        f'<pre class="completion">{esc(r.get("completion") or "")}</pre>'
+    text = (f'{body}'
             f'<table class="kv"><tr><th>answer</th><td>{esc(answer)}</td></tr>'
             f'<tr><th>solution</th><td>{esc(_show(r.get("solution")))}</td></tr></table>'
             f'{diff}{reward_table(r)}')
@@ -222,7 +197,7 @@ def step_html(step: int, rows: list[dict], roots: list[Path], cache: dict, run_k
                     f'{esc(sample_id)} · task {esc(first.get("task"))}</div>'
                     f'<div class="prompt">{esc(first.get("prompt") or "")}</div>'
                     f'<div class="media">{group_media_html(members, roots, cache, rule)}</div>')
-        body += [rollout_card(r, i) for i, r in members]
+        body += [rollout_card(r, i, roots) for i, r in members]
         body.append("</div>")
     return (f'<details class="step" id="{esc(run_key)}-step-{step}"{" open" if open_ else ""}>'
             f'<summary>step {step} · {len(rows)} rollouts · mean reward {mean}</summary>'

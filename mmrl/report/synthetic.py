@@ -5,7 +5,8 @@
 
 It holds image grounding (boxes; one completion cut mid-answer), video temporal grounding
 (segments), video QA, speech recognition (transcripts), a rollout whose image is missing and one
-whose completion tries to inject HTML.
+whose completion tries to inject HTML, and a tool trajectory (crop, frames, audio_clip and a
+failed call, drawn turn by turn).
 """
 from __future__ import annotations
 
@@ -132,8 +133,43 @@ def _rollouts(root: Path, steps: list[int]) -> list[dict]:
                      images=[str(root / "media/does_not_exist.png")]),
             _rollout(s, "inject-0", "counting", 4, INJECTION, INJECTION, "3", 0.0, -0.2,
                      truncated=True),
+            _tool_rollout(s, img, vid, wav),
         ]
     return out
+
+
+def _call(name: str, arguments: dict) -> str:
+    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+
+
+def _tool_rollout(step: int, img: str, vid: str, wav: str) -> dict:
+    """A three-turn trajectory with a crop, a frames and an audio_clip call, and a bad span: what
+    the trainer logs for it (calls[].seen as the built-in tools record them)."""
+    turns = ["<think>the mark is small</think>" + _call("crop", {"bbox_2d": [56, 16, 92, 72]})
+             + _call("frames", {"start": 0.5, "end": 1.5}),
+             _call("audio_clip", {"start": 0.2, "end": 0.6})
+             + _call("audio_clip", {"start": 0.8, "end": 1.4}),
+             "<answer>blue</answer>"]
+    calls = [
+        {"name": "crop", "arguments": {"bbox_2d": [56, 16, 92, 72]}, "turn": 0, "error": None,
+         "message": "", "seen": [{"media": "image", "path": img, "size": list(IMAGE_SIZE),
+                                  "box": [56, 16, 92, 72], "returned": [72, 112]}]},
+        {"name": "frames", "arguments": {"start": 0.5, "end": 1.5}, "turn": 0, "error": None,
+         "message": "", "seen": [{"media": "video", "path": vid, "duration": 2.0,
+                                  "span": [0.5, 1.5], "timestamps": [0.5, 0.75, 1.0, 1.25]}]},
+        {"name": "audio_clip", "arguments": {"start": 0.2, "end": 0.6}, "turn": 1, "error": None,
+         "message": "", "seen": [{"media": "audio", "path": wav, "duration": 1.0,
+                                  "span": [0.2, 0.6]}]},
+        {"name": "audio_clip", "arguments": {"start": 0.8, "end": 1.4}, "turn": 1,
+         "error": "bad_span", "seen": [],
+         "message": "span 0.8..1.4 s is not inside the audio (0..1 s, start < end)"},
+    ]
+    r = _rollout(step, "search-0", "search", 6, turns[-1], "blue", "blue", 1.0, 0.4,
+                 images=[img], videos=[vid], audios=[wav])
+    r.update(turns=turns, calls=calls, hit_turn_cap=False,
+             observations=[{"start": 20, "length": 90, "text": ""},
+                           {"start": 130, "length": 40, "text": ""}])
+    return r
 
 
 def write_synthetic_run(run_dir: str | Path, steps: int = 30, seed: int = 0,

@@ -23,8 +23,7 @@ from mmrl.models.trajectory import (ObservationStyle, completion_token_types, en
 from mmrl.tools import Toolbox, ToolContext, as_content, error_text, parse_turn
 from mmrl.tools.calls import ToolCall
 from mmrl.tools.toolbox import Outcome
-from mmrl.types import (Observation, PromptFeatures, RolloutBatch, SamplingParams, ToolCallRecord,
-                        Trajectory)
+from mmrl.types import Observation, PromptFeatures, RolloutBatch, SamplingParams, Trajectory
 
 
 @dataclass(frozen=True)
@@ -163,8 +162,7 @@ class TrajectoryRollout:
             answered = _instead(answered, "too_long", f"the result is {obs.length} tokens, over "
                                 f"the limit of {s.max_observation_tokens}; ask for less")
             ids, obs = self._encode(answered, after, row.length)
-        row.record.calls += [ToolCallRecord(name=c.name, arguments=c.arguments, turn=turn,
-                                            error=o.error, seconds=o.seconds) for c, o in answered]
+        row.record.calls += [o.record(c, turn) for c, o in answered]
         if row.length + obs.length + 1 > s.max_tokens:  # no room for a model token after it
             row.truncated = row.done = True  # the observation and its media are dropped whole
             return

@@ -10,6 +10,7 @@ reads the message in an error observation, and the kind is counted in the metric
 from __future__ import annotations
 
 import inspect
+import json
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -136,6 +137,30 @@ def as_content(items: list) -> tuple[list[dict], dict[str, list]]:
         content.append({"type": kind})
         media[key].append(item)
     return content, media
+
+
+# What the running call read of its original media (one list per tool thread: every call runs
+# on a thread of its own, see toolbox._call); None outside a call, where looked_at does nothing.
+_seen = threading.local()
+
+
+def looked_at(media: str, path: str, **where: Any) -> None:
+    """Say what of an original media item this call read, for the run's records and report:
+    `media` "image" | "video" | "audio", `path` the file, and where in it -- `box` [x1, y1, x2, y2]
+    in original pixels with `size` [w, h]; `span` [start, end] seconds with `duration` (and the
+    returned frames' `timestamps`). Numpy values become numbers, anything else not JSON-able its
+    str: the note goes into rollouts.jsonl as is. A user tool may call it too."""
+    notes = getattr(_seen, "notes", None)
+    if notes is not None:
+        note = {"media": media, "path": str(path), **where}
+        notes.append(json.loads(json.dumps(note, default=lambda v: v.tolist()
+                                           if hasattr(v, "tolist") else str(v))))
+
+
+def watching() -> list[dict]:
+    """Start collecting this thread's looked_at notes; returns the list they go to."""
+    _seen.notes = []
+    return _seen.notes
 
 
 def error_text(kind: str, message: str) -> str:

@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from mmrl.data.media import fit_image, load_audio, load_image, load_video
-from mmrl.tools.base import TOOLS, ToolContext, ToolInputError, tool_spec
+from mmrl.tools.base import TOOLS, ToolContext, ToolInputError, looked_at, tool_spec
 from mmrl.types import AUDIO_SAMPLING_RATE
 from rewards.boxes import check_coords, pixel_scale
 
@@ -99,8 +99,10 @@ def crop(context: ToolContext, bbox_2d: Any, image: Any = 1, *, coords: str | No
                              context.factor, w, h)
     region = original.crop((x1, y1, x2, y2))
     lo, hi = context.image_pixels
-    return [fit_image(region, lo if min_pixels is None else min_pixels,
-                      hi if max_pixels is None else max_pixels, factor=context.factor)]
+    out = fit_image(region, lo if min_pixels is None else min_pixels,
+                    hi if max_pixels is None else max_pixels, factor=context.factor)
+    looked_at("image", path, size=[w, h], box=[x1, y1, x2, y2], returned=list(out.size))
+    return [out]
 
 
 def span_spec(description: str, kind: str) -> dict:
@@ -125,6 +127,8 @@ def frames(context: ToolContext, start: Any, end: Any, video: Any = 1, *, fps: f
     start, end = _seconds(start, end, duration, "video")
     clip = load_video(path, fps=fps, start=start, end=min(end, duration), max_frames=max_frames,
                       source=context.sample.source)
+    looked_at("video", path, duration=float(duration), span=[start, end],
+              timestamps=[float(t) for t in clip.timestamps])
     return [clip, f"frames {start:g}-{end:g} s at {clip.fps:.3g} fps"]
 
 
@@ -139,4 +143,5 @@ def audio_clip(context: ToolContext, start: Any, end: Any, audio: Any = 1, *,
     wave = context.cached(("audio", path), lambda: load_audio(path, source=context.sample.source))
     sr = AUDIO_SAMPLING_RATE
     start, end = _seconds(start, end, len(wave) / sr, "audio", shortest=min_seconds)
+    looked_at("audio", path, duration=len(wave) / sr, span=[start, end])
     return [wave[int(round(start * sr)):int(round(end * sr))], f"audio {start:g}-{end:g} s"]

@@ -16,8 +16,9 @@ from typing import Any, Callable, Sequence
 
 from mmrl.tools import builtin  # noqa: F401  (registers crop, frames, audio_clip in TOOLS)
 from mmrl.tools.base import (TOOLS, ToolContext, ToolInputError, as_items, model_parameters,
-                             spec_of)
+                             spec_of, watching)
 from mmrl.tools.calls import ToolCall
+from mmrl.types import ToolCallRecord
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,13 @@ class Outcome:
     error: str | None = None
     message: str = ""
     seconds: float = 0.0
+    seen: list[dict] | None = None  # what of the original media the tool read (looked_at)
+
+    def record(self, call: ToolCall, turn: int) -> ToolCallRecord:
+        """The trajectory's record of `call` (made at model turn `turn`) and this answer."""
+        return ToolCallRecord(name=call.name, arguments=call.arguments, turn=turn,
+                              error=self.error, seconds=self.seconds, message=self.message,
+                              seen=list(self.seen or []) if self.error is None else [])
 
 
 def load_tool(name: str, params: dict | None = None, where: str = "tools.use") -> Tool:
@@ -178,10 +186,11 @@ def _call(tool: Tool, call: ToolCall, context: ToolContext, results: dict, i: in
     kwargs: dict[str, Any] = {**call.arguments, **tool.params}
     if tool.takes_context:
         kwargs["context"] = context
+    seen = watching()
     try:
         value = tool.fn(**kwargs)
         try:
-            outcome = Outcome(items=as_items(value))
+            outcome = Outcome(items=as_items(value), seen=seen)
         except TypeError as e:  # something the model cannot be shown
             outcome = Outcome(error="bad_result", message=f"{tool.name}: {e}")
     except ToolInputError as e:

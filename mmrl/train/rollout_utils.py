@@ -30,13 +30,15 @@ def rollout_metrics(sb: ScoredBatch, reward_keys: list[str]) -> dict[str, float]
     lengths = b.completion_mask.sum(1).float()
     m = {
         "reward/total_mean": float(sb.scores.mean()), "reward/total_std": float(sb.scores.std())
-        if b.n > 1 else 0.0,
+        if b.n > 1 else 0.0, "reward/total_max": float(sb.scores.max()),
+        "reward/total_min": float(sb.scores.min()),
         "adv/mean": float(sb.advantages.mean()), "adv/std": float(sb.advantages.std())
         if b.n > 1 else 0.0, "adv/abs_mean": float(sb.advantages.abs().mean()),
         "completion/length_mean": float(lengths.mean()), "completion/length_max": float(lengths.max()),
         "completion/truncated_frac": float(b.truncated.float().mean()),
         "completion/cut_after_answer_frac": cut_after_answer_frac(b.texts, b.truncated.tolist()),
         "groups/zero_std_frac": float(algos.frac_zero_std_groups(sb.scores, b.group_ids)),
+        "groups/solved_frac": float(algos.frac_solved_groups(sb.scores, b.group_ids)),
     }
     for key in reward_keys:
         applicable = [v for v in sb.per_reward[key] if v is not None]
@@ -78,11 +80,12 @@ def rollout_records(sb: ScoredBatch, limit: int) -> list[dict]:
 
 
 def _trajectory_record(t) -> dict:
-    """A trajectory's turns, calls (with their arguments and errors) and observation texts
-    (their media stay out: the report reads the record's own media and the calls' arguments)."""
+    """A trajectory's turns, calls (with their arguments, errors and what of the original media
+    each read: `seen`, paths and boxes/spans) and observation texts (the returned media stay
+    out: the report redraws them from the originals and `seen`)."""
     return {"turns": list(t.turn_texts), "hit_turn_cap": t.hit_turn_cap,
             "calls": [{"name": c.name, "arguments": c.arguments, "turn": c.turn,
-                       "error": c.error} for c in t.calls],
+                       "error": c.error, "message": c.message, "seen": c.seen} for c in t.calls],
             "observations": [{"start": o.start, "length": o.length, "text": o.text}
                              for o in t.observations]}
 

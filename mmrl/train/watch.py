@@ -11,7 +11,8 @@ each warned about once, on the progress display and in warnings.txt, with what t
 `Watchers` runs the first three on every RL step's metrics (loop.Trainer._metrics, before they
 are averaged over ranks); run.py feeds SampledVsGreedy, which needs the greedy score before RL.
 A watcher only reads metrics: the parts report facts (Scorer: `adv/all_zero`, rollout_metrics:
-`groups/zero_std_frac`, `completion/cut_after_answer_frac`), the watchers judge them.
+`groups/zero_std_frac`, `groups/solved_frac`, `completion/cut_after_answer_frac`), the
+watchers judge them.
 """
 from __future__ import annotations
 
@@ -106,27 +107,46 @@ class CutWatch:
 
 class SignalWatch:
     """Groups whose completions all scored alike give GRPO no advantage. Warns when the mean
-    share of such groups (`groups/zero_std_frac`) over SIGNAL_STEPS steps reaches SIGNAL_FRAC:
+    share of such groups that are not solved, over SIGNAL_STEPS steps, reaches SIGNAL_FRAC:
     little signal left (on the learning table, classification seed 3 sat at 73% late in RL and
-    rose 0.09); and when every advantage was 0 for SILENT_STEPS steps in a row (`adv/all_zero`):
-    no update changes the model."""
+    rose 0.09); and when every advantage was 0 for SILENT_STEPS steps in a row (`adv/all_zero`)
+    while not every group was solved: no update changes the model.
+
+    Solved: every completion scored the best score the run has seen, once the run has seen
+    scores differ (`groups/solved_frac` counts groups alike at the step's best; they count when
+    that best is the run's). Groups alike because every completion is right are prompts the run
+    has learned, not a problem (the quickstart ends so); a run that never saw two scores differ
+    (all wrong from the start) has solved nothing."""
 
     def __init__(self, algo: AlgoConfig):
         self.algo = algo
         self.window, self.little, self.flat = Window(SIGNAL_STEPS), False, Streak(SILENT_STEPS)
+        self.best = self.worst = None
+
+    def solved(self, metrics: dict) -> float:
+        top, low = metrics.get("reward/total_max"), metrics.get("reward/total_min")
+        if top is None or low is None:
+            return 0.0
+        self.best = top if self.best is None else max(self.best, top)
+        self.worst = low if self.worst is None else min(self.worst, low)
+        seen_differ, at_best = self.best - self.worst > 1e-6, top >= self.best - 1e-6
+        return metrics.get("groups/solved_frac", 0.0) if seen_differ and at_best else 0.0
 
     def __call__(self, metrics: dict, warn: Warn) -> None:
-        if self.flat.update(bool(metrics.get("adv/all_zero", 0.0))):
+        solved = self.solved(metrics)
+        stuck = bool(metrics.get("adv/all_zero", 0.0)) and solved < 1.0 - 1e-6
+        if self.flat.update(stuck):
             warn(f"every advantage was 0 for {self.flat.run} steps in a row, so no step changed "
                  f"the model: {self._flat_hint()}")
             return
         share = metrics.get("groups/zero_std_frac")
-        mean = None if share is None else self.window.add(share)
+        mean = None if share is None else self.window.add(share - solved)
         if mean is None or mean < SIGNAL_FRAC or self.little or self.flat.fired:
             return
         self.little = True
-        warn(f"little signal left: in {mean:.0%} of groups every completion scored the same "
-             f"(groups/zero_std_frac, mean of the last {SIGNAL_STEPS} steps), so those groups "
+        warn(f"little signal left: in {mean:.0%} of groups every completion scored the same, "
+             f"below the best score of the run (groups/zero_std_frac - groups/solved_frac, mean "
+             f"of the last {SIGNAL_STEPS} steps), so those groups "
              f"teach nothing. If the held-out metric has stopped rising short of where it "
              f"should be: sample more varied groups (rollout.num_generations, "
              f"rollout.temperature), keep only groups with signal (algo.dynamic_sampling=true), "

@@ -258,3 +258,12 @@ def test_video_frames_are_sampled_across_the_clip(runs):
     assert times == pytest.approx([(i + 0.5) / 3 for i in range(6)])
     reds = [np.asarray(f)[..., 0].mean() for f in frames]
     assert all(b > a + 10 for a, b in zip(reds, reds[1:]))
+
+
+def test_the_demo_tool_trajectory_is_drawn_turn_by_turn(html_a):
+    # its pictures are checked pixel by pixel in test_report_turns.py; here: all drawn, no gaps
+    step = html_a.split('id="run0-step-1"')[1].split("</details>")[0]
+    group = step.split("sample search-0")[1]
+    for cls in ("tool-crop-box", "tool-crop", "tool-frames", "tool-clip"):
+        assert len(_imgs(group, cls)) == 1, cls
+    assert "error (bad_span): span 0.8..1.4 s" in group and 'class="missing"' not in group

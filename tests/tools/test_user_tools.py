@@ -49,6 +49,12 @@ def bare_frames():
 
 def sees(context):
     return f"sample {context.sample.id}"
+
+def looks(start: float):
+    from mmrl.tools.base import looked_at
+    looked_at("audio", "/data/a.wav", span=np.array([start, start + 1], np.float32),
+              duration=np.float32(9))
+    return "heard"
 '''
 
 
@@ -60,7 +66,8 @@ def box(tmp_path_factory):
 
     sys.path.insert(0, str(root))
     try:
-        names = ["describe", "picture", "clip", "tone", "boom", "slow", "bare_frames", "sees"]
+        names = ["describe", "picture", "clip", "tone", "boom", "slow", "bare_frames", "sees",
+                 "looks"]
         tools = [load_tool(f"my_tools:{n}", {"suffix": "?"} if n == "describe" else None)
                  for n in names]
         yield Toolbox([load_tool("crop"), *tools], timeout_s=0.5, workers=4)
@@ -178,3 +185,16 @@ def test_results_the_processor_would_refuse_are_bad_results():
         with pytest.raises(TypeError, match=message):
             as_items(value)
     assert as_items(Image.new("L", (4, 4)))[0].mode == "RGB"
+
+
+def test_a_call_records_what_it_read_and_its_error_message(box):
+    from mmrl.tools.base import looked_at
+
+    looks, boom = run(box, ToolCall("looks", {"start": 0.5}), ToolCall("boom", {}))
+    note = {"media": "audio", "path": "/data/a.wav", "span": [0.5, 1.5], "duration": 9.0}
+    assert looks.seen == [note]  # numpy values as plain numbers: rollouts.jsonl takes them
+    assert looks.record(ToolCall("looks", {"start": 0.5}), 2) == ToolCallRecord(
+        "looks", {"start": 0.5}, 2, seconds=looks.seconds, seen=[note])
+    failed = boom.record(ToolCall("boom", {}), 0)
+    assert failed.error == "exception" and "disk on fire" in failed.message and not failed.seen
+    looked_at("image", "x.png", box=[0, 0, 1, 1])  # outside a call: nothing to record, no error

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mmrl import config
+from mmrl import algos, config
 from mmrl.train.rollout_utils import cut_after_answer_frac, rollout_metrics
 from mmrl.train.watch import (CUT_FRAC, CUT_RISE, CUT_STEPS, SIGNAL_FRAC, SIGNAL_STEPS,
                               SILENT_STEPS, CutWatch, SignalWatch, SilentRewards)
@@ -73,6 +73,8 @@ def test_rollout_metrics_report_the_cut_after_answer_share_and_zero_std_groups()
     m = rollout_metrics(sb, [])
     assert m["completion/cut_after_answer_frac"] == 0.25 and m["completion/truncated_frac"] == 0.25
     assert m["groups/zero_std_frac"] == 0.5
+    assert m["groups/solved_frac"] == 0.0  # group 1 scored alike at 0, below the best (1.1)
+    assert (m["reward/total_max"], m["reward/total_min"]) == (1.100000023841858, 0.0)
 
 
 def _algo(*overrides) -> config.AlgoConfig:
@@ -92,6 +94,38 @@ def test_little_signal_left_warns_once_on_the_window_mean_with_the_share():
     assert "groups/zero_std_frac" in said[0] and "algo.dynamic_sampling=true" in said[0]
     below = [{"groups/zero_std_frac": SIGNAL_FRAC - 0.01}] * (3 * SIGNAL_STEPS)
     assert _feed(SignalWatch(_algo()), below) == []
+
+
+def test_groups_alike_because_every_completion_is_right_are_not_little_signal():
+    # The quickstart at the end of RL: held-out accuracy 1.00, most groups all right.
+    s = torch.tensor([1.1, 1.1, 1.1, 1.1, 0.1, 1.1, 0.1, 0.1])
+    g = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    assert algos.frac_zero_std_groups(s, g) == 0.75 and algos.frac_solved_groups(s, g) == 0.5
+    early = [{"groups/zero_std_frac": 0.2, "groups/solved_frac": 0.0, "reward/total_max": 1.1,
+              "reward/total_min": 0.0}] * 5  # the run has seen scores differ, up to 1.1
+    solved = [{"groups/zero_std_frac": 0.9, "groups/solved_frac": 0.85, "reward/total_max": 1.1,
+               "reward/total_min": 0.1}] * (3 * SIGNAL_STEPS)
+    done = [{"groups/zero_std_frac": 1.0, "groups/solved_frac": 1.0, "adv/all_zero": 1.0,
+             "reward/total_max": 1.1, "reward/total_min": 1.1}] * (3 * SILENT_STEPS)
+    assert _feed(SignalWatch(_algo()), early + solved + done) == []
+    stuck = [{"groups/zero_std_frac": 0.9, "groups/solved_frac": 0.1, "reward/total_max": 1.1,
+              "reward/total_min": 0.0}] * SIGNAL_STEPS
+    said = _feed(SignalWatch(_algo()), stuck)
+    assert len(said) == 1 and "in 80% of groups every completion scored the same, below" in said[0]
+
+
+def test_a_run_that_never_saw_two_scores_differ_has_solved_nothing():
+    # Every completion scored 0 from the first step: alike "at the step's best", but not solved.
+    wrong = [{"groups/zero_std_frac": 1.0, "groups/solved_frac": 1.0, "adv/all_zero": 1.0,
+              "reward/total_max": 0.0, "reward/total_min": 0.0}] * SILENT_STEPS
+    said = _feed(SignalWatch(_algo()), wrong)
+    assert len(said) == 1 and "every advantage was 0 for 10 steps" in said[0]
+    # Alike at a step's best that is below the run's best (the policy got worse): not solved.
+    worse = [{"groups/zero_std_frac": 0.9, "groups/solved_frac": 0.9, "reward/total_max": 0.1,
+              "reward/total_min": 0.1}] * SIGNAL_STEPS
+    watch = SignalWatch(_algo())
+    _feed(watch, [{"reward/total_max": 1.1, "reward/total_min": 0.0}])
+    assert len(_feed(watch, worse)) == 1
 
 
 def test_every_advantage_zero_warns_once_and_the_little_signal_warning_stays_quiet():
