@@ -9,8 +9,8 @@ frames), in the shared-prefix layout on the varlen kernel (what flash_attention_
   one video of 16 / 64 / 256 frames) in one process (SP=1) and in two gloo processes under
   torchrun (SP=2); one thread per process, each measured in fresh processes: the peak growth
   of tensor memory (the larger rank's; the profiler's allocation record) and the median time.
-2 micro-batches: the update phase through the trainer's own Policy and Learner (old logprobs,
-  then `Learner.update`: loss, backward, the optimizer step at lr 0) of a mixed batch
+2 micro-batches: the update phase through the trainer (`Trainer.learn`: advantages, old
+  logprobs, two update iterations, the optimizer steps at lr 1e-30) of a mixed batch
   (images, short and long videos) with row-count micro-batches of G rows (one whole group each,
   the best a row count can do) and of G/2 rows (what a tighter memory allows), each against
   token-budget ones whose budget is the largest row-count micro-batch, so no token-budget
@@ -39,7 +39,7 @@ from mmrl.bench.common import PeakAllocated, interleaved, random_completions
 from mmrl.models import get_adapter, prefix_attention
 from mmrl.models.encoder_cache import EncoderCache
 from mmrl.models.shared_prefix import shared_prefix_logprobs, token_budget_micro_batches
-from mmrl.types import RolloutBatch, Sample, ScoredBatch
+from mmrl.types import RolloutBatch, Sample
 
 TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2)
@@ -157,41 +157,34 @@ def bench_sp(frames=(16, 64, 256), *, group: int = 4, completion: int = 32, tria
 
 # ----------------------------------------------------------------------------- 2: micro-batches -
 
-def trainer_parts(group: int, run_dir: str):
-    """The trainer's own Policy and Learner (what `mmrl train` builds) on the bench's model, one
-    process: the update below is `Learner.update`, micro-batch plan included. Learning rate 0:
-    every trial starts from the same weights."""
+def trainer(group: int, run_dir: str):
+    """The trainer `mmrl train` builds, on the bench's model, one process: the update below is
+    its `learn` stage (advantages, old logprobs, the Learner's update over the Policy's
+    micro-batch plan). num_iterations = 2, so old logprobs are taken as GRPO with mu = 2 does;
+    lr 1e-30 leaves the float32 weights as they are, so every trial starts alike."""
     from mmrl import config
-    from mmrl.train import dist, parallel
-    from mmrl.train.learner import Learner
-    from mmrl.train.policy import Policy
+    from mmrl.train.loop import Trainer
 
-    tiny = ", ".join(f"{k}: {v}" for k, v in TINY.items())  # data.train: unread, the rollout is built here
-    cfg = config.load(None, ["data.train=unused", "model.family=qwen2_5_vl",
-                             "model.path=tiny", f"model.tiny={{{tiny}}}",
-                             f"model.attn_implementation={prefix_attention.NAME}",
-                             f"rollout.num_generations={group}", "algo.agg=token_mean",
-                             "train.max_grad_norm=0", f"log.run_dir={run_dir}"])
-    info = dist.DistInfo()
-    strategy = parallel.make(cfg, info)
-    policy = Policy(cfg, info, strategy, get_adapter("qwen2_5_vl"))
-    learner = Learner(cfg, info, strategy, policy)
-    policy.choose_layout(True)
-    learner.scheduler.base_lrs = [0.0] * len(learner.optimizer.param_groups)
-    for g in learner.optimizer.param_groups:
-        g["lr"] = 0.0
-    return policy, learner
+    tiny = ", ".join(f"{k}: {v}" for k, v in TINY.items())
+    cfg = config.load(None, [
+        f"data.train={run_dir}/data/train.jsonl", "data.generate=counting",  # unread: a dataset
+        "data.generate_kwargs={n_train: 4, n_eval: 1}", "model.family=qwen2_5_vl",
+        "model.path=tiny", f"model.tiny={{{tiny}}}", f"model.attn_implementation={prefix_attention.NAME}",
+        f"rollout.num_generations={group}", "rewards=[{name: accuracy}]", "algo.agg=token_mean",
+        "algo.num_iterations=2", "train.lr=1e-30", "train.max_grad_norm=0", "log.progress=off",
+        "log.tensorboard=false", "log.rollouts_every=0", f"log.run_dir={run_dir}/run"])
+    return Trainer(cfg)
 
 
 class MixedBatch:
     """Images, short and long videos, G completions each (rows group-major), as a rollout."""
 
-    def __init__(self, policy, learner, *, group: int, completion: int, seed: int = 0):
+    def __init__(self, trainer, *, group: int, completion: int, seed: int = 0):
         specs = [dict(image=56), dict(image=84), dict(image=56), dict(image=112),
                  dict(frames=8), dict(frames=8), dict(frames=64), dict(frames=64)]
-        adapter, processor = policy.adapter, policy.processor
-        prompts = [media_prompt(adapter, processor, seed + i, **s) for i, s in enumerate(specs)]
-        self.policy, self.learner, self.group = policy, learner, group
+        self.trainer, self.policy, self.group = trainer, trainer.policy, group
+        policy = trainer.policy
+        prompts = [media_prompt(policy.adapter, policy.processor, seed + i, **s) for i, s in enumerate(specs)]
         self.rows = [p for p in prompts for _ in range(group)]
         n = len(self.rows)
         ids, self.mask = random_completions(n, completion, policy.pad_id, seed=seed, uneven=True)
@@ -219,20 +212,22 @@ class MixedBatch:
         return sum(prompts.values()) + int(self.mask[rows].sum())
 
     def update(self, plan: dict) -> float:
-        """The update phase of a step: old logprobs, then `Learner.update` -> the loss."""
+        """The update phase of a step (`Trainer.learn`) -> the loss."""
         self.use(plan)
-        sb = ScoredBatch(rollout=self.batch, scores=self.adv, per_reward={}, advantages=self.adv)
-        sb.old_logp = self.policy.logprobs(self.batch)
-        return self.learner.update(sb, 0)["loss/loss"]
+        return self.trainer.learn(self.batch, self.adv, {"accuracy": self.adv.tolist()})["loss/loss"]
 
 
 def bench_micro_batches(*, group: int = 8, completion: int = 32, trials: int = 5, log=print) -> dict:
     """Per row count (a whole group; half a group, what a tighter memory allows): both plans'
-    update time through the trainer's Policy and Learner, interleaved, and their forwards and
+    update time through the trainer's learn stage, interleaved, and their forwards and
     largest forward."""
     with tempfile.TemporaryDirectory() as run_dir:
-        case = MixedBatch(*trainer_parts(group, run_dir), group=group, completion=completion)
-        return _micro_batch_cells(case, group, completion, trials, log)
+        t = trainer(group, run_dir)
+        try:
+            return _micro_batch_cells(MixedBatch(t, group=group, completion=completion), group,
+                                      completion, trials, log)
+        finally:
+            t.close()
 
 
 def _micro_batch_cells(case: MixedBatch, group: int, completion: int, trials: int, log) -> dict:
@@ -369,8 +364,8 @@ def long_tables(r: dict) -> list[str]:
                      f"{row['sp1']['median_s']:.2f} | {row['sp2']['median_s']:.2f} | {row['speedup']:.2f}x |")
     lines += ["", f"**Micro-batches** on a mixed batch (prompts of {mb['prompt_tokens']} tokens, "
                   f"G = {mb['group']}, completions up to {mb['completion']} tokens): the update phase "
-                  f"through the trainer's Policy and Learner (old logprobs, then `Learner.update`: "
-                  f"loss, backward, optimizer step at lr 0); the token budget is the largest row-count "
+                  f"through the trainer (`Trainer.learn`: advantages, old logprobs, two update "
+                  f"iterations of loss, backward and an optimizer step at lr 1e-30); the token budget is the largest row-count "
                   f"micro-batch, so both hold as much at most. Median of {mb['trials']} "
                   f"interleaved trials.", "",
               "| row count | micro-batches | forwards | largest forward (tokens) | median s | min s "
