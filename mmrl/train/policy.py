@@ -108,9 +108,10 @@ class Policy:
 
     def micro_batches(self, batch: RolloutBatch) -> list[list[int]]:
         """The rows of each forward: `train.micro_batch_size` rows, or as many rows (groups under
-        the shared-prefix layout) as fit `train.max_tokens_per_micro_batch` tokens. Every rank
-        gets as many (a ZeRO-3 / FSDP2 forward is a collective): a rank that needs fewer ends
-        with empty ones, which `forward` runs on row 0 for the caller to weight 0."""
+        the shared-prefix layout) as fit `train.max_tokens_per_micro_batch` tokens. Under
+        ZeRO-2/3 and FSDP2 (a forward and backward are collectives) every rank gets as many: a
+        rank that needs fewer ends with empty ones, which `forward` runs on row 0 for the caller
+        to weight 0. DDP's one all-reduce per step needs no such agreement."""
         n = batch.n
         if self.max_tokens is None:
             mb = self.micro_batch_size
@@ -122,6 +123,8 @@ class Policy:
                 shared_prefix=self.shared_prefix, padded=not uses_varlen(self.model),
                 min_batches=least)
         chunks = plan()
+        if not self.strategy.every_module:
+            return chunks
         count = dist.all_max(len(chunks), self.info)
         if count > len(chunks):
             chunks = plan(count)
