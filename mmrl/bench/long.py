@@ -38,7 +38,7 @@ from mmrl import algos
 from mmrl.bench.common import PeakAllocated, interleaved, random_completions
 from mmrl.models import get_adapter, prefix_attention
 from mmrl.models.encoder_cache import EncoderCache
-from mmrl.models.shared_prefix import shared_prefix_logprobs, token_budget_micro_batches
+from mmrl.models.shared_prefix import shared_prefix_logprobs
 from mmrl.types import RolloutBatch, Sample
 
 TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
@@ -184,7 +184,8 @@ class MixedBatch:
                  dict(frames=8), dict(frames=8), dict(frames=64), dict(frames=64)]
         self.trainer, self.policy, self.group = trainer, trainer.policy, group
         policy = trainer.policy
-        prompts = [media_prompt(policy.adapter, policy.processor, seed + i, **s) for i, s in enumerate(specs)]
+        prompts = [media_prompt(policy.adapter, policy.processor, seed + i, **s)
+                   for i, s in enumerate(specs)]
         self.rows = [p for p in prompts for _ in range(group)]
         n = len(self.rows)
         ids, self.mask = random_completions(n, completion, policy.pad_id, seed=seed, uneven=True)
