@@ -110,11 +110,11 @@ def _gap(greedy, per_step, **kw):
 
 
 def test_sampled_far_below_greedy_warns_once_with_both_numbers():
-    # the asr row at temperature 1: greedy 0.40 before RL, samples about 0.08
-    said = _gap(0.40, [0.05, 0.11] * 5 + [0.0] * 20)
+    # the asr row at temperature 1: greedy 0.40 before RL, samples about 0.08, and staying there
+    said = _gap(0.40, [0.05, 0.11] * 5 + [0.0] * 10 + [0.02] * 10 + [0.0] * 20)
     assert len(said) == 1
-    assert "score 0.08 on wer over the first 10 steps" in said[0]
-    assert "scored 0.40 before RL" in said[0] and "rollout.temperature" in said[0]
+    assert "score 0.08 on wer over the first 10 steps and 0.02 over steps 21-30" in said[0]
+    assert "scored 0.40 before RL" in said[0] and "rollout.temperature (e.g. 0.5)" in said[0]
 
 
 @pytest.mark.parametrize("greedy, sampled", [
@@ -124,12 +124,20 @@ def test_sampled_far_below_greedy_warns_once_with_both_numbers():
     (None, 0.0), (float("nan"), 0.0),  # no eval before RL, or a resumed run
 ])
 def test_sampled_near_greedy_or_no_greedy_says_nothing(greedy, sampled):
-    assert _gap(greedy, [sampled] * 10) == []
+    assert _gap(greedy, [sampled] * 30) == []
+
+
+def test_samples_that_start_low_and_catch_up_say_nothing():
+    # The quickstart at temperature 0.5, seed 1: greedy 0.70 before RL; the samples' means over
+    # steps 1-10, 11-20, 21-30 were 0.29, 0.40, 0.53, and greedy ended at 1.00.
+    assert _gap(0.70, [0.29] * 10 + [0.40] * 10 + [0.53] * 10) == []
+    said = _gap(0.70, [0.29] * 10 + [0.40] * 10 + [0.30] * 10, steps=10)
+    assert len(said) == 1 and "over steps 21-30" in said[0]
 
 
 def test_sampled_vs_greedy_waits_for_its_steps_and_ignores_other_rewards():
-    assert _gap(0.9, [0.0] * 9) == []
-    assert _gap(0.9, [0.0] * 10, steps=10) != []
+    assert _gap(0.9, [0.0] * 29) == []
+    assert _gap(0.9, [0.0] * 30, steps=10) != []
     from mmrl.train.watch import SampledVsGreedy
     said = []
     g = SampledVsGreedy("count", 0.9, 1.0, said.append)
