@@ -1,6 +1,7 @@
 """The option and reward reference, generated from the code, so each is documented once.
 
-Every config key with its type, default and the comment written beside it in mmrl/config.py;
+Every config key with its type, default and the comment written beside it in mmrl/config.py
+(mmrl/config_algo.py for `algo`);
 every registered reward with its score range, parameters and docstring (rewards/). The pages
 docs/configuration.md and docs/rewards.md hold these tables between two markers; the prose
 around them is written by hand and kept.
@@ -98,10 +99,10 @@ def _dataclass_of(annotation: str) -> type | None:
 
 def options_markdown() -> str:
     """One table per config section: key, type (legal values), default, and what it does."""
-    source = Path(config.__file__).read_text()
-    tree = ast.parse(source)
     lines = []
     for prefix, cls in _sections(config.RunConfig, ""):
+        source = Path(sys.modules[cls.__module__].__file__).read_text()  # config.py, config_algo.py
+        tree = ast.parse(source)
         shown = f"{prefix}[]" if prefix == "rewards" else prefix
         lines += ["", f"### `{shown}`", ""]
         doc = inspect.getdoc(cls)

@@ -9,7 +9,8 @@ frames), in the shared-prefix layout on the varlen kernel (what flash_attention_
   one video of 16 / 64 / 256 frames) in one process (SP=1) and in two gloo processes under
   torchrun (SP=2); one thread per process, each measured in fresh processes: the peak growth
   of tensor memory (the larger rank's; the profiler's allocation record) and the median time.
-2 micro-batches: the update phase (old logprobs, then loss + backward) of a mixed batch
+2 micro-batches: the update phase through the trainer (`Trainer.learn`: advantages, old
+  logprobs, two update iterations, the optimizer steps at lr 1e-30) of a mixed batch
   (images, short and long videos) with row-count micro-batches of G rows (one whole group each,
   the best a row count can do) and of G/2 rows (what a tighter memory allows), each against
   token-budget ones whose budget is the largest row-count micro-batch, so no token-budget
@@ -37,8 +38,8 @@ from mmrl import algos
 from mmrl.bench.common import PeakAllocated, interleaved, random_completions
 from mmrl.models import get_adapter, prefix_attention
 from mmrl.models.encoder_cache import EncoderCache
-from mmrl.models.shared_prefix import shared_prefix_logprobs, token_budget_micro_batches
-from mmrl.types import Sample
+from mmrl.models.shared_prefix import shared_prefix_logprobs
+from mmrl.types import RolloutBatch, Sample
 
 TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2)
@@ -156,63 +157,81 @@ def bench_sp(frames=(16, 64, 256), *, group: int = 4, completion: int = 32, tria
 
 # ----------------------------------------------------------------------------- 2: micro-batches -
 
-class MixedBatch:
-    """Images, short and long videos, G completions each (rows group-major)."""
+def trainer(group: int, run_dir: str):
+    """The trainer `mmrl train` builds, on the bench's model, one process: the update below is
+    its `learn` stage (advantages, old logprobs, the Learner's update over the Policy's
+    micro-batch plan). num_iterations = 2, so old logprobs are taken as GRPO with mu = 2 does;
+    lr 1e-30 leaves the float32 weights as they are, so every trial starts alike."""
+    from mmrl import config
+    from mmrl.train.loop import Trainer
 
-    def __init__(self, adapter, model, processor, *, group: int, completion: int, seed: int = 0):
+    tiny = ", ".join(f"{k}: {v}" for k, v in TINY.items())
+    cfg = config.load(None, [
+        f"data.train={run_dir}/data/train.jsonl", "data.generate=counting",  # unread: a dataset
+        "data.generate_kwargs={n_train: 4, n_eval: 1}", "model.family=qwen2_5_vl",
+        "model.path=tiny", f"model.tiny={{{tiny}}}", f"model.attn_implementation={prefix_attention.NAME}",
+        f"rollout.num_generations={group}", "rewards=[{name: accuracy}]", "algo.agg=token_mean",
+        "algo.num_iterations=2", "train.lr=1e-30", "train.max_grad_norm=0", "log.progress=off",
+        "log.tensorboard=false", "log.rollouts_every=0", f"log.run_dir={run_dir}/run"])
+    return Trainer(cfg)
+
+
+class MixedBatch:
+    """Images, short and long videos, G completions each (rows group-major), as a rollout."""
+
+    def __init__(self, trainer, *, group: int, completion: int, seed: int = 0):
         specs = [dict(image=56), dict(image=84), dict(image=56), dict(image=112),
                  dict(frames=8), dict(frames=8), dict(frames=64), dict(frames=64)]
-        prompts = [media_prompt(adapter, processor, seed + i, **s) for i, s in enumerate(specs)]
-        self.model, self.group = model, group
+        self.trainer, self.policy, self.group = trainer, trainer.policy, group
+        policy = trainer.policy
+        prompts = [media_prompt(policy.adapter, policy.processor, seed + i, **s)
+                   for i, s in enumerate(specs)]
         self.rows = [p for p in prompts for _ in range(group)]
-        self.pad = processor.tokenizer.pad_token_id
-        self.ids, self.mask = random_completions(len(self.rows), completion, self.pad, seed=seed,
-                                                 uneven=True)
-        self.adv = torch.randn(len(self.rows), generator=torch.Generator().manual_seed(seed))
+        n = len(self.rows)
+        ids, self.mask = random_completions(n, completion, policy.pad_id, seed=seed, uneven=True)
+        self.batch = RolloutBatch(prompts=self.rows, completion_ids=ids, completion_mask=self.mask,
+                                  group_ids=torch.arange(n) // group, sampler_logp=None,
+                                  texts=[""] * n, truncated=torch.zeros(n, dtype=torch.bool))
+        self.adv = torch.randn(n, generator=torch.Generator().manual_seed(seed))
 
-    def plans(self, rows_per_batch: int) -> dict[str, list[list[int]]]:
-        """Row-count micro-batches of `rows_per_batch` rows, and token-budget ones whose budget
-        is the largest row-count micro-batch (the memory the row count needs anyway)."""
+    def plans(self, rows_per_batch: int) -> dict[str, dict]:
+        """The Policy's settings for row-count micro-batches of `rows_per_batch` rows, and for
+        token-budget ones whose budget is the largest row-count micro-batch (the memory the row
+        count needs anyway)."""
         n = len(self.rows)
         by_rows = [list(range(i, min(n, i + rows_per_batch))) for i in range(0, n, rows_per_batch)]
-        budget = max(self.tokens(b) for b in by_rows)
-        return {"rows": by_rows,
-                "tokens": token_budget_micro_batches(self.rows, self.mask, budget, padded=False)}
+        return {"rows": {"micro_batch_size": rows_per_batch, "max_tokens": None},
+                "tokens": {"micro_batch_size": rows_per_batch,
+                           "max_tokens": max(self.tokens(b) for b in by_rows)}}
+
+    def use(self, plan: dict) -> list[list[int]]:
+        self.policy.micro_batch_size, self.policy.max_tokens = plan["micro_batch_size"], plan["max_tokens"]
+        return self.policy.micro_batches(self.batch)
 
     def tokens(self, rows: list[int]) -> int:
         prompts = {id(self.rows[i]): self.rows[i].input_ids.shape[0] for i in rows}
         return sum(prompts.values()) + int(self.mask[rows].sum())
 
-    def forward(self, rows):
-        width = int(self.mask[rows].sum(1).max())
-        ids, mask = self.ids[rows, :width], self.mask[rows, :width]
-        return shared_prefix_logprobs(self.model, [self.rows[i] for i in rows], ids, mask,
-                                      pad_id=self.pad), width
-
-    def update(self, batches) -> float:
-        old = torch.zeros(self.ids.shape)
-        self.model.eval()
-        with torch.no_grad():
-            for rows in batches:
-                logp, width = self.forward(rows)
-                old[rows, :width] = logp
-        fmask = self.mask.float()
-        normalizer = algos.loss_normalizer(fmask, "token_mean")
-        self.model.train()
-        self.model.zero_grad(set_to_none=True)
-        total = 0.0
-        for rows in batches:
-            logp, width = self.forward(rows)
-            loss = _loss(logp, old[rows, :width] - 0.01, self.adv[rows], fmask[rows, :width], normalizer)
-            loss.backward()
-            total += float(loss.detach())
-        return total
+    def update(self, plan: dict) -> float:
+        """The update phase of a step (`Trainer.learn`) -> the loss."""
+        self.use(plan)
+        return self.trainer.learn(self.batch, self.adv, {"accuracy": self.adv.tolist()})["loss/loss"]
 
 
 def bench_micro_batches(*, group: int = 8, completion: int = 32, trials: int = 5, log=print) -> dict:
     """Per row count (a whole group; half a group, what a tighter memory allows): both plans'
-    update time, interleaved, and their forwards and largest forward."""
-    case = MixedBatch(*model_and_processor(), group=group, completion=completion)
+    update time through the trainer's learn stage, interleaved, and their forwards and
+    largest forward."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        t = trainer(group, run_dir)
+        try:
+            return _micro_batch_cells(MixedBatch(t, group=group, completion=completion), group,
+                                      completion, trials, log)
+        finally:
+            t.close()
+
+
+def _micro_batch_cells(case: MixedBatch, group: int, completion: int, trials: int, log) -> dict:
     cells = []
     for rows_per_batch in (group, group // 2):
         plans = case.plans(rows_per_batch)
@@ -225,14 +244,19 @@ def bench_micro_batches(*, group: int = 8, completion: int = 32, trials: int = 5
 
         timings = interleaved({by: runner(by) for by in plans}, trials)
         cell = {"rows_per_batch": rows_per_batch,
-                "speedup": timings["rows"].median / timings["tokens"].median}
+                "speedup": timings["rows"].median / timings["tokens"].median,
+                # CPU time of this process: what a loaded machine's wall clock hides
+                "cpu_speedup": (timings["rows"].as_dict()["median_cpu_s"]
+                                / timings["tokens"].as_dict()["median_cpu_s"])}
         for by, plan in plans.items():
-            cell[by] = {**timings[by].as_dict(), "forwards": len(plan), "loss": losses[by],
-                        "largest_forward_tokens": max(case.tokens(b) for b in plan)}
+            cut = case.use(plan)
+            cell[by] = {**timings[by].as_dict(), "forwards": len(cut), "loss": losses[by],
+                        "largest_forward_tokens": max(case.tokens(b) for b in cut)}
         cells.append(cell)
-        log(f"  {rows_per_batch} rows: {len(plans['rows'])} forwards {timings['rows'].median:.2f} s;"
-            f" token budget {cell['tokens']['largest_forward_tokens']}: {len(plans['tokens'])} "
-            f"forwards {timings['tokens'].median:.2f} s: x{cell['speedup']:.2f}")
+        log(f"  {rows_per_batch} rows: {cell['rows']['forwards']} forwards "
+            f"{timings['rows'].median:.2f} s; token budget {cell['tokens']['largest_forward_tokens']}: "
+            f"{cell['tokens']['forwards']} forwards {timings['tokens'].median:.2f} s: "
+            f"x{cell['speedup']:.2f}")
     return {"group": group, "completion": completion, "trials": trials, "cells": cells,
             "prompt_tokens": sorted({int(p.input_ids.shape[0]) for p in case.rows})}
 
@@ -340,18 +364,20 @@ def long_tables(r: dict) -> list[str]:
                      f"{row['sp2']['peak_mb']:.0f} | {row['memory_ratio']:.2f} | "
                      f"{row['sp1']['median_s']:.2f} | {row['sp2']['median_s']:.2f} | {row['speedup']:.2f}x |")
     lines += ["", f"**Micro-batches** on a mixed batch (prompts of {mb['prompt_tokens']} tokens, "
-                  f"G = {mb['group']}, completions up to {mb['completion']} tokens): update phase "
-                  f"(old logprobs, loss, backward); the token budget is the largest row-count "
+                  f"G = {mb['group']}, completions up to {mb['completion']} tokens): the update phase "
+                  f"through the trainer (`Trainer.learn`: advantages, old logprobs, two update "
+                  f"iterations of loss, backward and an optimizer step at lr 1e-30); the token budget is the largest row-count "
                   f"micro-batch, so both hold as much at most. Median of {mb['trials']} "
                   f"interleaved trials.", "",
               "| row count | micro-batches | forwards | largest forward (tokens) | median s | min s "
-              "| loss | speed-up |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
+              "| median CPU s | loss | speed-up (wall / CPU) |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for cell in mb["cells"]:
         for by, label in (("rows", "rows"), ("tokens", "token budget")):
             m = cell[by]
             lines.append(f"| {cell['rows_per_batch']} | {label} | {m['forwards']} | "
                          f"{m['largest_forward_tokens']} | {m['median_s']:.2f} | {m['min_s']:.2f} | "
-                         f"{m['loss']:.6f} | {'%.2fx' % cell['speedup'] if by == 'tokens' else ''} |")
+                         f"{m['median_cpu_s']:.2f} | {m['loss']:.6f} | "
+                         + (f"{cell['speedup']:.2f}x / {cell['cpu_speedup']:.2f}x |" if by == "tokens" else " |"))
     lines += ["", f"**Encoder cache**: a step with num_iterations = 2 and beta > 0 over {ec['prompts']} "
               f"prompts of {ec['frames']} frames, G = {ec['group']}, vision frozen "
               f"({ec['cache_reason']}); median of {ec['trials']} interleaved trials.", "",

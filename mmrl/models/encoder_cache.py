@@ -67,15 +67,21 @@ def media_order(prompts: Sequence[PromptFeatures], shared_prefix: bool) -> list[
 class EncoderCache:
     """Per-step store of frozen encoders' outputs; `serve` / `provider` put them to use."""
 
-    def __init__(self, model, enabled: bool = True):
+    def __init__(self, model, enabled: bool = True, off: str = "train.cache_frozen_encoders=false"):
+        """`enabled=False`: nothing is cached, for the reason `off`."""
         if enabled:
             self.kinds, why = cacheable_kinds(model)
         else:
-            self.kinds, why = [], ["off (train.cache_frozen_encoders=false)"]
+            self.kinds, why = [], [f"off ({off})"]
         towers = [t for t, kinds in TOWERS.items() if kinds[0] in self.kinds]
         done = f"{' and '.join(towers)} encoder output cached once per prompt per step" if towers else ""
         self.reason = "; ".join([done] * bool(done) + [f"not cached: {w}" for w in why])
         self.reason = self.reason or "no media encoder"
+        # The start-of-run line: which way this run's encoders go, then why.
+        training = any("trains" in w for w in why)
+        self.summary = "encoders: " + ("cached once per step (frozen)" if self.on else
+                                       "run in every forward" + " (they train)" * training)
+        self.summary += f" -- {self.reason}"
         self._store: dict[int, tuple[PromptFeatures, dict[str, torch.Tensor]]] = {}
         self.encoded = self.served = 0  # prompt-kinds encoded / served from the store
 

@@ -78,6 +78,14 @@ def all_sum(x: float | torch.Tensor, info: DistInfo) -> torch.Tensor:
     return t
 
 
+def all_max(x: int, info: DistInfo) -> int:
+    """The largest `x` over the ranks (every rank must call it)."""
+    t = torch.tensor(x, dtype=torch.long)
+    if info.enabled:
+        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX, group=info.group)
+    return int(t)
+
+
 def mean_metrics(metrics: dict[str, float], info: DistInfo) -> dict[str, float]:
     """Average scalar metrics over ranks (same keys on every rank, sorted for a stable order)."""
     if not info.enabled:

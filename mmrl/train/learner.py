@@ -59,7 +59,7 @@ class Learner:
         normalizer = float(dist.all_sum(local, self.info).clamp(min=1))
         sums: dict[str, float] = {}
         policy.model.train()
-        chunks = policy.micro_batches(batch.n)
+        chunks = policy.micro_batches(batch)
         generator = torch.Generator().manual_seed(self.seed * 100_003 + step)  # clip_cov
         gap = 0.0  # the rollout engine's logprobs against the trainer's, same weights
         stepped = True
@@ -67,8 +67,10 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
             it_loss = 0.0
             for i, rows in enumerate(chunks):
+                # An empty micro-batch (policy.micro_batches) runs row 0: weight 0, no metrics.
+                real, rows = bool(rows), rows or [0]
                 (logp, ent), width = policy.forward(batch, rows, entropy=True)
-                m = mask[rows, :width].to(logp.device)
+                m = mask[rows, :width].to(logp.device) * real
                 old = logp.detach() if sb.old_logp is None else sb.old_logp[rows, :width]
                 if it == 0 and batch.sampler_logp is not None:
                     gap = max(gap, _max_gap(old, batch.sampler_logp[rows, :width], m))
@@ -84,6 +86,8 @@ class Learner:
                     self.loss, normalizer=normalizer, generator=generator)
                 self.strategy.backward(loss, last=i == len(chunks) - 1)
                 it_loss += float(loss.detach())
+                if not real:
+                    continue
                 frac = len(rows) / batch.n  # metrics are micro-batch means: weight by rows
                 metrics = {**metrics, "loss": loss.detach() / frac,
                            "entropy": (ent * m).sum() / m.sum().clamp(min=1)}

@@ -159,6 +159,7 @@ class Trainer:
         ac, timer, extra, policy = self.cfg.algo, timer or StageTimer(), extra or {}, self.policy
         sb = ScoredBatch(rollout=batch, scores=scores, per_reward=per_reward, advantages=scores)
         with timer("logprob"):
+            policy.begin_step(batch)  # frozen encoders: once per prompt, here
             sb.old_logp = policy.old_logprobs(batch)
             sb.ref_logp = policy.reference_logprobs(batch)
         with timer("advantage"):

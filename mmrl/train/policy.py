@@ -19,7 +19,9 @@ import torch
 from mmrl.config import RunConfig
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.models import source
-from mmrl.models.shared_prefix import enable_shared_prefix, shared_prefix_logprobs
+from mmrl.models.encoder_cache import EncoderCache
+from mmrl.models.shared_prefix import (enable_shared_prefix, shared_prefix_logprobs,
+                                       token_budget_micro_batches, uses_varlen)
 from mmrl.models.towers import TowerToucher
 from mmrl.train import checkpoint, dist, lora
 from mmrl.types import RolloutBatch
@@ -35,7 +37,7 @@ class Policy:
     # What other files may read (tests/train/test_structure.py holds every file to it).
     PUBLIC = ("info", "adapter", "model", "processor", "peft", "device", "pad_id",
               "placeholder_ids", "reference", "to_save", "full_params", "attach", "choose_layout",
-              "micro_batches", "forward", "logprobs", "old_logprobs", "reference_logprobs",
+              "encoders", "begin_step", "micro_batches", "forward", "logprobs", "old_logprobs", "reference_logprobs",
               "fix_reference", "refresh_reference", "metrics")
 
     def __init__(self, cfg: RunConfig, info: dist.DistInfo, strategy: Strategy,
@@ -43,6 +45,7 @@ class Policy:
         """`weights`: a checkpoint to load the model from (resume), else model.path."""
         self.info, self.strategy, self.adapter = info, strategy, adapter
         self.algo, self.micro_batch_size = cfg.algo, max(1, cfg.train.micro_batch_size)
+        self.max_tokens = cfg.train.max_tokens_per_micro_batch  # None: cut by rows
         self.temperature = cfg.rollout.temperature
         strategy.before_model()
         self.model, self.processor, self.peft = build_model(cfg, adapter, weights)
@@ -56,6 +59,12 @@ class Policy:
         self.pad_id = self.processor.tokenizer.pad_token_id
         self.shared_prefix, self.pack_stats = False, {}  # decided by choose_layout
         self.reference = None  # the KL reference module (fix_reference); None under LoRA
+        # Frozen encoders' outputs, once per prompt per step (begin_step). Tool-use rows carry
+        # observation media the cache does not hold: there every forward encodes.
+        self.encoders = EncoderCache(self.model, cfg.train.cache_frozen_encoders and not cfg.tools.use,
+                                     off="tool-use rows carry observation media"
+                                     if cfg.tools.use else "train.cache_frozen_encoders=false")
+        self._cached_batch: RolloutBatch | None = None  # the batch the cache was filled for
         self._reference_dir = Path(cfg.run_dir) / "reference"
 
     def attach(self, module) -> None:
@@ -73,6 +82,7 @@ class Policy:
         self.pack_stats = {}  # pad_fraction of the last packed forward
         if self.info.main:
             print(why, flush=True)
+            print(self.encoders.summary, flush=True)
 
     def full_params(self, enabled: bool = True):
         """Inside: every weight whole on every rank (generation, weight sync, evaluation)."""
@@ -84,19 +94,60 @@ class Policy:
         return self.peft or self.model
 
     # ---------------------------------------------------------------- forwards -----------------
-    def micro_batches(self, n: int) -> list[list[int]]:
-        mb = self.micro_batch_size
-        return [list(range(i, min(n, i + mb))) for i in range(0, n, mb)]
+    def begin_step(self, batch: RolloutBatch) -> None:
+        """After the rollout: forget the last step's encoder outputs and encode `batch`'s media
+        for every frozen encoder now, each prompt once (ZeRO-3 / FSDP2: each rank calls each
+        encoder equally often, a dummy where a prompt lacks the kind); the step's forwards of
+        `batch` (old, reference, every update iteration) then take them from the cache."""
+        self.encoders.clear()
+        self._cached_batch = None
+        if self.encoders.on:
+            dummies = self.touch_towers.dummies if self.touch_towers else None
+            self.encoders.fill(self.model, batch.prompts, dummies)
+            self._cached_batch = batch
+
+    def micro_batches(self, batch: RolloutBatch) -> list[list[int]]:
+        """The rows of each forward: `train.micro_batch_size` rows, or as many rows (groups under
+        the shared-prefix layout) as fit `train.max_tokens_per_micro_batch` tokens. Under
+        ZeRO-2/3 and FSDP2 (a forward and backward are collectives) every rank gets as many: a
+        rank that needs fewer ends with empty ones, which `forward` runs on row 0 for the caller
+        to weight 0. DDP's one all-reduce per step needs no such agreement."""
+        n = batch.n
+        if self.max_tokens is None:
+            mb = self.micro_batch_size
+            return [list(range(i, min(n, i + mb))) for i in range(0, n, mb)]
+
+        def plan(least: int = 1) -> list[list[int]]:
+            return token_budget_micro_batches(
+                batch.prompts, batch.completion_mask, self.max_tokens,
+                shared_prefix=self.shared_prefix, padded=not uses_varlen(self.model),
+                min_batches=least)
+        chunks = plan()
+        if not self.strategy.every_module:
+            return chunks
+        count = dist.all_max(len(chunks), self.info)
+        if count > len(chunks):
+            chunks = plan(count)
+        return chunks + [[] for _ in range(count - len(chunks))]
 
     def forward(self, batch: RolloutBatch, rows: list[int], entropy: bool = False, module=None):
-        """-> (logp [rows, width] (, entropy)), width) for `rows` through the training module
-        (or `module`), trimmed to their longest completion; under ZeRO-2/3 / FSDP2 every
-        encoder runs, media present or not."""
+        """-> (logp [rows, width] (, entropy)), width) for `rows` (none: row 0, see
+        micro_batches) through the training module (or `module`), trimmed to their longest
+        completion; under ZeRO-2/3 / FSDP2 every encoder runs, media present or not."""
+        rows = rows or [0]
+        cached = batch is self._cached_batch
+        if self.touch_towers is not None:  # the cached kinds ran in begin_step, on every rank
+            self.touch_towers.skip = set(self.encoders.kinds) if cached else set()
         with self.touch_towers() if self.touch_towers else nullcontext():
-            return self._forward_rows(module or self.train_model, batch, rows, entropy)
+            return self._forward_rows(module or self.train_model, batch, rows, entropy, cached)
 
-    def _forward_rows(self, module, batch: RolloutBatch, rows: list[int], entropy: bool):
+    def _forward_rows(self, module, batch: RolloutBatch, rows: list[int], entropy: bool,
+                      cached: bool):
         sub = batch.select(rows)
+        with self.encoders.serve(module, sub.prompts, self.shared_prefix) if cached else nullcontext():
+            return self._logprobs_of(module, sub, entropy)
+
+    def _logprobs_of(self, module, sub: RolloutBatch, entropy: bool):
         width = int(sub.completion_mask.sum(1).max().clamp(min=1))  # drop all-pad columns
         ids, mask = sub.completion_ids[:, :width], sub.completion_mask[:, :width]
         # Tool-use rows: each observation's media after its prompt's, in token order; the values
@@ -123,9 +174,10 @@ class Policy:
         out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32)
         module = module or self.train_model
         module.eval()
-        for rows in self.micro_batches(batch.n):
+        for rows in self.micro_batches(batch):
             logp, width = self.forward(batch, rows, module=module)
-            out[rows, :width] = logp.float().cpu()
+            if rows:  # an empty micro-batch only keeps the ranks' forwards in step
+                out[rows, :width] = logp.float().cpu()
         return out
 
     def old_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:

@@ -46,15 +46,24 @@ def main(config_path: str, out_path: str) -> None:
         learner.optimizer.step = capture
     else:
         learner.strategy.step = capture_sharded
-    metrics = trainer.learn(batch.select(rows), scores[rows], {k: [v[i] for i in rows]
-                                                               for k, v in per.items()})
+    local = batch.select(rows)
+    needs, budget = [], cfg.train.max_tokens_per_micro_batch
+    if budget:  # the micro-batches each rank needs on its own, before the ranks agree on the most
+        from mmrl.models.shared_prefix import token_budget_micro_batches
+        needs = [None] * world
+        mine = len(token_budget_micro_batches(local.prompts, local.completion_mask, budget))
+        if trainer.info.enabled:
+            torch.distributed.all_gather_object(needs, mine)
+        else:
+            needs = [mine]
+    metrics = trainer.learn(local, scores[rows], {k: [v[i] for i in rows] for k, v in per.items()})
     if os.environ.get("MMRL_WORKER_SAVE") == "1":  # a checkpoint of this state, for consolidation
         trainer.save()
     names = {k for k, _ in learner.policy.model.named_parameters()}
     params = learner.strategy.full_state_dict(learner.policy.model)  # a collective when sharded
     if trainer.info.main:
         torch.save({"params": {k: v.detach().cpu() for k, v in params.items() if k in names},
-                    "grads": grads, "metrics": metrics, "strategy": learner.strategy.name},
+                    "grads": grads, "metrics": metrics, "strategy": learner.strategy.name, "needs": needs},
                    out_path)
 
 

@@ -44,7 +44,7 @@ def setup(tmp_path_factory, tiny_config, user_rewards) -> dict:
 
 
 def _config(where: Path, setup: dict, adv: str = "reinforce_pp", beta: float = 0.0,
-            model: str = "tiny") -> Path:
+            model: str = "tiny", **train) -> Path:
     # 4 prompts a step (2 a rank), 3 steps with a checkpoint at 2; no gradient clipping. A saved
     # model dir (`model`) carries its own processor budgets: model.tiny is read for "tiny" only.
     return setup["write"](where / "cfg.yaml", setup["data"], name="sharded",
@@ -52,7 +52,7 @@ def _config(where: Path, setup: dict, adv: str = "reinforce_pp", beta: float = 0
                           rollout={"prompts_per_step": 4},
                           algo={"advantage": adv, "beta": beta, "agg": "token_mean"},
                           train={"steps": 3, "save_every": 2, "micro_batch_size": 4,
-                                 "max_grad_norm": 0.0})
+                                 "max_grad_norm": 0.0, **train})
 
 
 def _launch(strategy: str, args: list[str], setup: dict, cwd: Path, extra_env=None):
@@ -76,13 +76,7 @@ def one_process(setup) -> dict:
     return torch.load(where / "one.pt")
 
 
-@pytest.mark.parametrize("strategy", ["zero1", "zero2", "zero2_offload", "zero3", "fsdp2"])
-def test_two_sharded_processes_match_one(strategy, setup, one_process, tmp_path):
-    # ZeRO-3 loads from a directory: from_pretrained partitions as it loads (zero.Init).
-    cfg = _config(tmp_path, setup, model=setup["model"] if strategy == "zero3" else "tiny")
-    _launch(strategy, [str(WORKER), str(cfg), str(tmp_path / "two.pt")], setup, tmp_path,
-            {"MMRL_WORKER_SAVE": "1"})
-    one, two = one_process, torch.load(tmp_path / "two.pt")
+def _assert_same_update(one: dict, two: dict, strategy: str) -> None:
     assert two["strategy"] == ("fsdp2" if strategy == "fsdp2" else "deepspeed")
     assert one["grads"].keys() == two["grads"].keys()
     assert any(k.startswith("model.visual") for k in two["grads"])
@@ -95,6 +89,16 @@ def test_two_sharded_processes_match_one(strategy, setup, one_process, tmp_path)
     # gradients moves a weight by a few % of lr = 1e-3; 5e-5 absolute.
     worst = max(float((one["params"][k] - two["params"][k]).abs().max()) for k in one["params"])
     assert worst < 5e-5, worst
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2", "zero2_offload", "zero3", "fsdp2"])
+def test_two_sharded_processes_match_one(strategy, setup, one_process, tmp_path):
+    # ZeRO-3 loads from a directory: from_pretrained partitions as it loads (zero.Init).
+    cfg = _config(tmp_path, setup, model=setup["model"] if strategy == "zero3" else "tiny")
+    _launch(strategy, [str(WORKER), str(cfg), str(tmp_path / "two.pt")], setup, tmp_path,
+            {"MMRL_WORKER_SAVE": "1"})
+    one, two = one_process, torch.load(tmp_path / "two.pt")
+    _assert_same_update(one, two, strategy)
     # The sharded checkpoint of that state consolidates into an HF model with those weights.
     ckpt = tmp_path / "run" / "checkpoints" / "step_000001"
     shards = "dcp" if strategy == "fsdp2" else "deepspeed"
@@ -106,6 +110,19 @@ def test_two_sharded_processes_match_one(strategy, setup, one_process, tmp_path)
     assert merged.keys() == two["params"].keys()
     for k, v in two["params"].items():
         assert torch.equal(merged[k].detach(), v), k
+
+
+def test_token_budget_ranks_run_as_many_micro_batches(setup, one_process, tmp_path):
+    """FSDP2, a 45-token budget: rank 0 (two image prompts of 30 tokens, each group cut in two)
+    needs 4 micro-batches, rank 1 (an image prompt and the 19-token text-only one) 3; it runs a
+    fourth, empty one (row 0 at weight 0), so every forward's parameter all-gathers meet, and
+    the update is one process's row-count update. (Not ZeRO-3 here: rank 1's first micro-batch
+    is then text-only, and ZeRO-3 needs the first forward's module trace equal on every rank.)"""
+    cfg = _config(tmp_path, setup, max_tokens_per_micro_batch=45)
+    _launch("fsdp2", [str(WORKER), str(cfg), str(tmp_path / "two.pt")], setup, tmp_path)
+    two = torch.load(tmp_path / "two.pt")
+    assert two["needs"] == [4, 3]
+    _assert_same_update(one_process, two, "fsdp2")
 
 
 @pytest.mark.parametrize("strategy", ["zero3", "fsdp2"])
