@@ -37,8 +37,8 @@ class Policy:
     # What other files may read (tests/train/test_structure.py holds every file to it).
     PUBLIC = ("info", "adapter", "model", "processor", "peft", "device", "pad_id",
               "placeholder_ids", "reference", "to_save", "full_params", "attach", "choose_layout",
-              "encoders", "begin_step", "micro_batches", "forward", "logprobs", "old_logprobs", "reference_logprobs",
-              "fix_reference", "refresh_reference", "metrics")
+              "encoders", "begin_step", "micro_batches", "forward", "logprobs", "old_logprobs",
+              "reference_logprobs", "fix_reference", "refresh_reference", "metrics")
 
     def __init__(self, cfg: RunConfig, info: dist.DistInfo, strategy: Strategy,
                  adapter: ModelAdapter, weights: Path | None = None):
@@ -61,9 +61,10 @@ class Policy:
         self.reference = None  # the KL reference module (fix_reference); None under LoRA
         # Frozen encoders' outputs, once per prompt per step (begin_step). Tool-use rows carry
         # observation media the cache does not hold: there every forward encodes.
-        self.encoders = EncoderCache(self.model, cfg.train.cache_frozen_encoders and not cfg.tools.use,
-                                     off="tool-use rows carry observation media"
-                                     if cfg.tools.use else "train.cache_frozen_encoders=false")
+        self.encoders = EncoderCache(
+            self.model, cfg.train.cache_frozen_encoders and not cfg.tools.use,
+            off="tool-use rows carry observation media" if cfg.tools.use
+            else "train.cache_frozen_encoders=false")
         self._cached_batch: RolloutBatch | None = None  # the batch the cache was filled for
         self._reference_dir = Path(cfg.run_dir) / "reference"
 
@@ -144,7 +145,8 @@ class Policy:
     def _forward_rows(self, module, batch: RolloutBatch, rows: list[int], entropy: bool,
                       cached: bool):
         sub = batch.select(rows)
-        with self.encoders.serve(module, sub.prompts, self.shared_prefix) if cached else nullcontext():
+        serve = self.encoders.serve(module, sub.prompts, self.shared_prefix) if cached else None
+        with serve or nullcontext():
             return self._logprobs_of(module, sub, entropy)
 
     def _logprobs_of(self, module, sub: RolloutBatch, entropy: bool):
