@@ -77,6 +77,15 @@ def make(cfg: RunConfig, info: dist.DistInfo) -> Strategy:
         raise ValueError("model.lora with sharded parameters (ZeRO-3 / FSDP2) is not supported: "
                          "LoRA keeps the optimizer small, so use ddp or ZeRO-2 "
                          "(scripts/accelerate/zero2.yaml)")
+    budget = cfg.train.max_tokens_per_micro_batch
+    if getattr(strategy, "stage", 0) == 3 and budget and info.world > 1:
+        # Seen on 2 processes: a rank whose longest group is text-only starts with it, another
+        # with an image, and DeepSpeed stops at step 1 ("Detected a disagreement on list length").
+        raise ValueError("train.max_tokens_per_micro_batch with DeepSpeed ZeRO-3 on several "
+                         "processes: ZeRO-3 needs every rank's first micro-batch to run the "
+                         "same modules, which a token-budget cut (longest first) does not keep "
+                         "when text-only and media rows mix; use FSDP2 "
+                         "(scripts/accelerate/fsdp2.yaml) or unset it to cut by rows")
     return strategy
 
 

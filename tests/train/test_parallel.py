@@ -100,6 +100,16 @@ def test_sharded_strategies_refuse_what_they_cannot_run(cfg, monkeypatch):
         parallel.make(cfg, parallel.dist.DistInfo())
 
 
+def test_zero3_refuses_token_budget_micro_batches_on_several_processes(cfg, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    cfg.sft.steps, cfg.train.max_tokens_per_micro_batch = 0, 512
+    with pytest.raises(ValueError, match="max_tokens_per_micro_batch with DeepSpeed ZeRO-3 .*"
+                                         "use FSDP2"):
+        parallel.make(cfg, parallel.dist.DistInfo(world=2))
+    assert parallel.make(cfg, parallel.dist.DistInfo()).stage == 3  # one process: no record
+
+
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_audio"])
 def test_touching_encoders_leaves_the_forward_unchanged(family):
     """A micro-batch without media, with the toucher on: the same logits, and every encoder
