@@ -53,6 +53,10 @@ def cacheable_kinds(model) -> tuple[list[str], list[str]]:
                        f"model.freeze: [{tower}] freezes it, LoRA leaves it frozen by default)")
         elif max(_dropout(m) for m in modules.values()) > 0:
             why.append(f"the {tower} encoder has dropout (its output is random in training)")
+        elif any(getattr(getattr(m, "config", None), "deepstack_visual_indexes", None)
+                 for m in modules.values()):  # Qwen3-VL: media_embeds.encode refuses them
+            why.append(f"the {tower} encoder also feeds deepstack features into the first "
+                       f"language layers (Qwen3-VL), which the cache does not carry yet")
         else:
             kinds += tower_kinds
     return kinds, why

@@ -159,6 +159,18 @@ def test_a_partly_frozen_omni_caches_only_the_frozen_tower():
     assert cache.reason.startswith("audio encoder output cached") and "vision encoder trains" in cache.reason
 
 
+def test_a_frozen_qwen3_vl_tower_is_not_cached_and_says_why():
+    # Its tower also feeds deepstack features, which encode() refuses: caching it crashed the
+    # first step of every Qwen3-VL run with LoRA (caught by the memory-model check).
+    adapter = get_adapter("qwen3_vl")
+    model, _ = adapter.tiny(seed=0, num_hidden_layers=1)
+    _freeze(model, adapter, ["vision"])
+    cache = EncoderCache(model)
+    assert not cache.on
+    assert "deepstack features" in cache.reason and cache.summary.startswith(
+        "encoders: run in every forward -- not cached: the vision encoder also feeds deepstack")
+
+
 def test_media_order_follows_the_layout():
     a, b = object(), object()
     assert media_order([a, a, b, b], shared_prefix=True) == [a, b]
