@@ -203,7 +203,8 @@ class TrainConfig:
     max_grad_norm: float = 1.0  # 0 = no clipping
     micro_batch_size: int = 8  # rows per forward/backward; result independent of it
     # Set: micro-batches are packed by tokens (each group's prompt once + its completions) up to
-    # this many per process, micro_batch_size is ignored; the result is the same either way.
+    # this many per process, micro_batch_size is ignored; the result is the same either way
+    # ([scale-out](scale-out.md#token-budget-micro-batches-trainmax_tokens_per_micro_batch)).
     max_tokens_per_micro_batch: Optional[int] = None
     shared_prefix: bool = True  # each group's prompt (media encoder included) computed once
     # Ulysses: each forward's sequence is split over this many processes (attention all-to-all
@@ -211,6 +212,9 @@ class TrainConfig:
     sequence_parallel: int = 1
     # A frozen vision/audio encoder (model.freeze, or LoRA off the towers) runs once per prompt
     # per step; its outputs are kept for the step's later forwards (old, reference, updates).
+    # Not with `tools.use` (observation media come inside completions), nor Qwen3-VL's tower
+    # (DeepStack). The start of the run says which: `encoders: cached once per step (frozen)`
+    # or `encoders: run in every forward`.
     cache_frozen_encoders: bool = True
     seed: int = 0  # model init (tiny), data order, sampling: a run is reproducible
     save_every: int = 0  # 0 = only at the end
