@@ -45,14 +45,44 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     # no-tool control is the same data written with tools=false: no crop is offered.
     "visual_search": ("visual_search", []),
     "visual_search_no_tool": ("visual_search", ["sft.target='<answer>{solution}</answer>'"]),
+    # Issue #26 item 7: which colour flashes on the grey card? The flash falls between the
+    # frames of the 0.5-fps first look; `frames` over the card's span shows it. The warm-up
+    # target is the record's `warmup` field (WARMUP). The no-tool control: tools=false.
+    "video_search": ("video_search", []),
+    "video_search_no_tool": ("video_search", ["sft.target='<answer>{solution}</answer>'"]),
 }
+_VIDEO = {"n_train": 600, "n_eval": 100, "seconds": 8, "fps": 2, "size": 28, "sample_fps": 0.5,
+          "card_seconds": 3, "flash_frames": 1, "seen": 0.25}
+
+
+def video_warmup(record: dict) -> str:
+    """The video_search warm-up's target (CRUTCH, research/README.md): SFT imitates the first
+    turn only, so a record whose flash the first look misses imitates the `frames` call on a
+    3.5 s span from the whole second at or before the card's start (it holds the 3 s card, and
+    its 8 frames at 2 fps are an even count: qwen-vl-utils' sampling keeps them all), and one
+    whose flash the first look shows imitates the answer: the tiny model learns to answer once
+    the colour is in view, as it will be after the call."""
+    if record.get("flash_seen"):
+        return f"<answer>{record['solution']}</answer>"
+    start = min(int(record["card_span"][0]), int(record["duration"]) - 4)  # inside the clip
+    return ('<tool_call>{"name": "frames", "arguments": {"start": %d, "end": %g}}</tool_call>'
+            % (start, start + 3.5))
+
+
+# Generated rows whose training records get a `warmup` field (sft.target: "{warmup}").
+WARMUP = {"video_search": video_warmup}
 # Rows whose records a generator writes directly (mmrl records, no anchor conversion):
 # row -> (generator, arguments).
 GENERATED = {"visual_search": ("visual_search", {"n_train": 600, "n_eval": 100, "size": 448,
                                                  "patch": 24, "cell": 1, "budget_pixels": 3136}),
              "visual_search_no_tool": ("visual_search", {"n_train": 600, "n_eval": 100,
                                                          "size": 448, "patch": 24, "cell": 1,
-                                                         "budget_pixels": 3136, "tools": False})}
+                                                         "budget_pixels": 3136, "tools": False}),
+             # 8 s at 2 fps, 28-px frames (1 visual token each); the 3 s card always holds a
+             # frame of the 4 sampled (0, 2.5, 5, 7.5 s); a quarter of the training records
+             # show their flash at first look (`seen`: what the warm-up learns to answer from).
+             "video_search": ("video_search", _VIDEO),
+             "video_search_no_tool": ("video_search", {**_VIDEO, "tools": False})}
 # Rows whose data is a pretext task built from a folder of unlabelled media, as a user runs it
 # (`mmrl data generate TASK OUT source=FOLDER`), instead of the recipe's anchor task:
 # row -> (folder painted as the user's media: "photos" or "videos", generator arguments).

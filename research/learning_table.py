@@ -33,7 +33,8 @@ sys.path.insert(0, str(HERE))
 
 from learning_render import (BAR_CHANCE, BAR_GAIN, FINDINGS, methods_table, plot,  # noqa: E402,F401
                              read_findings, verdict, write_markdown)
-from learning_rows import GENERATED, GROUPS, METHODS, PRETEXT, RATES, ROWS, STARTS_FROM  # noqa: E402,F401
+from learning_rows import (GENERATED, GROUPS, METHODS, PRETEXT, RATES, ROWS,  # noqa: E402,F401
+                           STARTS_FROM, WARMUP)
 
 # Every completion of a logged step goes to rollouts.jsonl: the cut+text share is over all of them.
 ALL_ROLLOUTS = "log.rollouts_per_step=100000"
@@ -97,6 +98,10 @@ def prepare_generated(row: str, data_root: Path, log: Path,
     out = data_root / row
     if not (out / "eval.jsonl").exists():
         _mmrl(["data", "generate", task, str(out), *(f"{k}={v}" for k, v in args.items())], log)
+        if row in WARMUP:  # each training record's warm-up target, as a field sft.target names
+            records = [json.loads(x) for x in (out / "train.jsonl").read_text().splitlines()]
+            (out / "train.jsonl").write_text("".join(
+                json.dumps({**r, "warmup": WARMUP[row](r)}) + "\n" for r in records))
     if eval_seed is None:
         return out / "train.jsonl", out / "eval.jsonl"
     fresh = data_root / f"{row}_eval{eval_seed}"
@@ -240,7 +245,37 @@ def run_row(row: str, seed: int, data_root: Path, runs_root: Path, *,
             "sft_steps": (summary.get("sft") or {}).get("steps"), "rl_steps": summary.get("steps"),
             "rate": _rate(run_dir, RATES.get(row)), "cut_text": _cut_text(run_dir),
             "zero_std_late": _late_mean(run_dir, "groups/zero_std_frac"),
+            "tool_use": {stage: _tool_use(run_dir, stage) for stage in ("before_rl", "after_rl")},
             "curve": [(0, summary.get("accuracy_before_rl"))] + _curve(run_dir)}
+
+
+def _tool_use(run_dir: Path, stage: str) -> dict | None:
+    """Tool use in a held-out evaluation (eval/STAGE.jsonl, greedy draws): the share of
+    trajectories with a call that worked, and for records with a `flash_span` the share whose
+    `frames` call covered it (the span the model asked for holds the event)."""
+    from mmrl.tools.calls import parse_qwen
+
+    path = run_dir / "eval" / f"{stage}.jsonl"
+    rows = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("draw", 0) == 0
+            and "calls" in r] if path.exists() else []
+    if not rows:
+        return None
+
+    def found(r: dict) -> bool:
+        lo, hi = r["fields"]["flash_span"]
+        for c in r["calls"]:
+            for call in parse_qwen(r["turns"][c["turn"]]) if not c["error"] else []:
+                a = call.arguments
+                if call.name == "frames" and all(isinstance(a.get(k), (int, float))
+                                                 for k in ("start", "end")):
+                    if a["start"] <= lo and hi <= a["end"]:
+                        return True
+        return False
+
+    out = {"called": sum(any(not c["error"] for c in r["calls"]) for r in rows) / len(rows)}
+    if all("flash_span" in r["fields"] for r in rows):
+        out["found"] = sum(map(found, rows)) / len(rows)
+    return out
 
 
 def _late_mean(run_dir: Path, key: str, share: float = 0.2) -> float | None:

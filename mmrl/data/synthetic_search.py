@@ -129,13 +129,15 @@ def flash_frames_missed(n_frames: int, native_fps: float, sample_fps: float, win
 @GENERATORS.register("video_search")
 def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed: int = 0,
                  seconds: int = 16, fps: int = 8, size: int = 56, sample_fps: float = 0.5,
-                 card_seconds: int = 4, flash_frames: int = 2, tools: bool = True
-                 ) -> dict[str, str]:
+                 card_seconds: int = 4, flash_frames: int = 2, tools: bool = True,
+                 seen: float = 0.0) -> dict[str, str]:
     """What colour flashes while the grey card is shown? (4-way multiple choice.) A `seconds`
     long clip at `fps`; the card is on screen for `card_seconds`, long enough that sampling at
     `sample_fps` (= data.video_fps) sees it; the flash lasts `flash_frames` native frames and
-    falls between sampled frames. Fields: duration, card_span and flash_span (seconds), and
-    "tools": ["frames"] unless tools=False."""
+    falls between sampled frames. `seen`: the share of TRAINING records whose flash starts on a
+    sampled frame instead (the first look shows it: no search needed; a warm-up can learn from
+    them to answer once the colour is in view); held-out records never. Fields: duration,
+    card_span and flash_span (seconds), flash_seen, and "tools": ["frames"] unless tools=False."""
     if card_seconds * sample_fps < 1:
         raise ValueError("video_search: card_seconds * sample_fps must be >= 1 (the card must be "
                          "in a sampled frame)")
@@ -150,6 +152,10 @@ def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed
         card = rng.randrange(0, n - card_seconds * fps + 1)
         window = range(card, card + card_seconds * fps)
         flash = flash_frames_missed(n, fps, sample_fps, window, flash_frames, rng)
+        shown = i < n_train and seen > 0 and rng.random() < seen
+        if shown:  # drawn after the hidden start, so seen=0 gives the same records as before
+            kept = [k for k in plan_frames(n, fps, fps=sample_fps)[0] if k in window]
+            flash = min(rng.choice(kept), window.stop - flash_frames)
         colour = rng.randrange(len(names))
         frames = np.full((n, size, size, 3), 235, np.uint8)
         q = size // 4
@@ -166,7 +172,7 @@ def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed
             "solution": MC_LETTERS[colour], "options": options,
             "problem_type": "multiple choice", "duration": n / fps,
             "card_span": [window.start / fps, window.stop / fps],
-            "flash_span": [flash / fps, (flash + flash_frames) / fps],
+            "flash_span": [flash / fps, (flash + flash_frames) / fps], "flash_seen": shown,
         }
         if tools:
             record["tools"] = ["frames"]

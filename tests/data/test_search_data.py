@@ -138,3 +138,17 @@ def test_generators_are_deterministic(tmp_path):
     assert open(a["train"]).read().replace(str(tmp_path / "a"), "") == \
         open(b["train"]).read().replace(str(tmp_path / "b"), "")
     assert (tmp_path / "a/images/00000.png").read_bytes() == (tmp_path / "b/images/00000.png").read_bytes()
+
+
+def test_video_search_seen_records_show_the_flash_at_first_look(tmp_path):
+    """`seen=1`: every training record's flash lands on a sampled frame (held-out ones never);
+    the first look at data.video_fps shows the colour."""
+    paths = GENERATORS.get("video_search")(tmp_path, n_train=2, n_eval=1, seed=0, seen=1.0,
+                                           seconds=8, fps=2, size=28, card_seconds=3,
+                                           flash_frames=1)
+    train, held = list(load_samples(paths["train"])), list(load_samples(paths["eval"]))
+    assert [s.fields["flash_seen"] for s in train + held] == [True, True, False]
+    for s in train:
+        first = load_video(s.videos[0], fps=0.5)
+        centre = first.frames[:, 13:15, 13:15].reshape(len(first), -1, 3).mean(1)
+        assert np.abs(centre - centre.mean(-1, keepdims=True)).max() > 60  # a colour, not grey
