@@ -251,3 +251,39 @@ def test_cut_text_share_counts_the_last_logged_step_only(tmp_path):
     (tmp_path / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert learning_table._cut_text(tmp_path) == 0.25
     assert learning_table._cut_text(tmp_path / "missing") is None
+
+
+def test_video_search_warmup_call_fits_the_budget_and_its_span_holds_the_card():
+    """The warm-up target of a hidden flash is a `frames` call that parses, fits
+    rollout.max_new_tokens, and spans the whole card inside the clip; a seen flash answers."""
+    from mmrl import config
+    from mmrl.models.tiny_tokenizer import tiny_tokenizer
+    from mmrl.tools.calls import parse_turn
+
+    cfg = config.load(ROOT / "recipes/video_search/config.yaml",
+                      [str(ROOT / "research/layers/video_search.yaml")])
+    tok = tiny_tokenizer()
+    for c0 in (0.0, 0.5, 2.5, 4.5, 5.0):  # card starts, 3 s cards in an 8 s clip
+        rec = {"card_span": [c0, c0 + 3], "duration": 8.0, "solution": "B"}
+        text = learning_table.WARMUP["video_search"](rec)
+        (call,) = parse_turn(text, cfg.tools.call_format).calls
+        a = call.arguments
+        # the card's last frame (2 fps clips) is at c0 + 2.5 s
+        assert call.name == "frames" and a["start"] <= c0 and c0 + 2.5 <= a["end"] <= 8
+        assert len(tok(text, add_special_tokens=False)["input_ids"]) < cfg.rollout.max_new_tokens
+    seen = learning_table.WARMUP["video_search"]({"flash_seen": True, "solution": "C"})
+    assert seen == "<answer>C</answer>"
+
+
+def test_tool_use_reads_calls_and_whether_their_span_holds_the_flash(tmp_path):
+    call = '<tool_call>{"name": "frames", "arguments": {"start": %s, "end": %s}}</tool_call>'
+    rows = [  # found; called on the wrong span; a failed call; no call at all
+        {"turns": [call % (2, 5.5), "<answer>A</answer>"], "calls": [{"turn": 0, "error": None}]},
+        {"turns": [call % (0, 2), "<answer>A</answer>"], "calls": [{"turn": 0, "error": None}]},
+        {"turns": [call % (2, 5.5)], "calls": [{"turn": 0, "error": "timeout"}]},
+        {"turns": ["<answer>B</answer>"], "calls": []}]
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "after_rl.jsonl").write_text("".join(
+        json.dumps({**r, "draw": 0, "fields": {"flash_span": [3.0, 3.5]}}) + "\n" for r in rows))
+    assert learning_table._tool_use(tmp_path, "after_rl") == {"called": 0.5, "found": 0.25}
+    assert learning_table._tool_use(tmp_path, "before_rl") is None
