@@ -159,6 +159,32 @@ def findings(results: list[dict]) -> list[str]:
     return lines + [f"- **{r}**: {FINDINGS[r]}" for r in rows]
 
 
+def tool_lines(results: list[dict]) -> list[str]:
+    """Tool use before and after RL (greedy held-out trajectories), for the rows that call
+    tools, beside the same seed of the row's no-tool control (`ROW_no_tool`): the bar asks the
+    tool row to end >= 0.15 above it."""
+    runs = [r for r in results if any((r.get("tool_use") or {}).values())]
+    if not runs:
+        return []
+    lines = ["", "## Tool use before and after RL", "",
+             "*called*: the share of held-out trajectories (greedy) with a tool call that "
+             "worked; *found*: the share whose `frames` span held the event (video_search); "
+             "*vs no tool*: after RL minus the same seed's no-tool control after RL.", "",
+             "| row | seed | called before | called after | found before | found after | "
+             "vs no tool |", "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        use = {k: v or {} for k, v in r["tool_use"].items()}
+        get = lambda stage, key: _fmt(use.get(stage, {}).get(key), "count")  # noqa: E731
+        ctrl = next((c for c in results if c["row"] == f"{r['row']}_no_tool"
+                     and c["seed"] == r["seed"] and "error" not in c), None)
+        gap = _fmt(r["after"] - ctrl["after"], "count") if ctrl and r.get("after") is not None \
+            and ctrl.get("after") is not None else "–"
+        lines.append(f"| {r['row']} | {r['seed']} | {get('before_rl', 'called')} | "
+                     f"{get('after_rl', 'called')} | {get('before_rl', 'found')} | "
+                     f"{get('after_rl', 'found')} | {gap} |")
+    return lines
+
+
 def _fmt(v, metric: str) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
@@ -264,7 +290,8 @@ def write_markdown(results: list[dict], out: Path, png: Path | None) -> None:
             f"{_fmt(r['chance'], 'count') if r['metric'] in EXACT else '–'} | {_cut_text(r)} | "
             f"{r['sft_steps'] or 0}/{r['rl_steps']} | {r['wall_s']:.0f} s | "
             f"{_fmt(r.get('load'), 'load')} | {'meets' if verdict(r) else 'misses'} |")
-    lines += methods_table(results) + pretext_lines(table) + findings(results)
+    lines += (methods_table(results) + pretext_lines(table) + tool_lines(table)
+              + findings(results))
     if png is not None:
         lines += ["", f"![held-out metric reward during RL]({png.name})"]
     out.write_text("\n".join(lines) + "\n")

@@ -287,3 +287,13 @@ def test_tool_use_reads_calls_and_whether_their_span_holds_the_flash(tmp_path):
         json.dumps({**r, "draw": 0, "fields": {"flash_span": [3.0, 3.5]}}) + "\n" for r in rows))
     assert learning_table._tool_use(tmp_path, "after_rl") == {"called": 0.5, "found": 0.25}
     assert learning_table._tool_use(tmp_path, "before_rl") is None
+
+
+def test_tool_lines_show_tool_use_and_the_gap_to_the_no_tool_control():
+    tool = {"row": "video_search", "seed": 1, "after": 0.8, "tool_use": {
+        "before_rl": {"called": 0.9, "found": 0.5}, "after_rl": {"called": 1.0, "found": 0.75}}}
+    ctrl = {"row": "video_search_no_tool", "seed": 1, "after": 0.3, "tool_use": {
+        "before_rl": None, "after_rl": None}}
+    lines = learning_render.tool_lines([tool, ctrl])
+    assert lines[-1] == "| video_search | 1 | 0.90 | 1.00 | 0.50 | 0.75 | 0.50 |"
+    assert learning_render.tool_lines([ctrl]) == []
