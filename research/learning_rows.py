@@ -52,21 +52,21 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "video_search_no_tool": ("video_search", ["sft.target='<answer>{solution}</answer>'"]),
 }
 _VIDEO = {"n_train": 600, "n_eval": 100, "seconds": 8, "fps": 2, "size": 28, "sample_fps": 0.5,
-          "card_seconds": 3, "flash_frames": 1, "seen": 0.25}
+          "card_seconds": 3, "flash_frames": 1, "seen": 0.25, "card_at": [0, 0.5, 1, 4, 4.5, 5]}
 
 
 def video_warmup(record: dict) -> str:
     """The video_search warm-up's target (CRUTCH, research/README.md): SFT imitates the first
-    turn only, so a record whose flash the first look misses imitates the `frames` call on a
-    3.5 s span from the whole second at or before the card's start (it holds the 3 s card, and
-    its 8 frames at 2 fps are an even count: qwen-vl-utils' sampling keeps them all), and one
-    whose flash the first look shows imitates the answer: the tiny model learns to answer once
-    the colour is in view, as it will be after the call."""
+    turn only, so a record whose flash the first look misses imitates the `frames` call on the
+    half of the clip that holds the card (3.5 s: its 8 frames at 2 fps, an even count, all come
+    back from qwen-vl-utils' sampling), and one whose flash the first look shows imitates the
+    answer: the tiny model learns to answer once the colour is in view, as it is after a call."""
     if record.get("flash_seen"):
         return f"<answer>{record['solution']}</answer>"
-    start = min(int(record["card_span"][0]), int(record["duration"]) - 4)  # inside the clip
-    return ('<tool_call>{"name": "frames", "arguments": {"start": %d, "end": %g}}</tool_call>'
-            % (start, start + 3.5))
+    half = record["duration"] / 2
+    start = 0 if record["card_span"][1] <= half else half
+    return ('<tool_call>{"name": "frames", "arguments": {"start": %g, "end": %g}}</tool_call>'
+            % (start, start + half - 0.5))
 
 
 # Generated rows whose training records get a `warmup` field (sft.target: "{warmup}").
@@ -78,9 +78,10 @@ GENERATED = {"visual_search": ("visual_search", {"n_train": 600, "n_eval": 100, 
              "visual_search_no_tool": ("visual_search", {"n_train": 600, "n_eval": 100,
                                                          "size": 448, "patch": 24, "cell": 1,
                                                          "budget_pixels": 3136, "tools": False}),
-             # 8 s at 2 fps, 28-px frames (1 visual token each); the 3 s card always holds a
-             # frame of the 4 sampled (0, 2.5, 5, 7.5 s); a quarter of the training records
-             # show their flash at first look (`seen`: what the warm-up learns to answer from).
+             # 8 s at 2 fps, 28-px frames (1 visual token each). The 3 s card lies in one half
+             # (card_at) and holds a frame of the 4 sampled (0, 2.5 s | 5, 7.5 s): the first
+             # look's two visual tokens say which half to ask for. A quarter of the training
+             # records show their flash at first look (`seen`: the warm-up's answers).
              "video_search": ("video_search", _VIDEO),
              "video_search_no_tool": ("video_search", {**_VIDEO, "tools": False})}
 # Rows whose data is a pretext task built from a folder of unlabelled media, as a user runs it

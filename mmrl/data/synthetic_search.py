@@ -130,13 +130,14 @@ def flash_frames_missed(n_frames: int, native_fps: float, sample_fps: float, win
 def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed: int = 0,
                  seconds: int = 16, fps: int = 8, size: int = 56, sample_fps: float = 0.5,
                  card_seconds: int = 4, flash_frames: int = 2, tools: bool = True,
-                 seen: float = 0.0) -> dict[str, str]:
+                 seen: float = 0.0, card_at: list[float] | None = None) -> dict[str, str]:
     """What colour flashes while the grey card is shown? (4-way multiple choice.) A `seconds`
     long clip at `fps`; the card is on screen for `card_seconds`, long enough that sampling at
     `sample_fps` (= data.video_fps) sees it; the flash lasts `flash_frames` native frames and
     falls between sampled frames. `seen`: the share of TRAINING records whose flash starts on a
     sampled frame instead (the first look shows it: no search needed; a warm-up can learn from
-    them to answer once the colour is in view); held-out records never. Fields: duration,
+    them to answer once the colour is in view); held-out records never. `card_at`: the card's
+    start times (seconds) to draw from (default: any frame). Fields: duration,
     card_span and flash_span (seconds), flash_seen, and "tools": ["frames"] unless tools=False."""
     if card_seconds * sample_fps < 1:
         raise ValueError("video_search: card_seconds * sample_fps must be >= 1 (the card must be "
@@ -149,7 +150,11 @@ def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed
     n = seconds * fps
     records = []
     for i in range(n_train + n_eval):
-        card = rng.randrange(0, n - card_seconds * fps + 1)
+        card = (rng.randrange(0, n - card_seconds * fps + 1) if card_at is None
+                else round(rng.choice(card_at) * fps))
+        if not 0 <= card <= n - card_seconds * fps:
+            raise ValueError(f"video_search: a card at {card / fps:g} s does not fit the "
+                             f"{seconds} s clip (card_at, card_seconds)")
         window = range(card, card + card_seconds * fps)
         flash = flash_frames_missed(n, fps, sample_fps, window, flash_frames, rng)
         shown = i < n_train and seen > 0 and rng.random() < seen

@@ -263,7 +263,7 @@ def test_video_search_warmup_call_fits_the_budget_and_its_span_holds_the_card():
     cfg = config.load(ROOT / "recipes/video_search/config.yaml",
                       [str(ROOT / "research/layers/video_search.yaml")])
     tok = tiny_tokenizer()
-    for c0 in (0.0, 0.5, 2.5, 4.5, 5.0):  # card starts, 3 s cards in an 8 s clip
+    for c0 in learning_table.GENERATED["video_search"][1]["card_at"]:  # 3 s cards, 8 s clips
         rec = {"card_span": [c0, c0 + 3], "duration": 8.0, "solution": "B"}
         text = learning_table.WARMUP["video_search"](rec)
         (call,) = parse_turn(text, cfg.tools.call_format).calls
