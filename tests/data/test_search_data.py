@@ -142,12 +142,16 @@ def test_generators_are_deterministic(tmp_path):
 
 def test_video_search_seen_records_show_the_flash_at_first_look(tmp_path):
     """`seen=1`: every training record's flash lands on a sampled frame (held-out ones never);
-    the first look at data.video_fps shows the colour."""
+    the first look at data.video_fps shows the colour. `card_at` places the card."""
     paths = GENERATORS.get("video_search")(tmp_path, n_train=2, n_eval=1, seed=0, seen=1.0,
                                            seconds=8, fps=2, size=28, card_seconds=3,
-                                           flash_frames=1)
+                                           flash_frames=1, card_at=[0.5, 4.5])
     train, held = list(load_samples(paths["train"])), list(load_samples(paths["eval"]))
     assert [s.fields["flash_seen"] for s in train + held] == [True, True, False]
+    assert all(s.fields["card_span"][0] in (0.5, 4.5) for s in train + held)
+    with pytest.raises(ValueError, match="a card at 6 s does not fit the 8 s clip"):
+        GENERATORS.get("video_search")(tmp_path / "x", n_train=1, n_eval=0, seconds=8, fps=2,
+                                       card_seconds=3, card_at=[6])
     for s in train:
         first = load_video(s.videos[0], fps=0.5)
         centre = first.frames[:, 13:15, 13:15].reshape(len(first), -1, 3).mean(1)
