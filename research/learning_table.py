@@ -250,14 +250,15 @@ def run_row(row: str, seed: int, data_root: Path, runs_root: Path, *,
 
 
 def _tool_use(run_dir: Path, stage: str) -> dict | None:
-    """Tool use in a held-out evaluation (eval/STAGE.jsonl, greedy draws): the share of
-    trajectories with a call that worked, and for records with a `flash_span` the share whose
-    `frames` call covered it (the span the model asked for holds the event)."""
+    """Tool use in a held-out evaluation (eval/STAGE.jsonl, greedy draws; None where no record
+    offers a tool, as in a no-tool control): the share of trajectories with a call that worked,
+    and for records with a `flash_span` the share whose `frames` call covered it (the span the
+    model asked for holds the event)."""
     from mmrl.tools.calls import parse_qwen
 
     path = run_dir / "eval" / f"{stage}.jsonl"
     rows = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("draw", 0) == 0
-            and "calls" in r] if path.exists() else []
+            and r["fields"].get("tools")] if path.exists() else []  # records offered a tool
     if not rows:
         return None
 

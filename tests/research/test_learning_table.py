@@ -284,8 +284,12 @@ def test_tool_use_reads_calls_and_whether_their_span_holds_the_flash(tmp_path):
         {"turns": ["<answer>B</answer>"], "calls": []}]
     (tmp_path / "eval").mkdir()
     (tmp_path / "eval" / "after_rl.jsonl").write_text("".join(
-        json.dumps({**r, "draw": 0, "fields": {"flash_span": [3.0, 3.5]}}) + "\n" for r in rows))
+        json.dumps({**r, "draw": 0, "fields": {"flash_span": [3.0, 3.5], "tools": ["frames"]}})
+        + "\n" for r in rows))
     assert learning_table._tool_use(tmp_path, "after_rl") == {"called": 0.5, "found": 0.25}
+    assert learning_table._tool_use(tmp_path, "before_rl") is None
+    (tmp_path / "eval" / "before_rl.jsonl").write_text(json.dumps(  # a no-tool control's record
+        {"draw": 0, "turns": ["<answer>B</answer>"], "calls": [], "fields": {}}) + "\n")
     assert learning_table._tool_use(tmp_path, "before_rl") is None
 
 
