@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from mmrl.config import RolloutConfig, ToolsConfig
 from mmrl.rollout import make_engine
 from mmrl.rollout.trajectory import TrajectoryRollout
+from mmrl.train.sp import from_first_rank
 from mmrl.types import PromptFeatures, RolloutBatch, SamplingParams
 
 if TYPE_CHECKING:
@@ -47,6 +48,10 @@ class Rollout:
             if self.trajectories is not None:
                 return self.trajectories.rollout(prompts, sampling, group_offset)
             ids, mask, slogp, truncated = self.engine.generate(prompts, sampling)
+        # Sequence parallelism: the group's ranks generated the same prompts; its first rank's
+        # completions are everyone's (train/sp.py says why this is exact).
+        ids, mask, slogp, truncated = from_first_rank((ids, mask, slogp, truncated),
+                                                      policy.sequence, policy.info.rank)
         g = rc.num_generations
         texts = self.tokenizer.batch_decode(
             [row[m.bool()] for row, m in zip(ids, mask)], skip_special_tokens=True)

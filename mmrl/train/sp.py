@@ -12,7 +12,12 @@ Which group each part of a step runs over (models/ulysses.py says why):
   data-parallel rank's gradient, so DDP's all-reduce, ZeRO's and FSDP2's reductions over every
   process stay as they are, and so does their loss scaling by the world size;
 - files (logs, checkpoints): world rank 0 (`Layout.world.main`; `Layout.data.main` is true on
-  every rank of the first sequence group).
+  every rank of the first sequence group);
+- the rollout: every rank of a sequence group generates the same prompts from the same seed (so
+  ZeRO-3's and FSDP2's collectives inside generation stay in step, at no wall-clock cost: the
+  group would wait for one generating rank anyway), then the group's first rank's completions
+  are broadcast over the group (`from_first_rank`): identical rows by construction, even where
+  sampling kernels are not bit-deterministic.
 """
 from __future__ import annotations
 
@@ -51,3 +56,13 @@ def make_layout(info: DistInfo, size: int) -> Layout:
             data_group = group
     data = DistInfo(info.rank // size, data_size, info.local_rank, group=data_group)
     return Layout(info, data, SPGroup(sequence_group, info.rank % size, size))
+
+
+def from_first_rank(obj, sequence: SPGroup, world_rank: int):
+    """`obj` as the first rank of this process's sequence group has it, on every rank of the
+    group (a collective over the group; `world_rank`: this process's rank in the world)."""
+    if sequence.size == 1:
+        return obj
+    box = [obj]
+    torch_dist.broadcast_object_list(box, src=world_rank - sequence.rank, group=sequence.group)
+    return box[0]
