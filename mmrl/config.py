@@ -360,12 +360,14 @@ def _override(merged: DictConfig, item: str) -> str:
     return key
 
 
-def load(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+def load(path: str | Path | None, overrides: list[str] | None = None,
+         world: int | None = None) -> RunConfig:
     """Defaults <- YAML <- overrides; returns a typed RunConfig (dataclass instance).
 
     An override that is a path to another YAML file is merged as a further delta layer (e.g. a
     recipe's `tiny.yaml`, which shrinks it to an offline CPU run). An error names what caused it:
-    the YAML layer, or the override as typed (`override train.lr=abc: ...`)."""
+    the YAML layer, or the override as typed (`override train.lr=abc: ...`). `world`: the
+    process count the cross-field rules check against (default: the launcher's WORLD_SIZE)."""
     where = f"{path}: " if path else ""
     set_by: dict[str, str] = {}  # key -> the override that set it last
     merged = OmegaConf.structured(RunConfig)
@@ -396,7 +398,8 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> RunConf
     if path and cfg.log.run_dir is None and cfg.name == "run":
         cfg.name = Path(path).stem if Path(path).stem != "config" else Path(path).parent.name
     # Under torchrun / accelerate the process count is known already at load.
-    check(cfg, world=int(os.environ.get("WORLD_SIZE", "1")), where=where, set_by=set_by)
+    world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
+    check(cfg, world=world, where=where, set_by=set_by)
     return cfg
 
 

@@ -166,11 +166,15 @@ def problems(cfg, world: int = 1) -> list[str]:
     sp = max(cfg.train.sequence_parallel, 1)  # below 1: reported by RANGES
     if world % sp:
         out.append(f"train.sequence_parallel={sp}: must divide the process count {world}")
-    elif r.prompts_per_step >= 1 and r.prompts_per_step % (world // sp):
-        # A sequence group's processes share their rows: prompts split over data-parallel ranks.
-        what = (f"process count {world}" if sp == 1 else f"number of data-parallel ranks "
-                f"{world // sp} (processes / train.sequence_parallel)")
-        out.append(f"rollout.prompts_per_step={r.prompts_per_step}: must be divisible by the {what}")
+    elif r.prompts_per_step >= 1 and r.prompts_per_step % world:
+        # Every process samples whole groups (under sequence parallelism its share of its
+        # sequence group's prompts, train/sp.py).
+        out.append(f"rollout.prompts_per_step={r.prompts_per_step}: must be divisible by the "
+                   f"process count {world}")
+    if sp > 1 and r.backend == "vllm":
+        out.append(f"train.sequence_parallel={sp} with rollout.backend=vllm: not verified yet "
+                   f"(the split rollout is tested with the training model's own generate); use "
+                   f"rollout.backend=hf")
     if sp > 1 and cfg.model.attn_implementation == "flash_attention_2" and not cfg.train.shared_prefix:
         out.append(f"train.sequence_parallel={sp} with model.attn_implementation="
                    f"flash_attention_2 needs train.shared_prefix=true (its varlen kernel takes "

@@ -13,11 +13,11 @@ Which group each part of a step runs over (models/ulysses.py says why):
   process stay as they are, and so does their loss scaling by the world size;
 - files (logs, checkpoints): world rank 0 (`Layout.world.main`; `Layout.data.main` is true on
   every rank of the first sequence group);
-- the rollout: every rank of a sequence group generates the same prompts from the same seed (so
-  ZeRO-3's and FSDP2's collectives inside generation stay in step, at no wall-clock cost: the
-  group would wait for one generating rank anyway), then the group's first rank's completions
-  are broadcast over the group (`from_first_rank`): identical rows by construction, even where
-  sampling kernels are not bit-deterministic.
+- the rollout: each rank of a sequence group samples its contiguous share of the group's
+  prompts and the group exchanges the completions (`share`, `gather_objects`): every row is
+  sampled once, by one rank, so the group's copies are identical by construction, and the
+  rollout's memory and time per rank fall N-fold as the update's do (`rollout.prompts_per_step`
+  must divide by the process count: every process samples whole groups).
 """
 from __future__ import annotations
 
@@ -58,11 +58,17 @@ def make_layout(info: DistInfo, size: int) -> Layout:
     return Layout(info, data, SPGroup(sequence_group, info.rank % size, size))
 
 
-def from_first_rank(obj, sequence: SPGroup, world_rank: int):
-    """`obj` as the first rank of this process's sequence group has it, on every rank of the
-    group (a collective over the group; `world_rank`: this process's rank in the world)."""
+
+def share(n: int, rank: int, size: int) -> tuple[int, int]:
+    """[lo, hi) of `rank`'s contiguous share of `n` items over `size` ranks."""
+    per = n // size
+    return rank * per, (rank + 1) * per if rank < size - 1 else n
+
+
+def gather_objects(obj, sequence: SPGroup) -> list:
+    """Every rank's `obj`, in sequence-rank order, on every rank of the group (a collective)."""
     if sequence.size == 1:
-        return obj
-    box = [obj]
-    torch_dist.broadcast_object_list(box, src=world_rank - sequence.rank, group=sequence.group)
-    return box[0]
+        return [obj]
+    out = [None] * sequence.size
+    torch_dist.all_gather_object(out, obj, group=sequence.group)
+    return out

@@ -1,9 +1,13 @@
 """`mmrl train` with train.sequence_parallel=2 on 2 gloo processes (one sequence group, the
-real torchrun launch line of scripts/train.sh) trains exactly as sequence_parallel=1 on one
-process: the same rollouts, rewards, losses and gradient norms each step, and the same weights
-after two steps. Tiny Qwen2.5-VL in float32 on 8-frame videos (both ranks encode part of each
-video), GRPO with a KL reference and two iterations per rollout, so the old-policy, reference
-and update forwards all run split.
+torchrun line of scripts/train.sh) trains exactly as the same 2 processes without it (2
+data-parallel ranks): the same rollouts (each rank of the group samples its half of the prompts,
+as each data-parallel rank does; train/sp.py), rewards, losses and gradient norms each step,
+and the same weights after two steps. So the group counts its rows once (normaliser, advantages,
+metric means) and adds up its ranks' gradient parts exactly once: the update equals the one
+over the whole batch, which the data-parallel run computes (tests/integration/test_distributed.py
+holds that equal to one process). Tiny Qwen2.5-VL in float32 on 8-frame videos (both ranks
+encode part of each video), GRPO with a KL reference and two iterations per rollout, so the
+old-policy, reference and update forwards all run split.
 """
 from __future__ import annotations
 
@@ -40,11 +44,12 @@ def runs(tiny_config, user_rewards, tmp_path_factory) -> dict:
     env = dict(os.environ, PYTHONPATH=f"{user_rewards}{os.pathsep}{ROOT}", OMP_NUM_THREADS="1",
                HF_HUB_OFFLINE="1")
     train = ["-m", "mmrl.cli", "train", str(cfg), "data.shuffle=false"]
-    _run([sys.executable, *train, f"log.run_dir={root / 'one'}"], env, root)
-    two = _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                "--master_addr=127.0.0.1", f"--master_port={29300 + os.getpid() % 300}", *train,
-                f"log.run_dir={root / 'two'}", "train.sequence_parallel=2"], env, root)
-    return {"root": root, "log": two.stdout + two.stderr}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                "--master_addr=127.0.0.1", f"--master_port={29300 + os.getpid() % 300}"]
+    _run([*torchrun, *train, f"log.run_dir={root / 'dp'}"], env, root)
+    split = _run([*torchrun, *train, f"log.run_dir={root / 'sp'}",
+                  "train.sequence_parallel=2"], env, root)
+    return {"root": root, "log": split.stdout + split.stderr}
 
 
 def _metrics(run: Path) -> list[dict]:
@@ -55,11 +60,12 @@ def test_two_ranks_split_each_sequence(runs):
     assert "sequence parallelism: 2 ranks per sequence" in runs["log"]
 
 
-def test_split_run_trains_as_one_process(runs):
-    one, two = (_metrics(runs["root"] / name) for name in ("one", "two"))
+def test_split_run_trains_as_the_data_parallel_run(runs):
+    one, two = (_metrics(runs["root"] / name) for name in ("dp", "sp"))
     assert len(one) == len(two) == 2
     for a, b in zip(one, two):
-        # Same completions (decoded lengths) and rewards: the rollout agreed across the group;
+        # Same completions (decoded lengths) and rewards: the group's rollout is the one the
+        # data-parallel ranks sample;
         # same loss and gradient norm: the loss normaliser and metric means count the group's
         # rows once, the gradients add up its ranks' disjoint parts exactly once.
         for key in ("completion/length_mean", "reward/total_mean", "loss/loss", "loss/kl", "grad_norm"):
@@ -68,10 +74,10 @@ def test_split_run_trains_as_one_process(runs):
     # Weights after two AdamW steps (lr 1e-3: an update is ~ lr * g / |g|, so float noise in a
     # near-zero gradient entry moves that weight by up to a few % of lr): 5e-5 absolute.
     a, b = (load_file(runs["root"] / name / "checkpoints" / "step_000002" / "model.safetensors")
-            for name in ("one", "two"))
+            for name in ("dp", "sp"))
     assert a.keys() == b.keys() and any(k.startswith("visual") or ".visual" in k for k in a)
     worst = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
     assert worst < 5e-5, worst
-    start = load_file(runs["root"] / "one" / "reference" / "model.safetensors")
+    start = load_file(runs["root"] / "dp" / "reference" / "model.safetensors")
     moved = max(float((a[k].float() - start[k].float()).abs().max()) for k in a if k in start)
     assert moved > 1e-3  # it trained: the agreement is not two runs that changed nothing
