@@ -2,7 +2,7 @@
 torchrun line of scripts/train.sh) trains exactly as the same 2 processes without it (2
 data-parallel ranks): the same rollouts (each rank of the group samples its half of the prompts,
 as each data-parallel rank does; train/sp.py), rewards, losses and gradient norms each step,
-and the same weights after two steps. So the group counts its rows once (normaliser, advantages,
+and the same weights after two steps; under FSDP2 too (accelerate launch). So the group counts its rows once (normaliser, advantages,
 metric means) and adds up its ranks' gradient parts exactly once: the update equals the one
 over the whole batch, which the data-parallel run computes (tests/integration/test_distributed.py
 holds that equal to one process). Tiny Qwen2.5-VL in float32 on 8-frame videos (both ranks
@@ -52,6 +52,11 @@ def runs(tiny_config, user_rewards, tmp_path_factory) -> dict:
     _run([*torchrun, *train, f"log.run_dir={root / 'dp'}"], env, root)
     split = _run([*torchrun, *train, f"log.run_dir={root / 'sp'}", "train.sequence_parallel=2"],
                  env, root)
+    # FSDP2 through accelerate launch: its reduce-scatter over both processes adds the parts.
+    _run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+          str(ROOT / "scripts" / "accelerate" / "fsdp2.yaml"), "--num_processes", "2",
+          "--main_process_port", str(29300 + os.getpid() % 300), *train,
+          f"log.run_dir={root / 'fsdp2'}", "train.sequence_parallel=2", "train.steps=1"], env, root)
     return {"root": root, "log": split.stdout + split.stderr}
 
 
@@ -84,3 +89,11 @@ def test_split_run_trains_as_the_data_parallel_run(runs):
     start = load_file(runs["root"] / "dp" / "reference" / "model.safetensors")
     moved = max(float((a[k].float() - start[k].float()).abs().max()) for k in a if k in start)
     assert moved > 1e-3  # it trained: the agreement is not two runs that changed nothing
+
+
+def test_split_run_under_fsdp2_takes_the_same_steps(runs):
+    one, two = (_metrics(runs["root"] / name) for name in ("dp", "fsdp2"))
+    assert len(two) == 1  # one step: enough for the reductions, and 10 s less in CI
+    for a, b in zip(one, two):
+        for key in ("reward/total_mean", "loss/loss", "grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=2e-5), key
