@@ -238,9 +238,14 @@ class Policy:
                              "without ZeRO-3/FSDP2 parameter sharding")
         if not self.algo.uses_reference or self.reference is not None or self.peft is not None:
             return
-        if not self._reference_dir.is_dir() and self.strategy.shards_params:
+        # A resumed run's saved reference. Every rank looks before rank 0 writes one: a rank that
+        # looked later found the folder rank 0 was still filling and failed to load it.
+        saved = self._reference_dir.is_dir()
+        dist.barrier(self.info)
+        if not saved and self.strategy.shards_params:
             self._save_sharded_reference()  # no whole copy in memory
-        if self._reference_dir.is_dir():
+            saved = True
+        if saved:
             self.reference = self._load_reference()
             return
         self.reference = _frozen(copy.deepcopy(self.model))

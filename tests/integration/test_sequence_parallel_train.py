@@ -21,6 +21,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from mmrl.data import synthetic
+
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,10 +38,9 @@ def _run(cmd: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def runs(tiny_config, user_rewards, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("sp_train")
+    synthetic.GENERATORS.get("video_qa")(root / "data", n_train=4, n_eval=2)
     cfg = tiny_config(root / "cfg.yaml", root / "data", name="sp_train",
-                      data={"generate": "video_qa",
-                            "generate_kwargs": {"n_train": 4, "n_eval": 2},
-                            "video_nframes": 8, "video_fps": None},
+                      data={"generate": None, "video_nframes": 8, "video_fps": None},
                       rollout={"prompts_per_step": 2, "num_generations": 2},
                       algo={"advantage": "grpo", "beta": 0.04, "num_iterations": 2},
                       train={"steps": 2, "max_grad_norm": 0.0, "micro_batch_size": 2})
