@@ -15,9 +15,10 @@ Which group each part of a step runs over (models/ulysses.py says why):
   every rank of the first sequence group);
 - the rollout: each rank of a sequence group samples its contiguous share of the group's
   prompts and the group exchanges the completions (`share`, `gather_objects`): every row is
-  sampled once, by one rank, so the group's copies are identical by construction, and the
-  rollout's memory and time per rank fall N-fold as the update's do (`rollout.prompts_per_step`
-  must divide by the process count: every process samples whole groups).
+  sampled once, by one rank, so the group's copies are identical by construction (seeding
+  alike would not be: sampling kernels on GPUs are not bit-exact), and each process's rollout
+  costs what it costs without sequence parallelism on as many processes
+  (`rollout.prompts_per_step` must divide by the process count: each samples whole groups).
 """
 from __future__ import annotations
 
@@ -56,7 +57,6 @@ def make_layout(info: DistInfo, size: int) -> Layout:
             data_group = group
     data = DistInfo(info.rank // size, data_size, info.local_rank, group=data_group)
     return Layout(info, data, SPGroup(sequence_group, info.rank % size, size))
-
 
 
 def share(n: int, rank: int, size: int) -> tuple[int, int]:
