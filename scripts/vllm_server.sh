@@ -75,7 +75,7 @@ EXPORT=("$PY" -m mmrl.rollout.vllm_server export --family "$FAMILY" --model "$MO
 
 ARGS=(--model "$WORKDIR" --host "$HOST" --port "$PORT" --dtype "$DTYPE"
       --tensor-parallel-size "$TP" --generation-config vllm --logprobs-mode raw_logprobs
-      --worker-extension-cls mmrl.rollout.worker_ext.WeightSync)
+      --worker-extension-cls mmrl.rollout.worker_ext.WeightSync --enable-scale-out)
 if [ "$CPU" = 1 ]; then
   export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}  # GiB of KV cache
   ARGS+=(--enforce-eager)

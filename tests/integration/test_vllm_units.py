@@ -67,6 +67,59 @@ def test_build_request_from_trainer_prompt():
         build_request(p, pads)
 
 
+def test_server_request_is_the_colocated_one_with_media_as_data_urls():
+    """Server mode sends the colocated engine's token ids (one pad per item) and each image and
+    audio clip, in order, as a lossless data URL; a video is refused with a sentence."""
+    import base64
+    import io
+
+    import numpy as np
+    import soundfile
+
+    from mmrl.rollout.vllm_server import generate_request
+
+    adapter = get_adapter("qwen2_5_omni")
+    _, processor = adapter.tiny(seed=0)
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 255, (56, 56, 3), dtype=np.uint8)),
+              Image.new("RGB", (84, 56), "red")]
+    audio = rng.uniform(-0.5, 0.5, 8000).astype(np.float32)
+    sample = Sample(id="s", messages=[{"role": "user", "content": [
+        {"type": "image"}, {"type": "audio"}, {"type": "image"}, {"type": "text", "text": "Hi"}]}])
+    p = adapter.prompt_features(processor, sample, images, audios=[audio])
+    p.media = {"images": images, "audios": [audio]}
+    body = generate_request(p, media_pad_ids(processor))
+    assert body["token_ids"] == build_request(p, media_pad_ids(processor))["prompt_token_ids"]
+    kinds = [part["type"] for part in body["content_parts"]]
+    assert kinds == ["image_url", "image_url", "audio_url"]  # vLLM queues them per modality
+
+    def decoded(part):
+        header, data = part["url"].split(",", 1)
+        return header, io.BytesIO(base64.b64decode(data))
+
+    for part, image in zip(body["content_parts"], images):
+        header, raw = decoded(part)
+        assert header == "data:image/png;base64"
+        assert np.array_equal(np.asarray(Image.open(raw)), np.asarray(image))
+    header, raw = decoded(body["content_parts"][2])
+    wave, rate = soundfile.read(raw, dtype="float32")
+    assert header == "data:audio/wav;base64" and rate == 16000 and np.array_equal(wave, audio)
+    text = adapter.prompt_features(processor, Sample(id="t", messages=[
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]))
+    text.media = {}
+    assert generate_request(text, media_pad_ids(processor)) == {
+        "token_ids": text.input_ids.tolist(), "content_parts": None}
+    from mmrl.data.media import Video
+
+    clip = Video(np.zeros((4, 56, 56, 3), np.uint8), 2.0, [0.0, 0.5, 1.0, 1.5], 2.0)
+    video = adapter.prompt_features(processor, Sample(id="v", messages=[
+        {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "Hi"}]}]),
+        videos=[clip])
+    video.media = {"videos": [clip]}
+    with pytest.raises(NotImplementedError, match="sample 'v'.*colocated"):
+        generate_request(video, media_pad_ids(processor))
+
+
 def test_to_generation_layout_and_placeholder_error():
     gen = to_generation([([5, 6, 2], [-0.1, -0.2, -0.3], False), ([7], [-1.0], True)], pad_id=0)
     assert gen.completion_ids.tolist() == [[5, 6, 2], [7, 0, 0]]
