@@ -22,6 +22,9 @@
 #     /collective_rpc after each optimizer step. That moves the whole model through JSON: fine
 #     for small models and CPU tests, slow for 7B+. DEV MODE ALSO LETS ANY CLIENT CALL WORKER
 #     METHODS: bind to 127.0.0.1 or a private network only.
+#   - --enable-scale-out, which serves vLLM's token-in endpoint /inference/v1/generate: the client
+#     sends the trainer's token ids with the media as data URLs (a tool trajectory continues
+#     from the model's own token ids, never re-rendered from chat messages),
 #   - --generation-config vllm (the checkpoint's sampling defaults must not apply) and raw
 #     sampled-token logprobs (mmrl scales logits by 1/T inside the model instead, see
 #     mmrl/rollout/vllm.py).

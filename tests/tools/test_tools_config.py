@@ -58,12 +58,14 @@ def test_options_the_trajectories_are_not_wired_into_are_refused(override, messa
     load(override)  # fine without tools
 
 
-def test_tools_on_vllm_run_colocated_and_video_tools_only_where_verified():
-    tools = "tools.use=[{name: crop}]"
+def test_tools_on_vllm_run_colocated_or_served_and_video_tools_only_where_verified():
+    tools = "tools.use=[{name: crop}, {name: audio_clip}]"
     assert load(tools, "rollout.backend=vllm").rollout.backend == "vllm"  # qwen2_5_vl, colocated
-    with pytest.raises(config.ConfigError, match="rollout.vllm.server_url=http://h:8000 cannot "
-                       "run with tools.use .the server takes a prompt with media as chat messages"):
-        load(tools, "rollout.backend=vllm", "rollout.vllm.server_url=http://h:8000")
+    server = ("rollout.backend=vllm", "rollout.vllm.server_url=http://h:8000")
+    assert load(tools, *server).rollout.vllm.server_url == "http://h:8000"
+    with pytest.raises(config.ConfigError, match="tools.use frames cannot run with rollout.vllm."
+                       "server_url .the server takes media as data URLs"):
+        load("tools.use=[{name: crop}, {name: frames}]", *server)
     for family in ("qwen3_vl", "qwen2_5_omni", "qwen2_audio"):  # images and audio: every family
         load("tools.use=[{name: crop}, {name: audio_clip}]", "rollout.backend=vllm",
              f"model.family={family}")
