@@ -34,7 +34,7 @@ import torch
 from mmrl.config_rules import WEIGHT_TRANSFER, resolve_weight_transfer
 from mmrl.models.forward import Generation
 from mmrl.rollout.vllm_io import (ban_fields, build_request, describe, eos_token_ids,
-                                  media_pad_ids, to_generation)
+                                  frame_marks, media_pad_ids, to_generation)
 from mmrl.rollout.vllm_weights import export_for_vllm, vllm_state_dict
 from mmrl.types import PromptFeatures, SamplingParams
 
@@ -154,7 +154,7 @@ class VLLMEngine:
         tokenizer = getattr(processor, "tokenizer", processor)
         self.tokenizer, self.pad_id = tokenizer, tokenizer.pad_token_id
         self.eos_ids = list(eos_ids) if eos_ids is not None else eos_token_ids(model, processor)
-        self.pads = media_pad_ids(processor)
+        self.pads, self.marks = media_pad_ids(processor), frame_marks(processor)
         self.placeholder_ids = adapter.placeholder_token_ids(processor) if adapter is not None else []
         self.sleep_mode, self.sleep_level, self.asleep = enable_sleep_mode, sleep_level, False
         self._scale = 1.0
@@ -234,7 +234,7 @@ class VLLMEngine:
         self._wake()
         self._set_temperature(temperature)
         g = s.num_generations
-        requests = [build_request(p, self.pads) for p in prompts]
+        requests = [build_request(p, self.pads, self.marks) for p in prompts]
         # vLLM rejects n > 1 without sampling: greedy rows of a group are copies anyway.
         n = g if do_sample else 1
         params = [vllm.SamplingParams(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -67,13 +68,35 @@ def test_build_request_from_trainer_prompt():
         build_request(p, pads)
 
 
+def test_qwen3_vl_video_frame_blocks_fold_to_one_pad():
+    """Qwen3-VL writes a video as timestamped frame blocks inside one outer block: vLLM gets the
+    outer block around one video pad (it writes the timestamps again); an image stays as is."""
+    from mmrl.data.media import Video
+    from mmrl.rollout.vllm_io import frame_marks
+
+    adapter = get_adapter("qwen3_vl")
+    _, processor = adapter.tiny(seed=0, num_hidden_layers=1)
+    video = Video(np.zeros((4, 56, 56, 3), np.uint8), 2.0, [0.0, 0.5, 1.0, 1.5], 2.0)
+    image = Image.new("RGB", (56, 56), "white")
+    p = adapter.prompt_features(processor, Sample(id="v", messages=[{"role": "user", "content": [
+        {"type": "video"}, {"type": "image"}, {"type": "text", "text": "Hi"}]}]), [image],
+        videos=[video])
+    p.media = {"videos": [video], "images": [image]}
+    tok = processor.tokenizer
+    assert "<0.2 seconds>" in tok.decode(p.input_ids)  # the processor's per-frame timestamps
+    req = build_request(p, media_pad_ids(processor), frame_marks(processor))
+    assert tok.decode(req["prompt_token_ids"]).startswith(
+        "<|im_start|>user\n<|vision_start|><|video_pad|><|vision_end|>"
+        "<|vision_start|><|image_pad|><|vision_end|>Hi")
+    assert frame_marks(get_adapter("qwen2_5_vl").tiny(seed=0)[1]) is None
+
+
 def test_server_request_is_the_colocated_one_with_media_as_data_urls():
     """Server mode sends the colocated engine's token ids (one pad per item) and each image and
     audio clip, in order, as a lossless data URL; a video is refused with a sentence."""
     import base64
     import io
 
-    import numpy as np
     import soundfile
 
     from mmrl.rollout.vllm_server import generate_request
