@@ -84,9 +84,9 @@ def test_a_tool_step_on_vllm_trains_on_the_samplers_logprobs(tmp_path, monkeypat
     whole trajectory equals vLLM's sampled logprobs on the model tokens, before the update and
     in the metric the step logs (rollout/logp_gap_max). Without the teaching the random tiny
     model (sft.steps=0) writes garbled text and calls nothing -- on HF generate as on vLLM."""
-    from tests.integration.test_vllm_trajectory import TOL, _call, _scripted
+    from tests.integration.test_vllm_trajectory import TOL, _call, _scripted, fit
 
-    from mmrl.models.forward import collate, completion_logprobs
+    from mmrl.models.forward import collate
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     recipe = "recipes/visual_search/"
@@ -107,15 +107,7 @@ def test_a_tool_step_on_vllm_trains_on_the_samplers_logprobs(tmp_path, monkeypat
             inputs = collate([prompt], ids[None], torch.ones_like(ids)[None], policy.pad_id,
                              observations=[observations])
             rows.append((inputs, ids[None], mask[None]))
-        model = policy.model
-        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-        model.train()
-        for _ in range(60):
-            loss = sum(-(completion_logprobs(model, x, ids, m) * m).sum() / m.sum()
-                       for x, ids, m in rows)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        fit(policy.model, rows, 60)
         t.rollout.sync()
         batch, scores, per, extra = t.sample_batch()
         back = [o for tr in batch.trajectories for o in tr.observations]
