@@ -210,6 +210,9 @@ _VIDEO_TOOLS = ("frames",)
 _VLLM_VIDEO_REFUSED = {
     "qwen3_vl": "Qwen3-VL writes a timestamp before each frame of a video, which a vLLM token "
                 "prompt (one placeholder per video) cannot carry",
+    "qwen2_5_omni": "vLLM's Qwen2.5-Omni processor expands a video to another size than the "
+                    "trainer's (4 frames of 56 px: about 280 tokens against 8), so the prompt "
+                    "check fails",
 }
 
 
