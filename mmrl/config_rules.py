@@ -208,8 +208,8 @@ _NOT_WITH_TOOLS = (
 VLLM_VIDEO_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 _VIDEO_TOOLS = ("frames",)
 _VLLM_VIDEO_REFUSED = {
-    "qwen3_vl": "Qwen3-VL writes a timestamp before each frame of a video, which a vLLM token "
-                "prompt (one placeholder per video) cannot carry",
+    "qwen3_vl": "vLLM expands Qwen3-VL's timestamped video prompt to the trainer's ids, but "
+                "its logprobs after a video are 0.05-0.12 off the trainer's forward",
     "qwen2_5_omni": "vLLM's Qwen2.5-Omni processor expands a video to another size than the "
                     "trainer's (4 frames of 56 px: about 280 tokens against 8), so the prompt "
                     "check fails",

@@ -344,5 +344,8 @@ def test_more_families_match_before_and_after_sync(family):
             _check_continuation(state, prompt)
         if family in VLLM_VIDEO_FAMILIES:
             _check_continuation(state, _check_video(state))
+        elif family == "qwen3_vl":  # its prompt folds right, its logprobs do not: refused
+            with pytest.raises(NotImplementedError, match="Qwen3-VL video on vLLM"):
+                _check_video(state)
     finally:
         engine.close()

@@ -71,7 +71,7 @@ def test_tools_on_vllm_run_colocated_or_served_and_video_tools_only_where_verifi
              f"model.family={family}")
     frames = "tools.use=[{name: crop}, {name: frames}]"
     with pytest.raises(config.ConfigError, match="tools.use frames with model.family=qwen3_vl "
-                       "cannot run on rollout.backend=vllm .Qwen3-VL writes a timestamp before"):
+                       "cannot run on rollout.backend=vllm .vLLM expands Qwen3-VL's timestamped video"):
         load(frames, "rollout.backend=vllm", "model.family=qwen3_vl")
     with pytest.raises(config.ConfigError, match="model.family=qwen2_5_omni cannot run on rollout."
                        "backend=vllm .vLLM's Qwen2.5-Omni processor expands a video to another "
