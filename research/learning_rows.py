@@ -44,7 +44,10 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     # pattern; only a crop of the patch shows it (`mmrl data generate visual_search`). The
     # no-tool control is the same data written with tools=false: no crop is offered.
     "visual_search": ("visual_search", []),
-    "visual_search_no_tool": ("visual_search", ["sft.target='<answer>{solution}</answer>'"]),
+    "visual_search_no_tool": ("visual_search", [
+        "tools.use=[]", "sft.turn_targets=[]", "sft.target='<answer>{solution}</answer>'",
+        "rewards=[{name: accuracy, weight: 1.0, params: {mode: choice}},"
+        " {name: format, weight: 0.5, params: {think: optional}}]"]),
 }
 # Rows whose records a generator writes directly (mmrl records, no anchor conversion):
 # row -> (generator, arguments).
