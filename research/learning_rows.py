@@ -56,6 +56,9 @@ GENERATED = {"visual_search": ("visual_search", {"n_train": 600, "n_eval": 100, 
              "visual_search_no_tool": ("visual_search", {"n_train": 600, "n_eval": 100,
                                                          "size": 448, "patch": 24, "cell": 1,
                                                          "budget_pixels": 3136, "tools": False})}
+# Tool rows and their single-turn no-tool controls (issue #26's bar on top of the usual one:
+# the tool row ends >= 0.15 above its control, which stays within 0.05 of chance).
+CONTROLS = {"visual_search": "visual_search_no_tool"}
 # Rows whose data is a pretext task built from a folder of unlabelled media, as a user runs it
 # (`mmrl data generate TASK OUT source=FOLDER`), instead of the recipe's anchor task:
 # row -> (folder painted as the user's media: "photos" or "videos", generator arguments).
