@@ -51,11 +51,11 @@ ROWS: dict[str, tuple[str, list[str]]] = {
 }
 # Rows whose records a generator writes directly (mmrl records, no anchor conversion):
 # row -> (generator, arguments).
-GENERATED = {"visual_search": ("visual_search", {"n_train": 600, "n_eval": 100, "size": 448,
-                                                 "patch": 24, "cell": 1, "budget_pixels": 3136}),
-             "visual_search_no_tool": ("visual_search", {"n_train": 600, "n_eval": 100,
-                                                         "size": 448, "patch": 24, "cell": 1,
-                                                         "budget_pixels": 3136, "tools": False})}
+# visual_search: the patch mid-cell of an 8 x 8 grid (56-px cells, 7 px at the 56 x 56 input).
+_SEARCH = {"n_train": 600, "n_eval": 100, "size": 448, "patch": 24, "cell": 1,
+           "budget_pixels": 3136, "grid": 8}
+GENERATED = {"visual_search": ("visual_search", _SEARCH),
+             "visual_search_no_tool": ("visual_search", {**_SEARCH, "tools": False})}
 # Tool rows and their single-turn no-tool controls (issue #26's bar on top of the usual one:
 # the tool row ends >= 0.15 above its control, which stays within 0.05 of chance).
 CONTROLS = {"visual_search": "visual_search_no_tool"}
