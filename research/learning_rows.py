@@ -51,9 +51,10 @@ ROWS: dict[str, tuple[str, list[str]]] = {
 }
 # Rows whose records a generator writes directly (mmrl records, no anchor conversion):
 # row -> (generator, arguments).
-# visual_search: the patch mid-cell of an 8 x 8 grid (56-px cells, 7 px at the 56 x 56 input).
-_SEARCH = {"n_train": 600, "n_eval": 100, "size": 448, "patch": 24, "cell": 1,
-           "budget_pixels": 3136, "grid": 8}
+# visual_search: 672-px scenes seen at 84 x 84 (9 visual tokens); the patch mid-cell of a
+# 3 x 3 grid, each cell one visual token (the detection row's geometry).
+_SEARCH = {"n_train": 600, "n_eval": 100, "size": 672, "patch": 24, "cell": 1,
+           "budget_pixels": 7056, "grid": 3}
 GENERATED = {"visual_search": ("visual_search", _SEARCH),
              "visual_search_no_tool": ("visual_search", {**_SEARCH, "tools": False})}
 # Tool rows and their single-turn no-tool controls (issue #26's bar on top of the usual one:
