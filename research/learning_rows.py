@@ -52,8 +52,9 @@ ROWS: dict[str, tuple[str, list[str]]] = {
 # Rows whose records a generator writes directly (mmrl records, no anchor conversion):
 # row -> (generator, arguments).
 # visual_search: 672-px scenes seen at 84 x 84 (9 visual tokens); the patch mid-cell of a
-# 3 x 3 grid, each cell one visual token (the detection row's geometry).
-_SEARCH = {"n_train": 600, "n_eval": 100, "size": 672, "patch": 24, "cell": 1,
+# 3 x 3 grid, each cell one visual token (the detection row's geometry), and 112 px: a whole
+# 14-px input patch of yellow, the pattern (4 px, half an input pixel) in its middle.
+_SEARCH = {"n_train": 600, "n_eval": 100, "size": 672, "patch": 112, "cell": 1,
            "budget_pixels": 7056, "grid": 3}
 GENERATED = {"visual_search": ("visual_search", _SEARCH),
              "visual_search_no_tool": ("visual_search", {**_SEARCH, "tools": False})}

@@ -170,14 +170,15 @@ def _holds(box: list, inner: list) -> bool:
 def tool_use(run_dir: Path, name: str) -> dict | None:
     """Tool use on the held-out records of evaluation `name` (eval/NAME.jsonl, first draws): the
     share of trajectories that called a tool, and the share whose crops (what the tool read, in
-    original pixels) held the record's whole `patch_box`. None for runs without tools."""
+    original pixels) held the record's whole `mark_box` (what must be read). None for runs
+    without tools."""
     path = run_dir / "eval" / f"{name}.jsonl"
     rows = [r for r in map(json.loads, path.read_text().splitlines())
             if r["draw"] == 0] if path.exists() else []
     if not rows or "seen" not in rows[0]:
         return None
-    found = [any(_holds(s["box"], r["fields"]["patch_box"]) for looks in r["seen"]
-                 for s in looks if "box" in s) for r in rows if "patch_box" in r["fields"]]
+    found = [any(_holds(s["box"], r["fields"]["mark_box"]) for looks in r["seen"]
+                 for s in looks if "box" in s) for r in rows if "mark_box" in r["fields"]]
     return {"called": sum(any(c["name"] for c in r["calls"]) for r in rows) / len(rows),
             "found": sum(found) / len(found) if found else None}
 

@@ -87,7 +87,8 @@ def visual_search(out_dir: str | Path, n_train: int = 400, n_eval: int = 80, see
     At the input budget (`budget_pixels` = data.image_max_pixels; 56x56 for a 1792 image: 32x
     smaller) the 16-px pattern is half a pixel and the four answers' inputs differ by at most a
     level or two; a crop of the patch shows it. Fields: image_size,
-    mark_box / patch_box (original pixels), patch_box_resized (the model's input frame), and
+    mark_box / patch_box (original pixels), mark_box_resized / patch_box_resized (the model's
+    input frame), and
     "tools": ["crop"] unless tools=False. `grid` > 0 places the patch in the middle of one cell
     of a grid x grid division (fewer places to look: a coarse search), else anywhere."""
     w, h = fit_pixels(size, size, 28 * 28, budget_pixels)
@@ -117,12 +118,13 @@ def visual_search(out_dir: str | Path, n_train: int = 400, n_eval: int = 80, see
             "solution": MC_LETTERS[names.index(scene["pattern"])], "options": options,
             "problem_type": "multiple choice", "image_size": [size, size],
             "mark_box": scene["mark_box"], "patch_box": scene["patch_box"],
-            # The patch in the model's input frame (w x h at the budget), rounded outwards:
-            # Qwen2.5-VL's own box convention (`coords: resized`).
-            "patch_box_resized": [math.floor(scene["patch_box"][0] * w / size),
-                                  math.floor(scene["patch_box"][1] * h / size),
-                                  math.ceil(scene["patch_box"][2] * w / size),
-                                  math.ceil(scene["patch_box"][3] * h / size)],
+            # The patch and the mark in the model's input frame (w x h at the budget), rounded
+            # outwards: Qwen2.5-VL's own box convention (`coords: resized`).
+            **{f"{key}_resized": [math.floor(scene[key][0] * w / size),
+                                  math.floor(scene[key][1] * h / size),
+                                  math.ceil(scene[key][2] * w / size),
+                                  math.ceil(scene[key][3] * h / size)]
+               for key in ("patch_box", "mark_box")},
         }
         if tools:
             record["tools"] = ["crop"]

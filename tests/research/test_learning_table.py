@@ -253,9 +253,9 @@ def test_cut_text_share_counts_the_last_logged_step_only(tmp_path):
     assert learning_table._cut_text(tmp_path / "missing") is None
 
 
-def test_tool_use_counts_calls_and_crops_that_hold_the_patch(tmp_path):
+def test_tool_use_counts_calls_and_crops_that_hold_the_mark(tmp_path):
     def row(calls, seen, draw=0):
-        return {"draw": draw, "fields": {"patch_box": [10, 10, 34, 34]}, "seen": seen,
+        return {"draw": draw, "fields": {"mark_box": [10, 10, 34, 34]}, "seen": seen,
                 "calls": [{"name": n, "turn": 0, "error": None} for n in calls]}
     held, missed = {"media": "image", "box": [6, 8, 34, 40]}, {"media": "image", "box": [12, 8, 40, 40]}
     rows = [row(["crop"], [[held]]), row(["crop", "crop"], [[missed], [held]]),
