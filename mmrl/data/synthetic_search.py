@@ -88,9 +88,9 @@ def visual_search(out_dir: str | Path, n_train: int = 400, n_eval: int = 80, see
     smaller) the 16-px pattern is half a pixel and the four answers' inputs differ by at most a
     level or two; a crop of the patch shows it. Fields: image_size,
     mark_box / patch_box (original pixels), mark_box_resized / patch_box_resized (the model's
-    input frame), and
-    "tools": ["crop"] unless tools=False. `grid` > 0 places the patch in the middle of one cell
-    of a grid x grid division (fewer places to look: a coarse search), else anywhere."""
+    input frame), and "tools": ["crop"] unless tools=False. `grid` > 0 places the patch in the
+    middle of one cell of a grid x grid division (fewer places to look: a coarse search), else
+    anywhere."""
     w, h = fit_pixels(size, size, 28 * 28, budget_pixels)
     if 4 * cell * w / size > 0.5:
         raise ValueError(f"visual_search: the pattern ({4 * cell} px) would be "
