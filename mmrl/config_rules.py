@@ -206,10 +206,6 @@ _NOT_WITH_TOOLS = (
      "a ground-truth row replaces a whole trajectory with one turn"),
     ("algo.tgrpo_alpha", lambda c: c.algo.tgrpo_alpha > 0,
      "the shuffled-frame re-rollout is single-turn"),
-    ("rollout.vllm.server_url", lambda c: c.rollout.backend == "vllm" and bool(
-        c.rollout.vllm.server_url), "the server takes a prompt with media as chat messages "
-     "rendered from the record, which cannot carry the model's own token ids: unset "
-     "server_url for the colocated engine, or use rollout.backend=hf"),
 )
 
 # Families whose video the colocated vLLM engine places where the trainer does (M-RoPE
@@ -218,8 +214,11 @@ _NOT_WITH_TOOLS = (
 VLLM_VIDEO_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 _VIDEO_TOOLS = ("frames",)
 _VLLM_VIDEO_REFUSED = {
-    "qwen3_vl": "Qwen3-VL writes a timestamp before each frame of a video, which a vLLM token "
-                "prompt (one placeholder per video) cannot carry",
+    "qwen3_vl": "vLLM expands Qwen3-VL's timestamped video prompt to the trainer's ids, but "
+                "its logprobs after a video are 0.05-0.12 off the trainer's forward",
+    "qwen2_5_omni": "vLLM's Qwen2.5-Omni processor expands a video to another size than the "
+                    "trainer's (4 frames of 56 px: about 280 tokens against 8), so the prompt "
+                    "check fails",
 }
 
 
@@ -229,7 +228,12 @@ def _not_with_tools(cfg) -> list[str]:
            f"or set tools.use=[]" for key, on, why in _NOT_WITH_TOOLS if on(cfg)]
     family = cfg.model.family
     video = [spec.name for spec in cfg.tools.use if spec.name in _VIDEO_TOOLS]
-    if cfg.rollout.backend == "vllm" and video and family not in VLLM_VIDEO_FAMILIES:
+    if cfg.rollout.backend == "vllm" and video and cfg.rollout.vllm.server_url:
+        out.append(f"tools.use {video[0]} cannot run with rollout.vllm.server_url (the server "
+                   f"takes media as data URLs and would decode and sample a video's frames "
+                   f"again); unset server_url for the colocated engine, or use "
+                   f"rollout.backend=hf")
+    elif cfg.rollout.backend == "vllm" and video and family not in VLLM_VIDEO_FAMILIES:
         why = _VLLM_VIDEO_REFUSED.get(family, "its video positions on vLLM are not verified")
         out.append(f"tools.use {video[0]} with model.family={family} cannot run on "
                    f"rollout.backend=vllm ({why}; video on vLLM: "
