@@ -182,6 +182,11 @@ class SFTConfig:
     # With data.think_hybrid: the completion for samples asked to think, e.g. "<think>I count
     # them.</think><answer>{solution}</answer>" (None: `target` for every sample).
     think_target: Optional[str] = None
+    # With tools.use: a demonstration trajectory instead of one turn, one target per model turn
+    # (e.g. a crop call on the record's box, then "<answer>{solution}</answer>"); the real tools
+    # answer the calls in between, and the loss covers the model's turns only (Mini-o3's and
+    # DeepEyes' multi-turn cold start). Empty: `target`, one turn.
+    turn_targets: list[str] = field(default_factory=list)
     val_samples: int = 64  # held out of the SFT draws to decide when to stop
     lr: float = 1e-3  # a tiny model's warm-up; a real checkpoint seldom needs a warm-up at all
     batch_size: int = 32  # samples a warm-up step

@@ -7,7 +7,7 @@ import math
 import re
 from pathlib import Path
 
-from learning_rows import METHODS, PRETEXT, RATES, ROWS, STARTS_FROM
+from learning_rows import CONTROLS, METHODS, PRETEXT, RATES, ROWS, STARTS_FROM
 
 HERE = Path(__file__).resolve().parent
 
@@ -124,6 +124,42 @@ def pretext_lines(results: list[dict]) -> list[str]:
                 f"; {_mean_wall(runs)} a run. It has no plain-GRPO counterpart: without the "
                 f"generator there are no labels.{TRANSFER.get(row, '')}")
     return [""] + lines if lines else []
+
+
+def _use(r: dict, when: str) -> str:
+    use = (r.get("tool_use") or {}).get(when)
+    if not use:
+        return "–"
+    found = "–" if use["found"] is None else f"{use['found']:.0%}"
+    return f"{use['called']:.0%} / {found}"
+
+
+def tool_lines(results: list[dict]) -> list[str]:
+    """Each tool row beside its no-tool control, seed by seed, with tool use before and after RL
+    (share of held-out trajectories that called the tool / whose crop held the target)."""
+    ok = {(r["row"], r["seed"]): r for r in results if "error" not in r}
+    lines = []
+    for row, control in CONTROLS.items():
+        seeds = sorted(s for (name, s) in ok if name == row)
+        if not seeds:
+            continue
+        lines += ["", f"## `{row}`: the tool row against its single-turn control", "",
+                  f"`{control}` is the same task with no tool offered (single turn); it must stay "
+                  f"within {BAR_CHANCE} of chance, and `{row}` must end >= {BAR_GAIN} above it "
+                  "(issue #26), besides the usual bar. *Tool use* is the share of held-out "
+                  "trajectories that called the tool / whose crop held the whole mark to read.",
+                  "", "| seed | before | after | no-tool after | chance | shuffled | tool use "
+                  "before RL | tool use after RL | bar |", "|---|---|---|---|---|---|---|---|---|"]
+        for seed in seeds:
+            r, c = ok[(row, seed)], ok.get((control, seed))
+            met = (c is not None and verdict(r) and r["after"] >= c["after"] + BAR_GAIN - 1e-9
+                   and abs(c["after"] - c["chance"]) <= BAR_CHANCE)
+            lines.append(
+                f"| {seed} | {_fmt(r['before'], 'accuracy')} | {_fmt(r['after'], 'accuracy')} | "
+                f"{_fmt(c['after'], 'accuracy') if c else '–'} | {_fmt(r['chance'], 'count')} | "
+                f"{_fmt(r['shuffled'], 'accuracy')} | {_use(r, 'before')} | {_use(r, 'after')} | "
+                f"{'meets' if met else 'misses'} |")
+    return lines
 
 
 def _rate_text(name: str, seeds: list[int], ev, ok: dict) -> str:
@@ -264,7 +300,7 @@ def write_markdown(results: list[dict], out: Path, png: Path | None) -> None:
             f"{_fmt(r['chance'], 'count') if r['metric'] in EXACT else '–'} | {_cut_text(r)} | "
             f"{r['sft_steps'] or 0}/{r['rl_steps']} | {r['wall_s']:.0f} s | "
             f"{_fmt(r.get('load'), 'load')} | {'meets' if verdict(r) else 'misses'} |")
-    lines += methods_table(results) + pretext_lines(table) + findings(results)
+    lines += tool_lines(table) + methods_table(results) + pretext_lines(table) + findings(results)
     if png is not None:
         lines += ["", f"![held-out metric reward during RL]({png.name})"]
     out.write_text("\n".join(lines) + "\n")

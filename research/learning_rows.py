@@ -44,15 +44,23 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     # pattern; only a crop of the patch shows it (`mmrl data generate visual_search`). The
     # no-tool control is the same data written with tools=false: no crop is offered.
     "visual_search": ("visual_search", []),
-    "visual_search_no_tool": ("visual_search", ["sft.target='<answer>{solution}</answer>'"]),
+    "visual_search_no_tool": ("visual_search", [
+        "tools.use=[]", "sft.turn_targets=[]", "sft.target='<answer>{solution}</answer>'",
+        "rewards=[{name: accuracy, weight: 1.0, params: {mode: choice}},"
+        " {name: format, weight: 0.5, params: {think: optional}}]"]),
 }
 # Rows whose records a generator writes directly (mmrl records, no anchor conversion):
 # row -> (generator, arguments).
-GENERATED = {"visual_search": ("visual_search", {"n_train": 600, "n_eval": 100, "size": 448,
-                                                 "patch": 24, "cell": 1, "budget_pixels": 3136}),
-             "visual_search_no_tool": ("visual_search", {"n_train": 600, "n_eval": 100,
-                                                         "size": 448, "patch": 24, "cell": 1,
-                                                         "budget_pixels": 3136, "tools": False})}
+# visual_search: 672-px scenes seen at 84 x 84 (9 visual tokens); the patch mid-cell of a
+# 3 x 3 grid, each cell one visual token (the detection row's geometry), and 112 px: a whole
+# 14-px input patch of yellow, the pattern (4 px, half an input pixel) in its middle.
+_SEARCH = {"n_train": 600, "n_eval": 100, "size": 672, "patch": 112, "cell": 1,
+           "budget_pixels": 7056, "grid": 3}
+GENERATED = {"visual_search": ("visual_search", _SEARCH),
+             "visual_search_no_tool": ("visual_search", {**_SEARCH, "tools": False})}
+# Tool rows and their single-turn no-tool controls (issue #26's bar on top of the usual one:
+# the tool row ends >= 0.15 above its control, which stays within 0.05 of chance).
+CONTROLS = {"visual_search": "visual_search_no_tool"}
 # Rows whose data is a pretext task built from a folder of unlabelled media, as a user runs it
 # (`mmrl data generate TASK OUT source=FOLDER`), instead of the recipe's anchor task:
 # row -> (folder painted as the user's media: "photos" or "videos", generator arguments).

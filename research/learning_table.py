@@ -163,6 +163,26 @@ def _cut_text(run_dir: Path) -> float | None:
     return cut_after_answer_frac([r["completion"] for r in last], [r["truncated"] for r in last])
 
 
+def _holds(box: list, inner: list) -> bool:
+    return box[0] <= inner[0] and box[1] <= inner[1] and box[2] >= inner[2] and box[3] >= inner[3]
+
+
+def tool_use(run_dir: Path, name: str) -> dict | None:
+    """Tool use on the held-out records of evaluation `name` (eval/NAME.jsonl, first draws): the
+    share of trajectories that called a tool, and the share whose crops (what the tool read, in
+    original pixels) held the record's whole `mark_box` (what must be read). None for runs
+    without tools."""
+    path = run_dir / "eval" / f"{name}.jsonl"
+    rows = [r for r in map(json.loads, path.read_text().splitlines())
+            if r["draw"] == 0] if path.exists() else []
+    if not rows or "seen" not in rows[0]:
+        return None
+    found = [any(_holds(s["box"], r["fields"]["mark_box"]) for looks in r["seen"]
+                 for s in looks if "box" in s) for r in rows if "mark_box" in r["fields"]]
+    return {"called": sum(any(c["name"] for c in r["calls"]) for r in rows) / len(rows),
+            "found": sum(found) / len(found) if found else None}
+
+
 class LoadMeter:
     """The mean 1-minute load average while a run lasts, read every `every` seconds: the machine
     is shared, and wall time grows with what else runs on it."""
@@ -240,6 +260,8 @@ def run_row(row: str, seed: int, data_root: Path, runs_root: Path, *,
             "sft_steps": (summary.get("sft") or {}).get("steps"), "rl_steps": summary.get("steps"),
             "rate": _rate(run_dir, RATES.get(row)), "cut_text": _cut_text(run_dir),
             "zero_std_late": _late_mean(run_dir, "groups/zero_std_frac"),
+            "tool_use": {"before": tool_use(run_dir, "before_rl"),
+                         "after": tool_use(run_dir, "after_rl")},
             "curve": [(0, summary.get("accuracy_before_rl"))] + _curve(run_dir)}
 
 

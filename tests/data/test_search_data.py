@@ -138,3 +138,20 @@ def test_generators_are_deterministic(tmp_path):
     assert open(a["train"]).read().replace(str(tmp_path / "a"), "") == \
         open(b["train"]).read().replace(str(tmp_path / "b"), "")
     assert (tmp_path / "a/images/00000.png").read_bytes() == (tmp_path / "b/images/00000.png").read_bytes()
+
+
+def test_grid_places_the_patch_mid_cell_and_the_resized_box_holds_it(tmp_path):
+    """grid=8 on a 448-px scene: 56-px cells, the 24-px patch 16 px in from the cell's corner; its
+    box in the 56 x 56 input frame is the cell's middle, 7 px a cell, rounded outwards."""
+    made = GENERATORS.get("visual_search")(tmp_path, n_train=20, n_eval=0, size=448, patch=24,
+                                           cell=1, grid=8)
+    import json
+    for line in open(made["train"]):
+        r = json.loads(line)
+        x1, y1, x2, y2 = r["patch_box"]
+        assert x1 % 56 == 16 and y1 % 56 == 16 and (x2 - x1, y2 - y1) == (24, 24)
+        assert r["patch_box_resized"] == [x1 // 8, y1 // 8, -(-x2 // 8), -(-y2 // 8)]
+        assert r["patch_box_resized"][0] % 7 == 2 and r["patch_box_resized"][2] % 7 == 5
+    with pytest.raises(ValueError, match="does not fit a cell"):
+        GENERATORS.get("visual_search")(tmp_path / "x", n_train=1, n_eval=0, size=448, patch=64,
+                                        cell=1, grid=8)

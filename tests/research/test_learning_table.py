@@ -251,3 +251,28 @@ def test_cut_text_share_counts_the_last_logged_step_only(tmp_path):
     (tmp_path / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert learning_table._cut_text(tmp_path) == 0.25
     assert learning_table._cut_text(tmp_path / "missing") is None
+
+
+def test_tool_use_counts_calls_and_crops_that_hold_the_mark(tmp_path):
+    def row(calls, seen, draw=0):
+        return {"draw": draw, "fields": {"mark_box": [10, 10, 34, 34]}, "seen": seen,
+                "calls": [{"name": n, "turn": 0, "error": None} for n in calls]}
+    held, missed = {"media": "image", "box": [6, 8, 34, 40]}, {"media": "image", "box": [12, 8, 40, 40]}
+    rows = [row(["crop"], [[held]]), row(["crop", "crop"], [[missed], [held]]),
+            row(["crop"], [[missed]]), row([], []), row([], [], draw=1)]
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "after_rl.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert learning_table.tool_use(tmp_path, "after_rl") == {"called": 0.75, "found": 0.5}
+    assert learning_table.tool_use(tmp_path, "before_rl") is None  # no such evaluation
+
+
+def test_tool_rows_are_judged_against_their_no_tool_control():
+    def res(row, seed, before, after, use=None):
+        return dict(row=row, seed=seed, metric="accuracy", before=before, after=after,
+                    shuffled=0.27, chance=0.26, tool_use={"before": use, "after": use})
+    use = {"called": 0.9, "found": 0.5}
+    results = [res("visual_search", 0, 0.4, 0.6, use), res("visual_search_no_tool", 0, 0.3, 0.28),
+               res("visual_search", 1, 0.4, 0.6, use), res("visual_search_no_tool", 1, 0.3, 0.5)]
+    text = "\n".join(learning_render.tool_lines(results))
+    assert "| 0 | 0.40 | 0.60 | 0.28 | 0.26 | 0.27 | 90% / 50% | 90% / 50% | meets |" in text
+    assert "| 1 | 0.40 | 0.60 | 0.50 | 0.26 | 0.27 | 90% / 50% | 90% / 50% | misses |" in text
