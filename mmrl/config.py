@@ -182,6 +182,11 @@ class SFTConfig:
     # With data.think_hybrid: the completion for samples asked to think, e.g. "<think>I count
     # them.</think><answer>{solution}</answer>" (None: `target` for every sample).
     think_target: Optional[str] = None
+    # With tools.use: a demonstration trajectory instead of one turn, one target per model turn
+    # (e.g. a crop call on the record's box, then "<answer>{solution}</answer>"); the real tools
+    # answer the calls in between, and the loss covers the model's turns only (Mini-o3's and
+    # DeepEyes' multi-turn cold start). Empty: `target`, one turn.
+    turn_targets: list[str] = field(default_factory=list)
     val_samples: int = 64  # held out of the SFT draws to decide when to stop
     lr: float = 1e-3  # a tiny model's warm-up; a real checkpoint seldom needs a warm-up at all
     batch_size: int = 32  # samples a warm-up step
@@ -360,12 +365,14 @@ def _override(merged: DictConfig, item: str) -> str:
     return key
 
 
-def load(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+def load(path: str | Path | None, overrides: list[str] | None = None,
+         world: int | None = None) -> RunConfig:
     """Defaults <- YAML <- overrides; returns a typed RunConfig (dataclass instance).
 
     An override that is a path to another YAML file is merged as a further delta layer (e.g. a
     recipe's `tiny.yaml`, which shrinks it to an offline CPU run). An error names what caused it:
-    the YAML layer, or the override as typed (`override train.lr=abc: ...`)."""
+    the YAML layer, or the override as typed (`override train.lr=abc: ...`). `world`: the
+    process count the cross-field rules check against (default: the launcher's WORLD_SIZE)."""
     where = f"{path}: " if path else ""
     set_by: dict[str, str] = {}  # key -> the override that set it last
     merged = OmegaConf.structured(RunConfig)
@@ -396,7 +403,8 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> RunConf
     if path and cfg.log.run_dir is None and cfg.name == "run":
         cfg.name = Path(path).stem if Path(path).stem != "config" else Path(path).parent.name
     # Under torchrun / accelerate the process count is known already at load.
-    check(cfg, world=int(os.environ.get("WORLD_SIZE", "1")), where=where, set_by=set_by)
+    world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
+    check(cfg, world=world, where=where, set_by=set_by)
     return cfg
 
 

@@ -166,11 +166,15 @@ def problems(cfg, world: int = 1) -> list[str]:
     sp = max(cfg.train.sequence_parallel, 1)  # below 1: reported by RANGES
     if world % sp:
         out.append(f"train.sequence_parallel={sp}: must divide the process count {world}")
-    elif r.prompts_per_step >= 1 and r.prompts_per_step % (world // sp):
-        # A sequence group's processes share their rows: prompts split over data-parallel ranks.
-        what = (f"process count {world}" if sp == 1 else f"number of data-parallel ranks "
-                f"{world // sp} (processes / train.sequence_parallel)")
-        out.append(f"rollout.prompts_per_step={r.prompts_per_step}: must be divisible by the {what}")
+    elif r.prompts_per_step >= 1 and r.prompts_per_step % world:
+        # Every process samples whole groups (under sequence parallelism its share of its
+        # sequence group's prompts, train/sp.py).
+        out.append(f"rollout.prompts_per_step={r.prompts_per_step}: must be divisible by the "
+                   f"process count {world}")
+    if sp > 1 and r.backend == "vllm":
+        out.append(f"train.sequence_parallel={sp} with rollout.backend=vllm: not verified yet "
+                   f"(the split rollout is tested with the training model's own generate); use "
+                   f"rollout.backend=hf")
     if sp > 1 and cfg.model.attn_implementation == "flash_attention_2" and not cfg.train.shared_prefix:
         out.append(f"train.sequence_parallel={sp} with model.attn_implementation="
                    f"flash_attention_2 needs train.shared_prefix=true (its varlen kernel takes "
@@ -179,6 +183,12 @@ def problems(cfg, world: int = 1) -> list[str]:
         out.append(f"data.video_fps={d.video_fps} and data.video_nframes={d.video_nframes}: "
                    f"set one of them to null (fps samples by time, nframes a fixed count)")
     out += _tool_problems(cfg.tools, r)
+    if cfg.sft.turn_targets and not cfg.tools.enabled:
+        out.append("sft.turn_targets: a demonstration trajectory needs tools (tools.use is "
+                   "empty); use sft.target for a one-turn warm-up")
+    elif len(cfg.sft.turn_targets) > cfg.tools.max_turns:
+        out.append(f"sft.turn_targets: {len(cfg.sft.turn_targets)} turns, over tools.max_turns="
+                   f"{cfg.tools.max_turns} (the demonstration would hit the turn cap)")
     if cfg.tools.enabled:
         out += _not_with_tools(cfg)
     elif any(spec.name == "tool_use" for spec in cfg.rewards):
@@ -200,10 +210,6 @@ _NOT_WITH_TOOLS = (
      "a ground-truth row replaces a whole trajectory with one turn"),
     ("algo.tgrpo_alpha", lambda c: c.algo.tgrpo_alpha > 0,
      "the shuffled-frame re-rollout is single-turn"),
-    ("rollout.vllm.server_url", lambda c: c.rollout.backend == "vllm" and bool(
-        c.rollout.vllm.server_url), "the server takes a prompt with media as chat messages "
-     "rendered from the record, which cannot carry the model's own token ids: unset "
-     "server_url for the colocated engine, or use rollout.backend=hf"),
 )
 
 # Families whose video the colocated vLLM engine places where the trainer does (M-RoPE
@@ -212,8 +218,11 @@ _NOT_WITH_TOOLS = (
 VLLM_VIDEO_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 _VIDEO_TOOLS = ("frames",)
 _VLLM_VIDEO_REFUSED = {
-    "qwen3_vl": "Qwen3-VL writes a timestamp before each frame of a video, which a vLLM token "
-                "prompt (one placeholder per video) cannot carry",
+    "qwen3_vl": "vLLM expands Qwen3-VL's timestamped video prompt to the trainer's ids, but "
+                "its logprobs after a video are 0.05-0.12 off the trainer's forward",
+    "qwen2_5_omni": "vLLM's Qwen2.5-Omni processor expands a video to another size than the "
+                    "trainer's (4 frames of 56 px: about 280 tokens against 8), so the prompt "
+                    "check fails",
 }
 
 
@@ -223,7 +232,12 @@ def _not_with_tools(cfg) -> list[str]:
            f"or set tools.use=[]" for key, on, why in _NOT_WITH_TOOLS if on(cfg)]
     family = cfg.model.family
     video = [spec.name for spec in cfg.tools.use if spec.name in _VIDEO_TOOLS]
-    if cfg.rollout.backend == "vllm" and video and family not in VLLM_VIDEO_FAMILIES:
+    if cfg.rollout.backend == "vllm" and video and cfg.rollout.vllm.server_url:
+        out.append(f"tools.use {video[0]} cannot run with rollout.vllm.server_url (the server "
+                   f"takes media as data URLs and would decode and sample a video's frames "
+                   f"again); unset server_url for the colocated engine, or use "
+                   f"rollout.backend=hf")
+    elif cfg.rollout.backend == "vllm" and video and family not in VLLM_VIDEO_FAMILIES:
         why = _VLLM_VIDEO_REFUSED.get(family, "its video positions on vLLM are not verified")
         out.append(f"tools.use {video[0]} with model.family={family} cannot run on "
                    f"rollout.backend=vllm ({why}; video on vLLM: "

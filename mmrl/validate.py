@@ -22,7 +22,7 @@ def validate(cfg, world: int = 1) -> list[str]:
     from mmrl.models import MODELS
     from mmrl.train.scoring import bind_reward
 
-    problems = list(config_rules.problems(cfg, world)) + not_wired(cfg)
+    problems = list(config_rules.problems(cfg, world))
 
     def check(what, fn):
         try:
@@ -47,15 +47,6 @@ def validate(cfg, world: int = 1) -> list[str]:
         check("tools.use", lambda: Toolbox.from_config(cfg.tools))
     check("train.parallel", lambda: problems.extend(missing_packages(cfg)))
     return problems
-
-
-def not_wired(cfg) -> list[str]:
-    """Keys that are accepted and checked but that `mmrl train` does not read yet: refused, so a
-    run never goes on without them. Issue #31 built and tested the pieces (mmrl/models/ulysses.py);
-    wiring them into the Policy and the Learner empties this list."""
-    unused = {"train.sequence_parallel": cfg.train.sequence_parallel > 1}
-    return [f"{key}: not read by `mmrl train` yet (the Policy/Learner wiring of issue #31 comes "
-            f"next); leave it unset to train now" for key, is_set in unused.items() if is_set]
 
 
 def missing_packages(cfg) -> list[str]:

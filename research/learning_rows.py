@@ -44,13 +44,23 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     # pattern; only a crop of the patch shows it (`mmrl data generate visual_search`). The
     # no-tool control is the same data written with tools=false: no crop is offered.
     "visual_search": ("visual_search", []),
-    "visual_search_no_tool": ("visual_search", ["sft.target='<answer>{solution}</answer>'"]),
+    "visual_search_no_tool": ("visual_search", [
+        "tools.use=[]", "sft.turn_targets=[]", "sft.target='<answer>{solution}</answer>'",
+        "rewards=[{name: accuracy, weight: 1.0, params: {mode: choice}},"
+        " {name: format, weight: 0.5, params: {think: optional}}]"]),
     # Issue #26 item 7: which colour flashes on the grey card? The flash falls between the
     # frames of the 0.5-fps first look; `frames` over the card's span shows it. The warm-up
     # target is the record's `warmup` field (WARMUP). The no-tool control: tools=false.
     "video_search": ("video_search", []),
     "video_search_no_tool": ("video_search", ["sft.target='<answer>{solution}</answer>'"]),
 }
+# Rows whose records a generator writes directly (mmrl records, no anchor conversion):
+# row -> (generator, arguments).
+# visual_search: 672-px scenes seen at 84 x 84 (9 visual tokens); the patch mid-cell of a
+# 3 x 3 grid, each cell one visual token (the detection row's geometry), and 112 px: a whole
+# 14-px input patch of yellow, the pattern (4 px, half an input pixel) in its middle.
+_SEARCH = {"n_train": 600, "n_eval": 100, "size": 672, "patch": 112, "cell": 1,
+           "budget_pixels": 7056, "grid": 3}
 _VIDEO = {"n_train": 600, "n_eval": 100, "seconds": 8, "fps": 2, "size": 28, "sample_fps": 0.5,
           "card_seconds": 3, "flash_frames": 1, "seen": 0.25, "card_at": [0, 0.5, 1, 4, 4.5, 5]}
 
@@ -71,19 +81,17 @@ def video_warmup(record: dict) -> str:
 
 # Generated rows whose training records get a `warmup` field (sft.target: "{warmup}").
 WARMUP = {"video_search": video_warmup}
-# Rows whose records a generator writes directly (mmrl records, no anchor conversion):
-# row -> (generator, arguments).
-GENERATED = {"visual_search": ("visual_search", {"n_train": 600, "n_eval": 100, "size": 448,
-                                                 "patch": 24, "cell": 1, "budget_pixels": 3136}),
-             "visual_search_no_tool": ("visual_search", {"n_train": 600, "n_eval": 100,
-                                                         "size": 448, "patch": 24, "cell": 1,
-                                                         "budget_pixels": 3136, "tools": False}),
-             # 8 s at 2 fps, 28-px frames (1 visual token each). The 3 s card lies in one half
-             # (card_at) and holds a frame of the 4 sampled (0, 2.5 s | 5, 7.5 s): the first
-             # look's two visual tokens say which half to ask for. A quarter of the training
-             # records show their flash at first look (`seen`: the warm-up's answers).
+GENERATED = {"visual_search": ("visual_search", _SEARCH),
+             "visual_search_no_tool": ("visual_search", {**_SEARCH, "tools": False}),
+             # 8 s at 2 fps, 28-px frames. The 3 s card lies in one half (card_at) and holds a
+             # frame of the 4 sampled (0, 2.5 s | 5, 7.5 s): the first look's two temporal
+             # tokens say which half to ask for. A quarter of the training records show their
+             # flash at first look (`seen`: the warm-up's answers).
              "video_search": ("video_search", _VIDEO),
              "video_search_no_tool": ("video_search", {**_VIDEO, "tools": False})}
+# Tool rows and their single-turn no-tool controls (issue #26's bar on top of the usual one:
+# the tool row ends >= 0.15 above its control, which stays within 0.05 of chance).
+CONTROLS = {"visual_search": "visual_search_no_tool", "video_search": "video_search_no_tool"}
 # Rows whose data is a pretext task built from a folder of unlabelled media, as a user runs it
 # (`mmrl data generate TASK OUT source=FOLDER`), instead of the recipe's anchor task:
 # row -> (folder painted as the user's media: "photos" or "videos", generator arguments).

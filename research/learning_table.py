@@ -168,6 +168,29 @@ def _cut_text(run_dir: Path) -> float | None:
     return cut_after_answer_frac([r["completion"] for r in last], [r["truncated"] for r in last])
 
 
+def _holds(box: list, inner: list) -> bool:
+    return box[0] <= inner[0] and box[1] <= inner[1] and box[2] >= inner[2] and box[3] >= inner[3]
+
+
+def tool_use(run_dir: Path, name: str) -> dict | None:
+    """Tool use on the held-out records of evaluation `name` (eval/NAME.jsonl, first draws): the
+    share of trajectories that called a tool, and the share whose crops (what the tool read, in
+    original pixels) held the record's whole `mark_box` (what must be read), or whose `frames`
+    spans held the record's `flash_span`. None for runs without tools."""
+    path = run_dir / "eval" / f"{name}.jsonl"
+    rows = [r for r in map(json.loads, path.read_text().splitlines())
+            if r["draw"] == 0] if path.exists() else []
+    if not rows or "seen" not in rows[0]:
+        return None
+    found = [any(_holds(s["box"], r["fields"]["mark_box"]) for looks in r["seen"]
+                 for s in looks if "box" in s) for r in rows if "mark_box" in r["fields"]]
+    found += [any(s["span"][0] <= r["fields"]["flash_span"][0] and r["fields"]["flash_span"][1]
+                  <= s["span"][1] for looks in r["seen"] for s in looks if "span" in s)
+              for r in rows if "flash_span" in r["fields"]]  # video_search: the span held it
+    return {"called": sum(any(c["name"] for c in r["calls"]) for r in rows) / len(rows),
+            "found": sum(found) / len(found) if found else None}
+
+
 class LoadMeter:
     """The mean 1-minute load average while a run lasts, read every `every` seconds: the machine
     is shared, and wall time grows with what else runs on it."""
@@ -245,38 +268,9 @@ def run_row(row: str, seed: int, data_root: Path, runs_root: Path, *,
             "sft_steps": (summary.get("sft") or {}).get("steps"), "rl_steps": summary.get("steps"),
             "rate": _rate(run_dir, RATES.get(row)), "cut_text": _cut_text(run_dir),
             "zero_std_late": _late_mean(run_dir, "groups/zero_std_frac"),
-            "tool_use": {stage: _tool_use(run_dir, stage) for stage in ("before_rl", "after_rl")},
+            "tool_use": {"before": tool_use(run_dir, "before_rl"),
+                         "after": tool_use(run_dir, "after_rl")},
             "curve": [(0, summary.get("accuracy_before_rl"))] + _curve(run_dir)}
-
-
-def _tool_use(run_dir: Path, stage: str) -> dict | None:
-    """Tool use in a held-out evaluation (eval/STAGE.jsonl, greedy draws; None where no record
-    offers a tool, as in a no-tool control): the share of trajectories with a call that worked,
-    and for records with a `flash_span` the share whose `frames` call covered it (the span the
-    model asked for holds the event)."""
-    from mmrl.tools.calls import parse_qwen
-
-    path = run_dir / "eval" / f"{stage}.jsonl"
-    rows = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("draw", 0) == 0
-            and r["fields"].get("tools")] if path.exists() else []  # records offered a tool
-    if not rows:
-        return None
-
-    def found(r: dict) -> bool:
-        lo, hi = r["fields"]["flash_span"]
-        for c in r["calls"]:
-            for call in parse_qwen(r["turns"][c["turn"]]) if not c["error"] else []:
-                a = call.arguments
-                if call.name == "frames" and all(isinstance(a.get(k), (int, float))
-                                                 for k in ("start", "end")):
-                    if a["start"] <= lo and hi <= a["end"]:
-                        return True
-        return False
-
-    out = {"called": sum(any(not c["error"] for c in r["calls"]) for r in rows) / len(rows)}
-    if all("flash_span" in r["fields"] for r in rows):
-        out["found"] = sum(map(found, rows)) / len(rows)
-    return out
 
 
 def _late_mean(run_dir: Path, key: str, share: float = 0.2) -> float | None:

@@ -22,6 +22,9 @@
 #     /collective_rpc after each optimizer step. That moves the whole model through JSON: fine
 #     for small models and CPU tests, slow for 7B+. DEV MODE ALSO LETS ANY CLIENT CALL WORKER
 #     METHODS: bind to 127.0.0.1 or a private network only.
+#   - --enable-scale-out, which serves vLLM's token-in endpoint /inference/v1/generate: the client
+#     sends the trainer's token ids with the media as data URLs (a tool trajectory continues
+#     from the model's own token ids, never re-rendered from chat messages),
 #   - --generation-config vllm (the checkpoint's sampling defaults must not apply) and raw
 #     sampled-token logprobs (mmrl scales logits by 1/T inside the model instead, see
 #     mmrl/rollout/vllm.py).
@@ -75,7 +78,7 @@ EXPORT=("$PY" -m mmrl.rollout.vllm_server export --family "$FAMILY" --model "$MO
 
 ARGS=(--model "$WORKDIR" --host "$HOST" --port "$PORT" --dtype "$DTYPE"
       --tensor-parallel-size "$TP" --generation-config vllm --logprobs-mode raw_logprobs
-      --worker-extension-cls mmrl.rollout.worker_ext.WeightSync)
+      --worker-extension-cls mmrl.rollout.worker_ext.WeightSync --enable-scale-out)
 if [ "$CPU" = 1 ]; then
   export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}  # GiB of KV cache
   ARGS+=(--enforce-eager)

@@ -6,7 +6,7 @@ import pytest
 
 from mmrl import config
 from mmrl import algos, cli, config_rules
-from mmrl.validate import not_wired, validate
+from mmrl.validate import validate
 
 RECIPE_DIR = Path(__file__).parents[1] / "recipes"
 RECIPES = sorted([*RECIPE_DIR.glob("*.yaml"), *RECIPE_DIR.glob("*/config.yaml")])
@@ -118,7 +118,7 @@ def test_every_recipe_layer_validates_for_its_process_count(layer, monkeypatch):
     assert launch[1:] == [f"recipes/{layer.parent.name}/config.yaml", f"recipes/{layer.parent.name}/{layer.name}"]
     monkeypatch.setenv("WORLD_SIZE", launch[0])
     cfg = config.load(layer.with_name("config.yaml"), [str(layer)])
-    assert validate(cfg, world=int(launch[0])) == not_wired(cfg)  # empty once issue #31 is wired
+    assert validate(cfg, world=int(launch[0])) == []
 
 
 def test_every_recipe_has_launch_command_and_readme():

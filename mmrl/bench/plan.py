@@ -53,6 +53,9 @@ class Workload:
     checkpointing: bool = False
     reference: bool = True  # a KL reference model (beta > 0), unless LoRA serves it
     lora_r: int = 0
+    # train.sequence_parallel: N processes share one data-parallel rank's rows; each samples its
+    # `prompts` and holds 1/N of every training forward's sequence and media.
+    sequence_parallel: int = 1
 
 
 @dataclass
@@ -233,12 +236,20 @@ def _tokens(w: Workload, rows: int) -> tuple[int, int, int]:
     return rows * (w.prompt_tokens + w.completion), rows, rows
 
 
+def _split(n: int, w: Workload) -> int:
+    """This rank's share of `n` positions under sequence parallelism (the largest share)."""
+    return -(-n // w.sequence_parallel)
+
+
 def activation_terms(f: Facts, w: Workload, rows: int) -> dict:
-    """Saved-for-backward bytes of one micro-batch of `rows` rows, and its logits chain."""
-    tokens, with_image, with_audio = _tokens(w, rows)
-    b = f.dtype_bytes
-    counts = {"text": tokens, "vision": with_image * w.media_tokens * f.merge ** 2,
-              "audio": with_audio * w.audio_frames}
+    """Saved-for-backward bytes of one micro-batch of `rows` rows, and its logits chain. Under
+    sequence parallelism a rank keeps its 1/N of the tokens and encodes 1/N of the media; its
+    logits are those of the completion tokens inside its shard: completions sit at the ends of
+    the packed sequence, so one rank may hold them all (min of the two)."""
+    whole, with_image, with_audio = _tokens(w, rows)
+    tokens, b = _split(whole, w), f.dtype_bytes
+    counts = {"text": tokens, "vision": _split(with_image * w.media_tokens * f.merge ** 2, w),
+              "audio": _split(with_audio * w.audio_frames, w)}
     out = {}
     for kind, cost in f.blocks.items():
         n = counts[kind]
@@ -248,7 +259,8 @@ def activation_terms(f: Facts, w: Workload, rows: int) -> dict:
             out[f"{kind} activations"] = n * (cost.width * b * cost.count + cost.saved_per_token)
         else:
             out[f"{kind} activations"] = n * cost.saved_per_token * cost.count
-    out["logits"] = rows * w.completion * f.vocab * logits_bytes(w.shared_prefix, b)
+    kept = rows * w.completion if w.sequence_parallel == 1 else min(rows * w.completion, tokens)
+    out["logits"] = kept * f.vocab * logits_bytes(w.shared_prefix, b)
     if f.full_logits:  # e.g. Qwen2-Audio: the LM head runs on every position (and its gradient)
         out["logits"] += tokens * f.vocab * 2 * b
     return out
@@ -291,7 +303,7 @@ def predict(f: Facts, w: Workload, c: Cluster, *, shared_prefill: bool = False) 
     base = sum(static.values())
     # A no-grad logprob pass (reference / old policy): one layer's working set and the logits
     # of one micro-batch (logits, their gathered copy, float32 logits/T).
-    tokens = _tokens(w, w.micro_batch)[0]
+    tokens = _split(_tokens(w, w.micro_batch)[0], w)
     b = f.dtype_bytes
     logprob = tokens * f.blocks["text"].nograd_per_token(b) + \
         acts["logits"] * (8 + 2 * b) / logits_bytes(w.shared_prefix, b)
@@ -440,7 +452,8 @@ def config_workload(cfg, f: Facts, world: int, *, media_tokens: int | None = Non
     w = Workload(prompt_tokens=prompt_tokens or text_tokens + vision + audio_tokens,
                  media_tokens=vision,
                  audio_frames=frames, completion=r.max_new_tokens, group=r.num_generations,
-                 prompts=r.prompts_per_step // world,
+                 prompts=r.prompts_per_step // world,  # sequence parallel too: train/sp.py
+                 sequence_parallel=max(1, cfg.train.sequence_parallel),
                  micro_batch=max(1, cfg.train.micro_batch_size),
                  shared_prefix=cfg.train.shared_prefix,
                  checkpointing=cfg.model.gradient_checkpointing,

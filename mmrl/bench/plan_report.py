@@ -33,6 +33,7 @@ def describe(p: plan.Prediction, facts: plan.Facts, what: str, media: str) -> st
              f"per process: {w.prompts} prompt(s) x G={w.group}, P={w.prompt_tokens} tokens "
              f"({media}), C={w.completion}, micro-batch {w.micro_batch} rows, "
              f"{'shared-prefix' if w.shared_prefix else 'naive'} layout"
+             f"{f', sequence split over {w.sequence_parallel}' if w.sequence_parallel > 1 else ''}"
              f"{', checkpointing' if w.checkpointing else ''}"
              f"{', KL reference' if w.reference and not w.lora_r else ''}", ""]
     width = max(len(k) for k in p.terms)
@@ -80,7 +81,7 @@ def main(argv=None) -> int:
         return 0
     if not args.config:
         ap.error("a config is required (or --readmes)")
-    cfg = config.load(args.config, args.overrides)
+    cfg = config.load(args.config, args.overrides, world=args.gpus)
     cluster = plan.Cluster(args.gpu_gib, args.gpus, args.strategy)
     p, facts, what, media = analyse(cfg, cluster, shape=args.shape, media_tokens=args.media_tokens,
                                     text_tokens=args.text_tokens)

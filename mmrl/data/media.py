@@ -27,7 +27,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from mmrl.data.audio import load_audio
 from mmrl.data.media_errors import MediaError, check_file as _check_file, fail as _fail
 from mmrl.data.video_plan import (DEFAULT_FPS, TEMPORAL_PATCH, DecodeCache, Video,  # noqa: F401
-                                  _PlanError, plan_frames)
+                                  PlanError, plan_frames)
 from mmrl.types import Sample
 from rewards.boxes import smart_resize
 
@@ -301,7 +301,7 @@ def _decode_video(path: str, params: dict, backend: str, source: str) -> Video:
         try:
             frames, idx, sample_fps, n, native = decoder(path, plan)
             break
-        except _PlanError as e:
+        except PlanError as e:
             raise _fail(source, "video", path, str(e)) from None
         except ImportError:
             raise
@@ -345,7 +345,7 @@ def _decode_frames(path: str, files: list[Path], native: float, params: dict,
         idx, sample_fps = plan_frames(len(files), native, fps=params["fps"],
                                       nframes=params["nframes"], start=params["start"],
                                       end=params["end"], max_frames=params["max_frames"])
-    except _PlanError as e:
+    except PlanError as e:
         raise _fail(source, "video", path, str(e)) from None
     frames = [np.asarray(load_image(str(files[i]), source)) for i in idx]
     if len({f.shape for f in frames}) > 1:

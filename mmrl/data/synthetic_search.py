@@ -20,6 +20,7 @@ data.image_max_pixels / data.video_fps, else the guarantee above does not hold.
 """
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -56,14 +57,19 @@ def draw_pattern(draw: ImageDraw.ImageDraw, name: str, x0: int, y0: int, cell: i
 
 
 def search_image(rng: random.Random, size: int, patch: int, cell: int,
-                 pattern: str | None = None) -> tuple[Image.Image, dict]:
-    """One scene: a grey field, the yellow patch somewhere, the pattern centred in it. Draws
-    from `rng` in a fixed order, so the same rng state with another `pattern` gives the same
-    scene with only the pattern changed (what the unreadability test compares). A plain field:
-    noise would make each large PNG megabytes. The image is in palette mode (PALETTE)."""
+                 pattern: str | None = None, grid: int = 0) -> tuple[Image.Image, dict]:
+    """One scene: a grey field, the yellow patch somewhere (with `grid` > 0: centred in one
+    cell of a grid x grid division of the scene), the pattern centred in it. Draws from `rng` in
+    a fixed order, so the same rng state with another `pattern` gives the same scene with only
+    the pattern changed (what the unreadability test compares). A plain field: noise would make
+    each large PNG megabytes. The image is in palette mode (PALETTE)."""
     im = Image.new("P", (size, size), 0)
     im.putpalette(PALETTE)
-    x, y = rng.randint(0, size - patch), rng.randint(0, size - patch)
+    if grid:
+        step = size // grid
+        x, y = (rng.randrange(grid) * step + (step - patch) // 2 for _ in range(2))
+    else:
+        x, y = rng.randint(0, size - patch), rng.randint(0, size - patch)
     drawn = rng.choice(sorted(PATTERNS))
     pattern = pattern or drawn
     draw = ImageDraw.Draw(im)
@@ -76,12 +82,15 @@ def search_image(rng: random.Random, size: int, patch: int, cell: int,
 @GENERATORS.register("visual_search")
 def visual_search(out_dir: str | Path, n_train: int = 400, n_eval: int = 80, seed: int = 0,
                   size: int = 1792, patch: int = 96, cell: int = 4, budget_pixels: int = 56 * 56,
-                  tools: bool = True) -> dict[str, str]:
+                  tools: bool = True, grid: int = 0) -> dict[str, str]:
     """Which pattern does the yellow patch hold? (4-way multiple choice, letter solution).
     At the input budget (`budget_pixels` = data.image_max_pixels; 56x56 for a 1792 image: 32x
     smaller) the 16-px pattern is half a pixel and the four answers' inputs differ by at most a
     level or two; a crop of the patch shows it. Fields: image_size,
-    mark_box / patch_box (original pixels), and "tools": ["crop"] unless tools=False."""
+    mark_box / patch_box (original pixels), mark_box_resized / patch_box_resized (the model's
+    input frame), and "tools": ["crop"] unless tools=False. `grid` > 0 places the patch in the
+    middle of one cell of a grid x grid division (fewer places to look: a coarse search), else
+    anywhere."""
     w, h = fit_pixels(size, size, 28 * 28, budget_pixels)
     if 4 * cell * w / size > 0.5:
         raise ValueError(f"visual_search: the pattern ({4 * cell} px) would be "
@@ -89,6 +98,9 @@ def visual_search(out_dir: str | Path, n_train: int = 400, n_eval: int = 80, see
                          f"a crop; raise size or lower cell")
     if patch < 4 * cell + 2:
         raise ValueError("visual_search: patch must exceed the pattern (4 * cell)")
+    if grid and patch > size // grid:
+        raise ValueError(f"visual_search: a {patch}-px patch does not fit a cell of the "
+                         f"{grid} x {grid} grid ({size // grid} px); lower grid or patch")
     out = Path(out_dir)
     (out / "images").mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -96,7 +108,7 @@ def visual_search(out_dir: str | Path, n_train: int = 400, n_eval: int = 80, see
     options = mc_options(names)
     records = []
     for i in range(n_train + n_eval):
-        im, scene = search_image(rng, size, patch, cell)
+        im, scene = search_image(rng, size, patch, cell, grid=grid)
         name = f"images/{i:05d}.png"
         im.save(out / name)
         record = {
@@ -106,6 +118,13 @@ def visual_search(out_dir: str | Path, n_train: int = 400, n_eval: int = 80, see
             "solution": MC_LETTERS[names.index(scene["pattern"])], "options": options,
             "problem_type": "multiple choice", "image_size": [size, size],
             "mark_box": scene["mark_box"], "patch_box": scene["patch_box"],
+            # The patch and the mark in the model's input frame (w x h at the budget), rounded
+            # outwards: Qwen2.5-VL's own box convention (`coords: resized`).
+            **{f"{key}_resized": [math.floor(scene[key][0] * w / size),
+                                  math.floor(scene[key][1] * h / size),
+                                  math.ceil(scene[key][2] * w / size),
+                                  math.ceil(scene[key][3] * h / size)]
+               for key in ("patch_box", "mark_box")},
         }
         if tools:
             record["tools"] = ["crop"]

@@ -53,7 +53,7 @@ class DecodeCache(Protocol):
               decode: Callable[[], tuple[np.ndarray, bool]]) -> tuple[np.ndarray, bool]: ...
 
 
-class _PlanError(MediaError):
+class PlanError(MediaError):
     """The requested segment does not fit the video: no other backend can do better."""
 
 
@@ -79,11 +79,11 @@ def plan_frames(n_frames: int, native_fps: float, *, fps: float | None = None,
     from qwen_vl_utils.vision_process import calculate_video_frame_range, smart_nframes
 
     if n_frames <= 0 or not native_fps or native_fps <= 0:
-        raise _PlanError(f"no decodable frames (frames={n_frames}, fps={native_fps})")
+        raise PlanError(f"no decodable frames (frames={n_frames}, fps={native_fps})")
     duration = n_frames / native_fps
     s = 0.0 if start is None else float(start)
     if s < 0 or s >= duration or (end is not None and float(end) <= s):
-        raise _PlanError(f"segment start={start}, end={end} (seconds) does not fit the video "
+        raise PlanError(f"segment start={start}, end={end} (seconds) does not fit the video "
                          f"(duration {duration:.3f} s)")
     window = {k: float(v) for k, v in (("video_start", start), ("video_end", end)) if v is not None}
     try:

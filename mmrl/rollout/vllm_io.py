@@ -26,6 +26,46 @@ def media_pad_ids(processor) -> dict[str, int]:
     return out
 
 
+def frame_marks(processor) -> tuple[int, int] | None:
+    """(vision start id, vision end id) when the processor writes each video frame as its own
+    block after a timestamp (Qwen3-VL: `vs [<t seconds> vs pads ve]*T ve`), else None."""
+    if not hasattr(processor, "_calculate_timestamps"):  # Qwen3-VL's processor computes them
+        return None
+    tokenizer = getattr(processor, "tokenizer", processor)
+    return tuple(tokenizer.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|vision_end|>"))
+
+
+def fold_frame_blocks(ids: Sequence[int], video_pad: int, marks: tuple[int, int]) -> list[int]:
+    """Each video written as timestamped frame blocks inside one outer block -> the outer block
+    around one video pad: the prompt vLLM expands again, timestamps included (Qwen3-VL). Image
+    blocks (no block nested inside) are kept.
+
+    >>> fold_frame_blocks([1, 5, 3, 5, 9, 9, 6, 3, 5, 9, 9, 6, 6, 5, 8, 6, 2], 9, (5, 6))
+    [1, 5, 9, 6, 5, 8, 6, 2]
+    """
+    start, end = marks
+    out: list[int] = []
+    depth, outer, nested = 0, 0, False
+    for i in ids:
+        if i == start:
+            depth += 1
+            if depth == 1:
+                outer = len(out)
+                out.append(i)
+            elif not nested:  # the first frame block: the outer one is a video
+                del out[outer + 1:]  # the first frame's timestamp
+                out.append(video_pad)
+                nested = True
+        elif i == end:
+            depth -= 1
+            if depth == 0:
+                out.append(i)
+                nested = False
+        elif not (nested and depth >= 1):  # timestamps and pads inside a video are vLLM's
+            out.append(i)
+    return out
+
+
 def collapse_media_pads(ids: Sequence[int], pad_ids: Sequence[int]) -> list[int]:
     """Each run of one repeated media pad id -> a single pad (vLLM re-expands it).
 
@@ -84,10 +124,14 @@ def describe(prompt: PromptFeatures) -> str:
     return f"sample {s.id!r}" + (f" ({s.source})" if s.source else "")
 
 
-def build_request(prompt: PromptFeatures, pads: dict[str, int]) -> dict:
-    """{"prompt_token_ids", "multi_modal_data"} for one prompt, pads collapsed; ValueError when
-    the number of pad runs and of media items differ."""
+def build_request(prompt: PromptFeatures, pads: dict[str, int],
+                  marks: tuple[int, int] | None = None) -> dict:
+    """{"prompt_token_ids", "multi_modal_data"} for one prompt, pads collapsed (and timestamped
+    video frame blocks folded, given `marks`: frame_marks); ValueError when the number of pad
+    runs and of media items differ."""
     ids = prompt.input_ids.tolist()
+    if marks is not None and "video" in pads:
+        ids = fold_frame_blocks(ids, pads["video"], marks)
     collapsed = collapse_media_pads(ids, list(pads.values()))
     data = multi_modal_data(prompt)
     for modality, pad in pads.items():

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple, Sequence
 
-import numpy as np
 import torch
 
 from mmrl.config_rules import WEIGHT_TRANSFER, resolve_weight_transfer
 from mmrl.models.forward import Generation
-from mmrl.rollout.vllm_io import ban_fields, describe, prompt_media, to_generation
+from mmrl.rollout.vllm_io import (ban_fields, build_request, describe, media_pad_ids,
+                                  to_generation)
 from mmrl.rollout.vllm_weights import export_for_vllm, vllm_state_dict
-from mmrl.types import AUDIO_SAMPLING_RATE, PromptFeatures, SamplingParams
+from mmrl.types import PromptFeatures, SamplingParams
 
 
 def _data_url(item, kind: str) -> str:
@@ -20,53 +20,44 @@ def _data_url(item, kind: str) -> str:
 
     buf = io.BytesIO()
     if kind == "image":
-        item.convert("RGB").save(buf, format="PNG")  # lossless: the server sees the same pixels
+        item.save(buf, format="PNG")  # lossless: the server sees the same pixels
         mime = "image/png"
     else:
         import soundfile
 
-        soundfile.write(buf, np.asarray(item, dtype=np.float32).reshape(-1), AUDIO_SAMPLING_RATE,
-                        format="WAV", subtype="FLOAT")  # float: no 16-bit requantisation
+        wave, rate = item
+        soundfile.write(buf, wave, rate, format="WAV", subtype="FLOAT")  # no 16-bit requantising
         mime = "audio/wav"
     return f"data:{mime};base64,{base64.b64encode(buf.getvalue()).decode()}"
 
 
-def openai_messages(prompt: PromptFeatures) -> list[dict]:
-    """The sample's chat with its media inlined as data URLs (OpenAI content parts)."""
-    media = prompt_media(prompt)
-    if media.get("videos"):
-        raise NotImplementedError(f"{describe(prompt)}: server mode sends media as data URLs and "
-                                  f"does not take videos; use the colocated VLLMEngine")
-    queues = {"image": list(media.get("images") or ()), "audio": list(media.get("audios") or ())}
-    out = []
-    for message in prompt.sample.messages:
-        content = message.get("content")
-        if isinstance(content, str):
-            out.append({"role": message["role"], "content": content})
-            continue
-        parts = []
-        for part in content:
-            kind = part.get("type")
-            if kind == "text":
-                parts.append({"type": "text", "text": part.get("text") or ""})
-            elif kind in queues:
-                if not queues[kind]:
-                    raise ValueError(f"{describe(prompt)}: more {kind} items in the chat than media")
-                url = _data_url(queues[kind].pop(0), kind)
-                parts.append({"type": f"{kind}_url", f"{kind}_url": {"url": url}})
-            else:
-                raise ValueError(f"{describe(prompt)}: content type {kind!r} not supported in server mode")
-        out.append({"role": message["role"], "content": parts})
-    return out
+def generate_request(prompt: PromptFeatures, pads: dict[str, int]) -> dict:
+    """The body of vLLM's token-in endpoint (/inference/v1/generate) for one prompt, sampling
+    parameters aside: the trainer's token ids with one pad per media item (vllm_io.build_request,
+    as the colocated engine sends them) and the media as lossless data URLs (`content_parts`),
+    which the server decodes and expands into its own prompt -- a tool trajectory's model
+    tokens are never re-tokenized and its observations' media follow the prompt's in order."""
+    request = build_request(prompt, pads)
+    data = request.get("multi_modal_data", {})
+    if "video" in data:
+        raise NotImplementedError(f"{describe(prompt)}: server mode sends media as data URLs and a "
+                                  f"video URL would be decoded and its frames sampled again by the "
+                                  f"server; use the colocated VLLMEngine for video")
+    # vLLM groups the parts by modality: each modality's items keep their order.
+    parts = [{"type": f"{kind}_url", "url": _data_url(item, kind)}
+             for kind in ("image", "audio") for item in data.get(kind, ())]
+    return {"token_ids": request["prompt_token_ids"], "content_parts": parts or None}
 
 
 class VLLMServerEngine:
     """Rollouts from a running `vllm serve` (OpenAI-compatible HTTP), e.g. on other GPUs.
 
-    Text-only prompts go to /v1/completions as the trainer's token ids; prompts with images or
-    audio go to /v1/chat/completions with the media as lossless data URLs, and the prompt ids
-    the server reports must equal the trainer's (else ValueError). The temperature trick and
-    weight pushes use the dev-mode /collective_rpc endpoint (`VLLM_SERVER_DEV_MODE=1` and
+    Every prompt goes to vLLM's token-in endpoint /inference/v1/generate (`--enable-scale-out`)
+    as the trainer's token ids with its images and audio as lossless data URLs
+    (`generate_request`): the request the colocated engine makes, over HTTP, so a tool
+    trajectory continues from its own token ids. The prompt ids the server expands to must
+    equal the trainer's (else ValueError). The temperature trick, the trainer's M-RoPE positions
+    and weight pushes use the dev-mode /collective_rpc endpoint (`VLLM_SERVER_DEV_MODE=1` and
     `--worker-extension-cls mmrl.rollout.worker_ext.WeightSync`, see scripts/vllm_server.sh).
 
     Weights travel (`weight_transfer`) as base64 safetensors in JSON ("http": fine for small
@@ -95,9 +86,11 @@ class VLLMServerEngine:
             eos_ids = [eos] if isinstance(eos, int) else list(eos)
         self.eos_ids = list(eos_ids)
         self.placeholder_ids = adapter.placeholder_token_ids(processor) if adapter is not None else []
+        self.pads = media_pad_ids(processor)
         self.max_workers = max_workers
         self.model = model or self._get("/v1/models")["data"][0]["id"]
         self._scale = None
+        self._rpc("use_trainer_positions")  # as the colocated engine: see worker_ext.py
 
     @classmethod
     def from_config(cls, vcfg, processor, adapter=None) -> "VLLMServerEngine":
@@ -131,17 +124,12 @@ class VLLMServerEngine:
 
     def _one(self, prompt: PromptFeatures, params: dict) -> tuple[list[int], list]:
         """(server's prompt ids, choices) for one prompt."""
-        if any(prompt_media(prompt).values()):
-            out = self._post("/v1/chat/completions", dict(
-                params, messages=openai_messages(prompt), logprobs=True, top_logprobs=0,
-                add_generation_prompt=True, max_completion_tokens=params["max_tokens"]))
-            choices = [(c["index"], c["token_ids"], [t["logprob"] for t in c["logprobs"]["content"]],
-                        c["finish_reason"]) for c in out["choices"]]
-        else:
-            out = self._post("/v1/completions", dict(params, prompt=prompt.input_ids.tolist(), logprobs=0))
-            choices = [(c["index"], c["token_ids"], c["logprobs"]["token_logprobs"], c["finish_reason"])
-                       for c in out["choices"]]
-        return out.get("prompt_token_ids") or out["choices"][0].get("prompt_token_ids"), choices
+        body = dict(generate_request(prompt, self.pads), model=self.model, sampling_params=params,
+                    return_token_ids=True)
+        out = self._post("/inference/v1/generate", body)
+        choices = [(c["index"], c["token_ids"], [t["logprob"] for t in c["logprobs"]["content"]],
+                    c["finish_reason"]) for c in out["choices"]]
+        return out.get("prompt_token_ids"), choices
 
     def generate(self, prompts: Sequence[PromptFeatures],
                  sampling: SamplingParams = SamplingParams()) -> Generation:
@@ -157,9 +145,9 @@ class VLLMServerEngine:
         g, n = s.num_generations, (s.num_generations if do_sample else 1)
         banned = sorted(set(int(i) for i in suppress_ids))
         ban = ban_fields(self.tokenizer, banned)
-        base = dict(model=self.model, n=n, temperature=1.0 if do_sample else 0.0,
+        base = dict(n=n, temperature=1.0 if do_sample else 0.0,
                     top_p=top_p if do_sample else 1.0, top_k=top_k if do_sample and top_k > 0 else 0,
-                    max_tokens=s.max_new_tokens, return_token_ids=True, skip_special_tokens=False,
+                    max_tokens=s.max_new_tokens, logprobs=0, detokenize=False,
                     stop_token_ids=list(eos_ids) if eos_ids is not None else self.eos_ids,
                     bad_words=ban["bad_words"] or [],
                     logit_bias={str(k): v for k, v in (ban["logit_bias"] or {}).items()} or None)

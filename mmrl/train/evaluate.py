@@ -125,7 +125,7 @@ def evaluate(model, processor, adapter: ModelAdapter, samples: list[Sample], cfg
             if drawn_trajectories is not None:  # what the model said and called, turn by turn
                 t = drawn_trajectories[i]
                 rows[-1].update(turns=t.turn_texts, calls=fields["calls"][i],
-                                hit_turn_cap=t.hit_turn_cap)
+                                hit_turn_cap=t.hit_turn_cap, seen=[c.seen for c in t.calls])
                 trajectories.append(t)
     model.train(was_training)
     if out_file is not None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from mmrl.config import RolloutConfig, ToolsConfig
 from mmrl.rollout import make_engine
 from mmrl.rollout.trajectory import TrajectoryRollout
+from mmrl.train import sp
 from mmrl.types import PromptFeatures, RolloutBatch, SamplingParams
 
 if TYPE_CHECKING:
@@ -38,6 +39,23 @@ class Rollout:
 
     @torch.no_grad()
     def generate(self, prompts: list[PromptFeatures], group_offset: int = 0) -> RolloutBatch:
+        sequence = self.policy.sequence
+        if sequence.size == 1:
+            return self._generate(prompts, group_offset)
+        # Sequence parallelism: each rank of the group samples its share of the prompts, then
+        # the group swaps them, so every rank holds the same rows (train/sp.py says why).
+        lo, hi = sp.share(len(prompts), sequence.rank, sequence.size)
+        mine = self._generate(prompts[lo:hi], group_offset + lo)
+        parts = sp.gather_objects((mine.completion_ids, mine.completion_mask, mine.sampler_logp,
+                                   mine.truncated, mine.texts), sequence)
+        pieces = []
+        for rank, (ids, mask, slogp, truncated, texts) in enumerate(parts):
+            a, b = sp.share(len(prompts), rank, sequence.size)
+            pieces.append(self._batch(prompts[a:b], group_offset + a, ids, mask, slogp,
+                                      truncated, texts))
+        return RolloutBatch.cat(pieces, self.policy.pad_id)
+
+    def _generate(self, prompts: list[PromptFeatures], group_offset: int) -> RolloutBatch:
         rc, policy = self.rc, self.policy
         policy.model.eval()
         # The training model's own generate under ZeRO-3 / FSDP2: the weights are gathered
@@ -47,9 +65,12 @@ class Rollout:
             if self.trajectories is not None:
                 return self.trajectories.rollout(prompts, sampling, group_offset)
             ids, mask, slogp, truncated = self.engine.generate(prompts, sampling)
-        g = rc.num_generations
         texts = self.tokenizer.batch_decode(
             [row[m.bool()] for row, m in zip(ids, mask)], skip_special_tokens=True)
+        return self._batch(prompts, group_offset, ids, mask, slogp, truncated, texts)
+
+    def _batch(self, prompts, group_offset, ids, mask, slogp, truncated, texts) -> RolloutBatch:
+        g = self.rc.num_generations
         return RolloutBatch(
             prompts=[p for p in prompts for _ in range(g)], completion_ids=ids,
             completion_mask=mask, texts=texts, truncated=truncated, sampler_logp=slogp,

@@ -30,8 +30,13 @@ class Learner:
     PUBLIC = ("policy", "strategy", "optimizer", "lr", "update", "metrics", "check_finite",
               "nonfinite_streak", "state_dict", "load_state_dict")
 
-    def __init__(self, cfg: RunConfig, info: dist.DistInfo, strategy: Strategy, policy: Policy):
+    def __init__(self, cfg: RunConfig, info: dist.DistInfo, strategy: Strategy, policy: Policy,
+                 data: dist.DistInfo | None = None):
+        """`data`: the data-parallel view (train/sp.py; `info` itself without sequence
+        parallelism): the ranks of a sequence group hold the same rows, counted once in the
+        loss normaliser, while gradients are reduced over every process (`info`)."""
         self.info, self.strategy, self.policy = info, strategy, policy
+        self.data = data or info
         self.algo, self.seed, self.train_cfg = cfg.algo, cfg.train.seed, cfg.train
         self.loss = loss_settings(cfg)
         self.mask_turn_cap = cfg.tools.enabled and cfg.tools.mask_truncated_trajectories
@@ -56,7 +61,7 @@ class Learner:
             mask = algos.overlong_filter_mask(mask, batch.hit_turn_cap)
         # The normaliser is global so that summing micro-batch losses equals the one-shot loss.
         local = algos.loss_normalizer(mask, ac.agg)
-        normalizer = float(dist.all_sum(local, self.info).clamp(min=1))
+        normalizer = float(dist.all_sum(local, self.data).clamp(min=1))
         sums: dict[str, float] = {}
         policy.model.train()
         chunks = policy.micro_batches(batch)

@@ -35,7 +35,7 @@ from mmrl.data.inspect import answer_budget, format_answer_budget
 from mmrl.data.prepare import build_datasets, check_datasets
 from mmrl.models import get_adapter
 from mmrl.tools import trajectory_metrics
-from mmrl.train import checkpoint, dist, methods, parallel, setup
+from mmrl.train import checkpoint, dist, methods, parallel, setup, sp
 from mmrl.train.checkpointer import Checkpointer
 from mmrl.train.generation import Rollout
 from mmrl.train.learner import Learner
@@ -54,7 +54,7 @@ FROM_CONFIG = object()  # Trainer(resume=...): resolve train.resume here
 
 class Trainer:
     # What other files may read (tests/train/test_structure.py checks it).
-    PUBLIC = ("cfg", "run_dir", "info", "policy", "prompts", "scorer", "rollout", "log",
+    PUBLIC = ("cfg", "run_dir", "info", "layout", "policy", "prompts", "scorer", "rollout", "log",
               "eval_set", "step", "state_extra", "train_step", "sample_batch", "learn",
               "check_finite", "sync_engine", "save", "rewind", "stop", "close")
 
@@ -64,7 +64,11 @@ class Trainer:
         (rundir.prepare), else train.resume is resolved here."""
         self.cfg, self.run_dir = cfg, cfg.run_dir
         setup.check_environment(cfg)
-        self.info = dist.init()
+        self.info = dist.init()  # every process: gradients, files, checkpoints
+        # The rows' view (sample slice, advantages, normaliser, metric means): the data-parallel
+        # ranks, each a sequence group of train.sequence_parallel processes (train/sp.py).
+        self.layout = sp.make_layout(self.info, cfg.train.sequence_parallel)
+        data = self.layout.data
         strategy = parallel.make(cfg, self.info)
         setup.set_seed(cfg.train.seed)
         adapter = get_adapter(cfg.model.family)
@@ -76,13 +80,14 @@ class Trainer:
                       if self.info.main else None)
         resume = dist.broadcast_object(resume, self.info)  # every rank resumes what rank 0 chose
         self.policy = Policy(cfg, self.info, strategy, adapter,
-                             resume if checkpoint.has_weights(resume) else None)
-        self.learner = Learner(cfg, self.info, strategy, self.policy)
+                             resume if checkpoint.has_weights(resume) else None,
+                             sequence=self.layout.sequence)
+        self.learner = Learner(cfg, self.info, strategy, self.policy, data=data)
         self.rollout = Rollout(cfg.rollout, self.policy, cfg.tools)
         self.policy.choose_layout(cfg.train.shared_prefix)
-        self.scorer = Scorer(cfg, self.info)
+        self.scorer = Scorer(cfg, data)
         self.watchers = Watchers(cfg.rollout.max_new_tokens, cfg.algo)
-        self.prompts = PromptSource(cfg, train_set, adapter, self.policy.processor, self.info)
+        self.prompts = PromptSource(cfg, train_set, adapter, self.policy.processor, data)
         main = self.info.main  # only rank 0 writes the run dir; other ranks keep a local log
         self.log = logger or RunLogger(
             self.run_dir if main else self.run_dir / f"rank{self.info.rank}",
@@ -126,19 +131,19 @@ class Trainer:
     def sample_batch(self) -> tuple[RolloutBatch, torch.Tensor, dict[str, list], dict]:
         """Prompts -> rollout -> scores; with dynamic sampling, keep only groups with reward
         signal and sample more prompts until the batch is full (DAPO)."""
-        ac, b = self.cfg.algo, self.cfg.rollout.prompts_per_step
+        ac, b, ranks = self.cfg.algo, self.cfg.rollout.prompts_per_step, self.layout.data.world
         base = self.prompts.group_base(b)
         if not ac.dynamic_sampling:
             batch = self.rollout.generate(self.prompts.next(b), group_offset=base)
             scores, per = self.scorer.score(batch)
             self.prompts.observe(batch, scores)
             return batch, scores, per, {"sampling/rounds": 1}
-        acc = algos.GroupAccumulator(target_groups=b // self.info.world,
+        acc = algos.GroupAccumulator(target_groups=b // ranks,
                                      max_rounds=ac.max_sampling_rounds)
         pieces, offset = [], 0
         while not acc.full:
             batch = self.rollout.generate(self.prompts.next(b), group_offset=base + offset)
-            offset += b * self.info.world
+            offset += b * ranks
             scores, per = self.scorer.score(batch)
             self.prompts.observe(batch, scores)
             ids, keep = algos.groups_with_signal(scores, batch.group_ids)
@@ -194,9 +199,10 @@ class Trainer:
         metrics.update(self.learner.metrics())
         metrics.update(self.policy.metrics())
         metrics.update(self.prompts.metrics())
-        metrics = dist.mean_metrics(metrics, self.info)
-        if self.info.enabled:  # each rank's loss is its part of the global sum
-            metrics["loss/loss"] *= self.info.world
+        data = self.layout.data  # a sequence group's ranks hold the same rows: counted once
+        metrics = dist.mean_metrics(metrics, data)
+        if data.enabled:  # each data-parallel rank's loss is its part of the global sum
+            metrics["loss/loss"] *= data.world
         if self.cfg.log.rollouts_every and self.step % self.cfg.log.rollouts_every == 0:
             self.log.log_rollouts(self.step, rollout_records(sb, self.cfg.log.rollouts_per_step))
         return metrics

@@ -18,7 +18,7 @@ import torch
 
 from mmrl.config import RunConfig
 from mmrl.models.forward import collate, completion_logprobs
-from mmrl.models import source
+from mmrl.models import source, ulysses
 from mmrl.models.encoder_cache import EncoderCache
 from mmrl.models.shared_prefix import (enable_shared_prefix, shared_prefix_logprobs,
                                        token_budget_micro_batches, uses_varlen)
@@ -36,14 +36,17 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class Policy:
     # What other files may read (tests/train/test_structure.py holds every file to it).
     PUBLIC = ("info", "adapter", "model", "processor", "peft", "device", "pad_id",
-              "placeholder_ids", "reference", "to_save", "full_params", "attach", "choose_layout",
+              "placeholder_ids", "sequence", "reference", "to_save", "full_params", "attach", "choose_layout",
               "encoders", "begin_step", "micro_batches", "forward", "logprobs", "old_logprobs",
               "reference_logprobs", "fix_reference", "refresh_reference", "metrics")
 
     def __init__(self, cfg: RunConfig, info: dist.DistInfo, strategy: Strategy,
-                 adapter: ModelAdapter, weights: Path | None = None):
-        """`weights`: a checkpoint to load the model from (resume), else model.path."""
+                 adapter: ModelAdapter, weights: Path | None = None,
+                 sequence: ulysses.SPGroup = ulysses.SPGroup()):
+        """`weights`: a checkpoint to load the model from (resume), else model.path.
+        `sequence`: the ranks each training forward's sequence is split over (train/sp.py)."""
         self.info, self.strategy, self.adapter = info, strategy, adapter
+        self.sequence = sequence
         self.algo, self.micro_batch_size = cfg.algo, max(1, cfg.train.micro_batch_size)
         self.max_tokens = cfg.train.max_tokens_per_micro_batch  # None: cut by rows
         self.temperature = cfg.rollout.temperature
@@ -81,8 +84,12 @@ class Policy:
         once the rollout engine is built, so the engine starts from the model as loaded."""
         self.shared_prefix, why = enable_shared_prefix(self.model, wanted)
         self.pack_stats = {}  # pad_fraction of the last packed forward
+        # Ulysses wraps the layout's kernel; unsplit calls (generation, evaluation) pass through.
+        split = ulysses.install(self.model, self.sequence)
         if self.info.main:
             print(why, flush=True)
+            if self.sequence.size > 1:
+                print(split, flush=True)
             print(self.encoders.summary, flush=True)
 
     def full_params(self, enabled: bool = True):
@@ -145,9 +152,27 @@ class Policy:
     def _forward_rows(self, module, batch: RolloutBatch, rows: list[int], entropy: bool,
                       cached: bool):
         sub = batch.select(rows)
+        if self.sequence.size > 1:
+            return self._split_logprobs(module, sub, entropy, cached)
         serve = self.encoders.serve(module, sub.prompts, self.shared_prefix) if cached else None
         with serve or nullcontext():
             return self._logprobs_of(module, sub, entropy)
+
+    def _split_logprobs(self, module, sub: RolloutBatch, entropy: bool, cached: bool):
+        """Sequence parallelism: this rank runs 1/N of each sequence, every rank of the group
+        gets the whole [rows, width] (models/ulysses.py). Media this rank encodes: its share of
+        the units, or the step's cached frozen-encoder outputs."""
+        width = int(sub.completion_mask.sum(1).max().clamp(min=1))
+        ids, mask = sub.completion_ids[:, :width], sub.completion_mask[:, :width]
+        encoder = ulysses.ShardedEncoder(self.sequence, touch=self.strategy.every_module)
+        provider = (self.encoders.provider(sub.prompts, self.shared_prefix, inner=encoder)
+                    if cached and self.encoders.on else encoder)
+        out = ulysses.sequence_parallel_logprobs(
+            module, sub.prompts, ids, mask, self.sequence, shared_prefix=self.shared_prefix,
+            temperature=self.temperature, return_entropy=entropy,
+            placeholder_ids=self.placeholder_ids, pad_id=self.pad_id, provider=provider,
+            stats=self.pack_stats if self.shared_prefix else None)
+        return out, width
 
     def _logprobs_of(self, module, sub: RolloutBatch, entropy: bool):
         width = int(sub.completion_mask.sum(1).max().clamp(min=1))  # drop all-pad columns
@@ -213,9 +238,14 @@ class Policy:
                              "without ZeRO-3/FSDP2 parameter sharding")
         if not self.algo.uses_reference or self.reference is not None or self.peft is not None:
             return
-        if not self._reference_dir.is_dir() and self.strategy.shards_params:
+        # A resumed run's saved reference. Every rank looks before rank 0 writes one: a rank that
+        # looked later found the folder rank 0 was still filling and failed to load it.
+        saved = self._reference_dir.is_dir()
+        dist.barrier(self.info)
+        if not saved and self.strategy.shards_params:
             self._save_sharded_reference()  # no whole copy in memory
-        if self._reference_dir.is_dir():
+            saved = True
+        if saved:
             self.reference = self._load_reference()
             return
         self.reference = _frozen(copy.deepcopy(self.model))
@@ -236,6 +266,7 @@ class Policy:
                                    dtype=next(self.model.parameters()).dtype)
         if not self.strategy.places_model:
             ref.to(self.device)
+        ulysses.install(ref, self.sequence)  # its forwards split as the policy's do
         ref = self.strategy.frozen(_frozen(ref))
         if self.touch_towers is not None and self.strategy.shards_params:
             self.touch_towers.attach(ref)  # its forwards gather too

@@ -13,26 +13,31 @@ import torch
 from mmrl.config import RunConfig, SFTConfig
 from mmrl.data.media import MediaError
 from mmrl.models.forward import collate, completion_logprobs
+from mmrl.rollout.trajectory import TrajectoryRollout
 from mmrl.train import dist
 from mmrl.train.evaluate import evaluate
 from mmrl.train.logging import RunLogger
 from mmrl.train.policy import Policy
 from mmrl.train.prompts import PromptSource
-from mmrl.types import Sample
+from mmrl.types import PromptFeatures, RolloutBatch, Sample, SamplingParams
+
+
+def fill(target: str, sample: Sample, key: str = "sft.target") -> str:
+    """`target` with `{solution}` and the record's fields filled in (e.g. {patch_box} for a tool
+    call's box); a field the record lacks is an error naming it, the record and its fields."""
+    try:
+        return target.format(**{**sample.fields, "solution": sample.solution})
+    except KeyError as e:
+        raise ValueError(f"{key} names {{{e.args[0]}}}, which record {sample.id} "
+                         f"({sample.source}) does not have; its fields: "
+                         f"{', '.join(sorted(sample.fields)) or 'none'}") from None
 
 
 def target_text(sc: SFTConfig, sample: Sample) -> str:
     """The completion to imitate: `sft.think_target` for a sample the think/no-think hybrid asked
     to think (when set), else `sft.target`."""
     asked_to_think = sample.fields.get("think_mode") == "think"
-    target = sc.think_target if sc.think_target and asked_to_think else sc.target
-    # Record fields may fill the target too (e.g. {patch_box} for a tool call's box).
-    try:
-        return target.format(**{**sample.fields, "solution": sample.solution})
-    except KeyError as e:
-        raise ValueError(f"sft.target names {{{e.args[0]}}}, which record {sample.id} "
-                         f"({sample.source}) does not have; its fields: "
-                         f"{', '.join(sorted(sample.fields)) or 'none'}") from None
+    return fill(sc.think_target if sc.think_target and asked_to_think else sc.target, sample)
 
 
 def _targets(sc: SFTConfig, tokenizer, pad_id: int,
@@ -46,6 +51,51 @@ def _targets(sc: SFTConfig, tokenizer, pad_id: int,
         ids[i, :len(r)] = torch.tensor(r)
         mask[i, :len(r)] = 1
     return ids, mask
+
+
+class Demonstrations:
+    """Demonstration trajectories for the warm-up (`sft.turn_targets`): the trajectory loop of
+    rollouts (mmrl/rollout/trajectory.py) over an engine whose turn k "samples" target k filled
+    from the record, so the observations are the real tools' answers, encoded as in RL, and the
+    loss mask covers the model's turns only."""
+
+    def __init__(self, cfg: RunConfig, policy: Policy):
+        self.targets, self.tokenizer = cfg.sft.turn_targets, policy.processor.tokenizer
+        self.loop = TrajectoryRollout.from_config(cfg.tools, self, policy.processor,
+                                                  policy.adapter)
+        self.params = SamplingParams(num_generations=1, max_new_tokens=cfg.rollout.max_new_tokens)
+        self.turn = 0
+
+    def demonstrate(self, feats: list[PromptFeatures]) -> RolloutBatch:
+        self.turn = 0
+        return self.loop.rollout(feats, self.params)
+
+    def generate(self, prompts: list[PromptFeatures], params: SamplingParams) -> RolloutBatch:
+        """The engine contract (one turn of every row still going)."""
+        if self.turn >= len(self.targets):
+            raise ValueError(f"sft.turn_targets: the demonstration's turn {self.turn} (of "
+                             f"{len(self.targets)}) still called a tool; its last target must "
+                             f"answer, e.g. <answer>{{solution}}</answer>")
+        key = f"sft.turn_targets[{self.turn}]"
+        eos = self.tokenizer.eos_token_id
+        rows = [self.tokenizer(fill(self.targets[self.turn], p.sample, key),
+                               add_special_tokens=False)["input_ids"] + [eos] for p in prompts]
+        self.turn += 1
+        if max(map(len, rows)) > params.max_new_tokens:
+            raise ValueError(f"{key} is {max(map(len, rows))} tokens with its end token, over "
+                             f"the turn's limit of {params.max_new_tokens} "
+                             f"(rollout.max_new_tokens, or what is left of tools.max_tokens)")
+        width = max(map(len, rows))
+        ids = torch.full((len(rows), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)], mask[i, :len(r)] = torch.tensor(r), 1
+        return RolloutBatch(prompts=list(prompts), completion_ids=ids, completion_mask=mask,
+                            group_ids=torch.arange(len(rows)),
+                            sampler_logp=torch.zeros(ids.shape),
+                            texts=[self.tokenizer.decode(r, skip_special_tokens=True)
+                                   for r in rows],
+                            truncated=torch.zeros(len(rows), dtype=torch.bool))
 
 
 def reached(history: list[dict], stop_accuracy: float | None, checks: int) -> bool:
@@ -65,6 +115,7 @@ def sft_warmup(cfg: RunConfig, policy: Policy, prompts: PromptSource, log: RunLo
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=sc.lr)
     gen = torch.Generator().manual_seed(cfg.train.seed + 1)
     history, acc, step = [], float("nan"), 0
+    demos = Demonstrations(cfg, policy) if sc.turn_targets else None
     in_a_row = "" if sc.stop_checks == 1 else f" on {sc.stop_checks} checks in a row"
     log.print(f"SFT warm-up: up to {sc.steps} steps, stop at val accuracy {sc.stop_accuracy}"
               f"{in_a_row}")
@@ -76,9 +127,15 @@ def sft_warmup(cfg: RunConfig, policy: Policy, prompts: PromptSource, log: RunLo
         samples, feats = prompts.load(idx)  # bad media: skipped and counted, or an error
         if not samples:
             raise MediaError(f"SFT warm-up: none of the {len(idx)} samples drawn could be loaded")
-        ids, mask = _targets(sc, policy.processor.tokenizer, policy.pad_id, samples)
+        if demos is not None:  # the model's turns of a trajectory through the real tools
+            batch = demos.demonstrate(feats)
+            ids, mask = batch.completion_ids, batch.policy_mask
+            inputs = collate(batch.prompts, ids, batch.completion_mask, policy.pad_id,
+                             observations=batch.observations())
+        else:
+            ids, mask = _targets(sc, policy.processor.tokenizer, policy.pad_id, samples)
+            inputs = collate(feats, ids, mask, policy.pad_id)
         model.train()
-        inputs = collate(feats, ids, mask, policy.pad_id)
         logp = completion_logprobs(model, {k: v.to(device) if torch.is_tensor(v) else v
                                            for k, v in inputs.items()},
                                    ids.to(device), mask.to(device))

@@ -12,7 +12,13 @@ Which group each part of a step runs over (models/ulysses.py says why):
   data-parallel rank's gradient, so DDP's all-reduce, ZeRO's and FSDP2's reductions over every
   process stay as they are, and so does their loss scaling by the world size;
 - files (logs, checkpoints): world rank 0 (`Layout.world.main`; `Layout.data.main` is true on
-  every rank of the first sequence group).
+  every rank of the first sequence group);
+- the rollout: each rank of a sequence group samples its contiguous share of the group's
+  prompts and the group exchanges the completions (`share`, `gather_objects`): every row is
+  sampled once, by one rank, so the group's copies are identical by construction (seeding
+  alike would not be: sampling kernels on GPUs are not bit-exact), and each process's rollout
+  costs what it costs without sequence parallelism on as many processes
+  (`rollout.prompts_per_step` must divide by the process count: each samples whole groups).
 """
 from __future__ import annotations
 
@@ -51,3 +57,18 @@ def make_layout(info: DistInfo, size: int) -> Layout:
             data_group = group
     data = DistInfo(info.rank // size, data_size, info.local_rank, group=data_group)
     return Layout(info, data, SPGroup(sequence_group, info.rank % size, size))
+
+
+def share(n: int, rank: int, size: int) -> tuple[int, int]:
+    """[lo, hi) of `rank`'s contiguous share of `n` items over `size` ranks."""
+    per = n // size
+    return rank * per, (rank + 1) * per if rank < size - 1 else n
+
+
+def gather_objects(obj, sequence: SPGroup) -> list:
+    """Every rank's `obj`, in sequence-rank order, on every rank of the group (a collective)."""
+    if sequence.size == 1:
+        return [obj]
+    out = [None] * sequence.size
+    torch_dist.all_gather_object(out, obj, group=sequence.group)
+    return out

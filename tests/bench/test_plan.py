@@ -114,3 +114,32 @@ def test_recipe_readme_states_the_current_prediction(config):
     section = plan_report.readme_section(config)
     assert section in text, (f"{config.parent / 'README.md'} is stale: run "
                              f"python -m mmrl.bench.plan_report --readmes")
+
+
+def test_sequence_parallel_divides_each_ranks_activations_not_its_rollout():
+    f = _facts()
+    one, two = (plan.activation_terms(f, _work(sequence_parallel=n), 4) for n in (1, 2))
+    tokens = 1152 + 4 * 511  # one group's prompt, 4 completions less their last token
+    assert two["text activations"] == one["text activations"] * (-(-tokens // 2)) / tokens
+    assert two["vision activations"] == one["vision activations"] / 2  # half the patches
+    # The 4 x 512 completion tokens fit in one rank's half (1598 + ...): it holds their logits.
+    assert two["logits"] == one["logits"] * min(4 * 512, -(-tokens // 2)) / (4 * 512)
+    four = plan.activation_terms(f, _work(sequence_parallel=4), 4)
+    assert four["logits"] == one["logits"] * -(-tokens // 4) / (4 * 512)
+    p1, p2 = (plan.predict(f, _work(sequence_parallel=n), plan.Cluster(80, 8, "zero3"))
+              for n in (1, 2))
+    assert p2.phases["update"] < p1.phases["update"]
+    assert p2.phases["rollout"] == p1.phases["rollout"]  # each rank samples its own prompts
+
+
+def test_config_workload_gives_each_process_its_share_of_the_prompts():
+    from mmrl import config
+
+    cfg = config.load("recipes/video_qa/config.yaml", ["recipes/video_qa/long.yaml"], world=8)
+    f = _facts()
+    w, _ = plan.config_workload(cfg, f, 8)
+    assert (w.sequence_parallel, w.prompts) == (4, 2)  # 16 prompts over 8 processes
+    with pytest.raises(ValueError, match="must divide by the 8 processes"):
+        plan.config_workload(config.load("recipes/video_qa/config.yaml",
+                                         ["recipes/video_qa/long.yaml", "rollout.prompts_per_step=12"],
+                                         world=4), f, 8)

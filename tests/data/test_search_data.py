@@ -156,3 +156,20 @@ def test_video_search_seen_records_show_the_flash_at_first_look(tmp_path):
         first = load_video(s.videos[0], fps=0.5)
         centre = first.frames[:, 13:15, 13:15].reshape(len(first), -1, 3).mean(1)
         assert np.abs(centre - centre.mean(-1, keepdims=True)).max() > 60  # a colour, not grey
+
+
+def test_grid_places_the_patch_mid_cell_and_the_resized_box_holds_it(tmp_path):
+    """grid=8 on a 448-px scene: 56-px cells, the 24-px patch 16 px in from the cell's corner; its
+    box in the 56 x 56 input frame is the cell's middle, 7 px a cell, rounded outwards."""
+    made = GENERATORS.get("visual_search")(tmp_path, n_train=20, n_eval=0, size=448, patch=24,
+                                           cell=1, grid=8)
+    import json
+    for line in open(made["train"]):
+        r = json.loads(line)
+        x1, y1, x2, y2 = r["patch_box"]
+        assert x1 % 56 == 16 and y1 % 56 == 16 and (x2 - x1, y2 - y1) == (24, 24)
+        assert r["patch_box_resized"] == [x1 // 8, y1 // 8, -(-x2 // 8), -(-y2 // 8)]
+        assert r["patch_box_resized"][0] % 7 == 2 and r["patch_box_resized"][2] % 7 == 5
+    with pytest.raises(ValueError, match="does not fit a cell"):
+        GENERATORS.get("visual_search")(tmp_path / "x", n_train=1, n_eval=0, size=448, patch=64,
+                                        cell=1, grid=8)

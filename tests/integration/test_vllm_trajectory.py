@@ -104,16 +104,21 @@ def _teach(adapter, model, processor, toolbox, prompts) -> None:
         inputs = collate([prompts[key]], ids, torch.ones_like(ids), pad,
                          observations=[observations])
         rows.append((inputs, ids, policy))
+    assert fit(model, rows, 100) < 0.3
+
+
+def fit(model, rows, steps: int) -> float:
+    """Teacher-force `rows` ((inputs, ids, policy mask) each) for `steps` Adam steps -> the loss."""
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     model.train()
-    for _ in range(100):
+    for _ in range(steps):
         loss = sum(-(completion_logprobs(model, inputs, ids, policy) * policy).sum() / policy.sum()
                    for inputs, ids, policy in rows)
         opt.zero_grad()
         loss.backward()
         opt.step()
     model.eval()
-    assert float(loss.detach()) < 0.3
+    return float(loss.detach())
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -65,6 +66,81 @@ def test_build_request_from_trainer_prompt():
     p.media = {"images": images[:1]}
     with pytest.raises(ValueError, match="sample 's'.*2 image placeholder.*1 image item"):
         build_request(p, pads)
+
+
+def test_qwen3_vl_video_frame_blocks_fold_to_one_pad():
+    """Qwen3-VL writes a video as timestamped frame blocks inside one outer block: vLLM gets the
+    outer block around one video pad (it writes the timestamps again); an image stays as is."""
+    from mmrl.data.media import Video
+    from mmrl.rollout.vllm_io import frame_marks
+
+    adapter = get_adapter("qwen3_vl")
+    _, processor = adapter.tiny(seed=0, num_hidden_layers=1)
+    video = Video(np.zeros((4, 56, 56, 3), np.uint8), 2.0, [0.0, 0.5, 1.0, 1.5], 2.0)
+    image = Image.new("RGB", (56, 56), "white")
+    p = adapter.prompt_features(processor, Sample(id="v", messages=[{"role": "user", "content": [
+        {"type": "video"}, {"type": "image"}, {"type": "text", "text": "Hi"}]}]), [image],
+        videos=[video])
+    p.media = {"videos": [video], "images": [image]}
+    tok = processor.tokenizer
+    assert "<0.2 seconds>" in tok.decode(p.input_ids)  # the processor's per-frame timestamps
+    req = build_request(p, media_pad_ids(processor), frame_marks(processor))
+    assert tok.decode(req["prompt_token_ids"]).startswith(
+        "<|im_start|>user\n<|vision_start|><|video_pad|><|vision_end|>"
+        "<|vision_start|><|image_pad|><|vision_end|>Hi")
+    assert frame_marks(get_adapter("qwen2_5_vl").tiny(seed=0)[1]) is None
+
+
+def test_server_request_is_the_colocated_one_with_media_as_data_urls():
+    """Server mode sends the colocated engine's token ids (one pad per item) and each image and
+    audio clip, in order, as a lossless data URL; a video is refused with a sentence."""
+    import base64
+    import io
+
+    import soundfile
+
+    from mmrl.rollout.vllm_server import generate_request
+
+    adapter = get_adapter("qwen2_5_omni")
+    _, processor = adapter.tiny(seed=0)
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 255, (56, 56, 3), dtype=np.uint8)),
+              Image.new("RGB", (84, 56), "red")]
+    audio = rng.uniform(-0.5, 0.5, 8000).astype(np.float32)
+    sample = Sample(id="s", messages=[{"role": "user", "content": [
+        {"type": "image"}, {"type": "audio"}, {"type": "image"}, {"type": "text", "text": "Hi"}]}])
+    p = adapter.prompt_features(processor, sample, images, audios=[audio])
+    p.media = {"images": images, "audios": [audio]}
+    body = generate_request(p, media_pad_ids(processor))
+    assert body["token_ids"] == build_request(p, media_pad_ids(processor))["prompt_token_ids"]
+    kinds = [part["type"] for part in body["content_parts"]]
+    assert kinds == ["image_url", "image_url", "audio_url"]  # vLLM queues them per modality
+
+    def decoded(part):
+        header, data = part["url"].split(",", 1)
+        return header, io.BytesIO(base64.b64decode(data))
+
+    for part, image in zip(body["content_parts"], images):
+        header, raw = decoded(part)
+        assert header == "data:image/png;base64"
+        assert np.array_equal(np.asarray(Image.open(raw)), np.asarray(image))
+    header, raw = decoded(body["content_parts"][2])
+    wave, rate = soundfile.read(raw, dtype="float32")
+    assert header == "data:audio/wav;base64" and rate == 16000 and np.array_equal(wave, audio)
+    text = adapter.prompt_features(processor, Sample(id="t", messages=[
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]))
+    text.media = {}
+    assert generate_request(text, media_pad_ids(processor)) == {
+        "token_ids": text.input_ids.tolist(), "content_parts": None}
+    from mmrl.data.media import Video
+
+    clip = Video(np.zeros((4, 56, 56, 3), np.uint8), 2.0, [0.0, 0.5, 1.0, 1.5], 2.0)
+    video = adapter.prompt_features(processor, Sample(id="v", messages=[
+        {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "Hi"}]}]),
+        videos=[clip])
+    video.media = {"videos": [clip]}
+    with pytest.raises(NotImplementedError, match="sample 'v'.*colocated"):
+        generate_request(video, media_pad_ids(processor))
 
 
 def test_to_generation_layout_and_placeholder_error():

@@ -253,6 +253,31 @@ def test_cut_text_share_counts_the_last_logged_step_only(tmp_path):
     assert learning_table._cut_text(tmp_path / "missing") is None
 
 
+def test_tool_use_counts_calls_and_crops_that_hold_the_mark(tmp_path):
+    def row(calls, seen, draw=0):
+        return {"draw": draw, "fields": {"mark_box": [10, 10, 34, 34]}, "seen": seen,
+                "calls": [{"name": n, "turn": 0, "error": None} for n in calls]}
+    held, missed = {"media": "image", "box": [6, 8, 34, 40]}, {"media": "image", "box": [12, 8, 40, 40]}
+    rows = [row(["crop"], [[held]]), row(["crop", "crop"], [[missed], [held]]),
+            row(["crop"], [[missed]]), row([], []), row([], [], draw=1)]
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "after_rl.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert learning_table.tool_use(tmp_path, "after_rl") == {"called": 0.75, "found": 0.5}
+    assert learning_table.tool_use(tmp_path, "before_rl") is None  # no such evaluation
+
+
+def test_tool_rows_are_judged_against_their_no_tool_control():
+    def res(row, seed, before, after, use=None):
+        return dict(row=row, seed=seed, metric="accuracy", before=before, after=after,
+                    shuffled=0.27, chance=0.26, tool_use={"before": use, "after": use})
+    use = {"called": 0.9, "found": 0.5}
+    results = [res("visual_search", 0, 0.4, 0.6, use), res("visual_search_no_tool", 0, 0.3, 0.28),
+               res("visual_search", 1, 0.4, 0.6, use), res("visual_search_no_tool", 1, 0.3, 0.5)]
+    text = "\n".join(learning_render.tool_lines(results))
+    assert "| 0 | 0.40 | 0.60 | 0.28 | 0.26 | 0.27 | 90% / 50% | 90% / 50% | meets |" in text
+    assert "| 1 | 0.40 | 0.60 | 0.50 | 0.26 | 0.27 | 90% / 50% | 90% / 50% | misses |" in text
+
+
 def test_video_search_warmup_call_fits_the_budget_and_its_span_holds_the_card():
     """The warm-up target of a hidden flash is a `frames` call that parses, fits
     rollout.max_new_tokens, and spans the whole card inside the clip; a seen flash answers."""
@@ -273,31 +298,3 @@ def test_video_search_warmup_call_fits_the_budget_and_its_span_holds_the_card():
         assert len(tok(text, add_special_tokens=False)["input_ids"]) < cfg.rollout.max_new_tokens
     seen = learning_table.WARMUP["video_search"]({"flash_seen": True, "solution": "C"})
     assert seen == "<answer>C</answer>"
-
-
-def test_tool_use_reads_calls_and_whether_their_span_holds_the_flash(tmp_path):
-    call = '<tool_call>{"name": "frames", "arguments": {"start": %s, "end": %s}}</tool_call>'
-    rows = [  # found; called on the wrong span; a failed call; no call at all
-        {"turns": [call % (2, 5.5), "<answer>A</answer>"], "calls": [{"turn": 0, "error": None}]},
-        {"turns": [call % (0, 2), "<answer>A</answer>"], "calls": [{"turn": 0, "error": None}]},
-        {"turns": [call % (2, 5.5)], "calls": [{"turn": 0, "error": "timeout"}]},
-        {"turns": ["<answer>B</answer>"], "calls": []}]
-    (tmp_path / "eval").mkdir()
-    (tmp_path / "eval" / "after_rl.jsonl").write_text("".join(
-        json.dumps({**r, "draw": 0, "fields": {"flash_span": [3.0, 3.5], "tools": ["frames"]}})
-        + "\n" for r in rows))
-    assert learning_table._tool_use(tmp_path, "after_rl") == {"called": 0.5, "found": 0.25}
-    assert learning_table._tool_use(tmp_path, "before_rl") is None
-    (tmp_path / "eval" / "before_rl.jsonl").write_text(json.dumps(  # a no-tool control's record
-        {"draw": 0, "turns": ["<answer>B</answer>"], "calls": [], "fields": {}}) + "\n")
-    assert learning_table._tool_use(tmp_path, "before_rl") is None
-
-
-def test_tool_lines_show_tool_use_and_the_gap_to_the_no_tool_control():
-    tool = {"row": "video_search", "seed": 1, "after": 0.8, "tool_use": {
-        "before_rl": {"called": 0.9, "found": 0.5}, "after_rl": {"called": 1.0, "found": 0.75}}}
-    ctrl = {"row": "video_search_no_tool", "seed": 1, "after": 0.3, "tool_use": {
-        "before_rl": None, "after_rl": None}}
-    lines = learning_render.tool_lines([tool, ctrl])
-    assert lines[-1] == "| video_search | 1 | 0.90 | 1.00 | 0.50 | 0.75 | 0.50 |"
-    assert learning_render.tool_lines([ctrl]) == []

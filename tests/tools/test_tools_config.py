@@ -58,22 +58,24 @@ def test_options_the_trajectories_are_not_wired_into_are_refused(override, messa
     load(override)  # fine without tools
 
 
-def test_tools_on_vllm_run_colocated_and_video_tools_only_where_verified():
-    tools = "tools.use=[{name: crop}]"
+def test_tools_on_vllm_run_colocated_or_served_and_video_tools_only_where_verified():
+    tools = "tools.use=[{name: crop}, {name: audio_clip}]"
     assert load(tools, "rollout.backend=vllm").rollout.backend == "vllm"  # qwen2_5_vl, colocated
-    with pytest.raises(config.ConfigError, match="rollout.vllm.server_url=http://h:8000 cannot "
-                       "run with tools.use .the server takes a prompt with media as chat messages"):
-        load(tools, "rollout.backend=vllm", "rollout.vllm.server_url=http://h:8000")
+    server = ("rollout.backend=vllm", "rollout.vllm.server_url=http://h:8000")
+    assert load(tools, *server).rollout.vllm.server_url == "http://h:8000"
+    with pytest.raises(config.ConfigError, match="tools.use frames cannot run with rollout.vllm."
+                       "server_url .the server takes media as data URLs"):
+        load("tools.use=[{name: crop}, {name: frames}]", *server)
     for family in ("qwen3_vl", "qwen2_5_omni", "qwen2_audio"):  # images and audio: every family
         load("tools.use=[{name: crop}, {name: audio_clip}]", "rollout.backend=vllm",
              f"model.family={family}")
     frames = "tools.use=[{name: crop}, {name: frames}]"
     with pytest.raises(config.ConfigError, match="tools.use frames with model.family=qwen3_vl "
-                       "cannot run on rollout.backend=vllm .Qwen3-VL writes a timestamp before"):
+                       "cannot run on rollout.backend=vllm .vLLM expands Qwen3-VL's timestamped video"):
         load(frames, "rollout.backend=vllm", "model.family=qwen3_vl")
     with pytest.raises(config.ConfigError, match="model.family=qwen2_5_omni cannot run on rollout."
-                       "backend=vllm .its video positions on vLLM are not verified; video on "
-                       "vLLM: qwen2_vl, qwen2_5_vl.; use rollout.backend=hf"):
+                       "backend=vllm .vLLM's Qwen2.5-Omni processor expands a video to another "
+                       "size.*; video on vLLM: qwen2_vl, qwen2_5_vl.; use rollout.backend=hf"):
         load(frames, "rollout.backend=vllm", "model.family=qwen2_5_omni")
     load(frames, "rollout.backend=vllm", "model.family=qwen2_vl")
     load(frames, "model.family=qwen3_vl")  # fine on HF

@@ -1,0 +1,86 @@
+"""The warm-up on demonstration trajectories (`sft.turn_targets`): each model turn is a target
+filled from the record, the real `crop` tool answers the call in between, and the loss covers the
+model's turns only. On a tiny Qwen2.5-VL and `mmrl data generate visual_search` records."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from mmrl import config
+from mmrl.train.loop import Trainer
+from mmrl.train.sft import Demonstrations, sft_warmup
+
+CALL = '{{"bbox_2d": {patch_box_resized}}}'
+ANSWER = "<answer>{solution}</answer>"
+
+
+@pytest.fixture(scope="module")
+def trainer(tiny_config, tmp_path_factory):
+    root = tmp_path_factory.mktemp("demos")
+    path = tiny_config(
+        root / "demos.yaml", root / "data",
+        data={"generate": "visual_search", "image_max_pixels": 3136,
+              "generate_kwargs": {"n_train": 16, "n_eval": 2, "size": 448, "patch": 24,
+                                  "cell": 1}},
+        rollout={"max_new_tokens": 32},
+        tools={"use": [{"name": "crop"}],
+               "call_format": "json_box", "max_turns": 2, "max_tokens": 128,
+               "max_observation_tokens": 64},
+        sft={"steps": 2, "eval_every": 2, "batch_size": 4, "val_samples": 2,
+             "turn_targets": [CALL, ANSWER]})
+    t = Trainer(config.load(path, [f"log.run_dir={root / 'run'}"]))
+    yield t
+    t.close()
+
+
+def test_a_demonstration_is_the_targets_around_the_real_tools_answer(trainer):
+    tok, samples = trainer.policy.processor.tokenizer, trainer.prompts.dataset[:3]
+    feats = [trainer.prompts.features(s) for s in samples]
+    batch = Demonstrations(trainer.cfg, trainer.policy).demonstrate(feats)
+    for i, s in enumerate(samples):
+        call = tok.encode('{"bbox_2d": %s}' % s.fields["patch_box_resized"],
+                          add_special_tokens=False) + [tok.eos_token_id]
+        answer = tok.encode(f"<answer>{s.solution}</answer>", add_special_tokens=False) + [
+            tok.eos_token_id]
+        traj = batch.trajectories[i]
+        (obs,) = traj.observations
+        assert obs.start == len(call) and traj.turns == 2 and not traj.calls[0].error
+        n = len(call) + obs.length + len(answer)
+        ids, mask = batch.completion_ids[i], batch.policy_mask[i]
+        assert ids[:len(call)].tolist() == call and ids[obs.start + obs.length:n].tolist() == answer
+        # The loss mask: 1 on both model turns, 0 on the observation and past the end.
+        assert mask[:n].tolist() == [1] * len(call) + [0] * obs.length + [1] * len(answer)
+        assert int(mask[n:].sum()) == 0 and int(batch.completion_mask[i].sum()) == n
+        # The crop came from the original image around the patch, under the 56 x 56 budget.
+        x1, y1, x2, y2 = traj.calls[0].seen[0]["box"]
+        px1, py1, px2, py2 = s.fields["patch_box"]
+        assert x1 <= px1 and y1 <= py1 and x2 >= px2 and y2 >= py2
+        assert obs.tensors["image_grid_thw"].tolist() == [[1, 4, 4]]
+
+
+def test_the_warm_up_on_demonstrations_changes_the_weights(trainer):
+    before = {k: v.detach().clone() for k, v in trainer.policy.model.named_parameters()}
+    result = sft_warmup(trainer.cfg, trainer.policy, trainer.prompts, trainer.log)
+    assert result["steps"] == 2 and len(result["history"]) == 1
+    assert any(not torch.equal(before[k], v) for k, v in trainer.policy.model.named_parameters())
+
+
+def test_a_last_target_that_calls_again_is_an_error(trainer):
+    demos = Demonstrations(trainer.cfg, trainer.policy)
+    demos.targets = [CALL, CALL]  # and a turn cap that lets it call again
+    demos.loop.settings = dataclasses.replace(demos.loop.settings, max_turns=3, max_tokens=200)
+    with pytest.raises(ValueError, match=r"sft.turn_targets: the demonstration's turn 2 \(of 2\) "
+                                         r"still called a tool"):
+        demos.demonstrate([trainer.prompts.features(trainer.prompts.dataset[0])])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["sft.turn_targets=[a, b]"], "sft.turn_targets: a demonstration trajectory needs tools"),
+    (["tools.use=[{name: crop}]", "tools.max_turns=1", "sft.turn_targets=[a, b]"],
+     "sft.turn_targets: 2 turns, over tools.max_turns=1"),
+])
+def test_turn_targets_are_checked_against_the_tools(overrides, message):
+    with pytest.raises(config.ConfigError, match=message):
+        config.load("recipes/counting/config.yaml", overrides)
