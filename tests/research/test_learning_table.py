@@ -264,6 +264,12 @@ def test_tool_use_counts_calls_and_crops_that_hold_the_mark(tmp_path):
     (tmp_path / "eval" / "after_rl.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert learning_table.tool_use(tmp_path, "after_rl") == {"called": 0.75, "found": 0.5}
     assert learning_table.tool_use(tmp_path, "before_rl") is None  # no such evaluation
+    # video_search: a frames span that holds the flash counts as found
+    span = lambda a, b: {"media": "video", "span": [a, b]}  # noqa: E731
+    rows = [{**row(["frames"], [[span(a, b)]]), "fields": {"flash_span": [3.0, 3.5]}}
+            for a, b in ((0, 3.5), (4, 7.5))]
+    (tmp_path / "eval" / "after_rl.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert learning_table.tool_use(tmp_path, "after_rl") == {"called": 1.0, "found": 0.5}
 
 
 def test_tool_rows_are_judged_against_their_no_tool_control():
