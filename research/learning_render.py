@@ -19,6 +19,7 @@ def read_findings(path: Path = HERE / "findings.md") -> dict[str, str]:
     return {parts[i].strip(): " ".join(parts[i + 1].split()) for i in range(1, len(parts), 2)}
 
 
+QUICKSTART = HERE / "learning_quickstart.md"  # the quickstart's seeds, appended to the page
 FINDINGS = read_findings()  # rendered under the table, for the rows measured
 
 # How the metric reward is shown: WER is 1 - the `wer` reward, so lower is better.
@@ -301,6 +302,8 @@ def write_markdown(results: list[dict], out: Path, png: Path | None) -> None:
             f"{r['sft_steps'] or 0}/{r['rl_steps']} | {r['wall_s']:.0f} s | "
             f"{_fmt(r.get('load'), 'load')} | {'meets' if verdict(r) else 'misses'} |")
     lines += tool_lines(table) + methods_table(results) + pretext_lines(table) + findings(results)
+    # Measured by hand, not by the harness (the quickstart runs as a user runs it): kept as written.
+    lines += ["", QUICKSTART.read_text().rstrip()]
     if png is not None:
         lines += ["", f"![held-out metric reward during RL]({png.name})"]
     out.write_text("\n".join(lines) + "\n")
