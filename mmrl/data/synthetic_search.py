@@ -132,6 +132,13 @@ def visual_search(out_dir: str | Path, n_train: int = 400, n_eval: int = 80, see
     return write_split(out, records, n_train)
 
 
+def balanced(rng: random.Random, n: int, k: int) -> list[int]:
+    """`n` answers out of `k`, each as often as `n` allows (the remainder drawn), shuffled."""
+    out = [i % k for i in range(n - n % k)] + rng.sample(range(k), n % k)
+    rng.shuffle(out)
+    return out
+
+
 def flash_frames_missed(n_frames: int, native_fps: float, sample_fps: float, window: range,
                         length: int, rng: random.Random) -> int:
     """A first frame for a `length`-frame event inside `window` that sampling at `sample_fps`
@@ -149,14 +156,18 @@ def flash_frames_missed(n_frames: int, native_fps: float, sample_fps: float, win
 def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed: int = 0,
                  seconds: int = 16, fps: int = 8, size: int = 56, sample_fps: float = 0.5,
                  card_seconds: int = 4, flash_frames: int = 2, tools: bool = True,
-                 seen: float = 0.0, card_at: list[float] | None = None) -> dict[str, str]:
+                 seen: float = 0.0, card_at: list[float] | None = None,
+                 flash_inset: int = 4) -> dict[str, str]:
     """What colour flashes while the grey card is shown? (4-way multiple choice.) A `seconds`
     long clip at `fps`; the card is on screen for `card_seconds`, long enough that sampling at
     `sample_fps` (= data.video_fps) sees it; the flash lasts `flash_frames` native frames and
     falls between sampled frames. `seen`: the share of TRAINING records whose flash starts on a
     sampled frame instead (the first look shows it: no search needed; a warm-up can learn from
     them to answer once the colour is in view); held-out records never. `card_at`: the card's
-    start times (seconds) to draw from (default: any frame). Fields: duration,
+    start times (seconds) to draw from (default: any frame). `flash_inset`: pixels of grey card
+    left around the flash on each side (0: the whole card flashes). Each split's answers are
+    balanced (every colour as often, in a shuffled order), so a constant answer scores chance,
+    not a skewed majority. Fields: duration,
     card_span and flash_span (seconds), flash_seen, and "tools": ["frames"] unless tools=False."""
     if card_seconds * sample_fps < 1:
         raise ValueError("video_search: card_seconds * sample_fps must be >= 1 (the card must be "
@@ -167,6 +178,7 @@ def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed
     names = list(COLORS)
     options = mc_options(names)
     n = seconds * fps
+    answers = balanced(rng, n_train, len(names)) + balanced(rng, n_eval, len(names))
     records = []
     for i in range(n_train + n_eval):
         card = (rng.randrange(0, n - card_seconds * fps + 1) if card_at is None
@@ -180,11 +192,12 @@ def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed
         if shown:  # drawn after the hidden start, so seen=0 gives the same records as before
             kept = [k for k in plan_frames(n, fps, fps=sample_fps)[0] if k in window]
             flash = min(rng.choice(kept), window.stop - flash_frames)
-        colour = rng.randrange(len(names))
+        colour = answers[i]
         frames = np.full((n, size, size, 3), 235, np.uint8)
         q = size // 4
         frames[window.start:window.stop, q:size - q, q:size - q] = 128
-        frames[flash:flash + flash_frames, q + 4:size - q - 4, q + 4:size - q - 4] = \
+        inner = slice(q + flash_inset, size - q - flash_inset)
+        frames[flash:flash + flash_frames, inner, inner] = \
             COLORS[names[colour]]
         name = f"videos/{i:05d}.mp4"
         write_mp4(out / name, frames, fps)

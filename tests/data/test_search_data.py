@@ -173,3 +173,22 @@ def test_grid_places_the_patch_mid_cell_and_the_resized_box_holds_it(tmp_path):
     with pytest.raises(ValueError, match="does not fit a cell"):
         GENERATORS.get("visual_search")(tmp_path / "x", n_train=1, n_eval=0, size=448, patch=64,
                                         cell=1, grid=8)
+
+
+def test_video_search_answers_are_balanced_and_the_flash_can_fill_the_card(tmp_path):
+    """Each split holds every colour as often (a constant answer scores 1/4, not a skewed
+    majority); `flash_inset=0` colours the whole grey card for the flash frame."""
+    from collections import Counter
+    paths = GENERATORS.get("video_search")(tmp_path, n_train=8, n_eval=6, seed=1, seconds=8,
+                                           fps=2, size=28, card_seconds=3, flash_frames=1,
+                                           flash_inset=0)
+    train, held = list(load_samples(paths["train"])), list(load_samples(paths["eval"]))
+    assert Counter(s.solution for s in train) == {"A": 2, "B": 2, "C": 2, "D": 2}
+    counts = Counter(s.solution for s in held)
+    assert sum(counts.values()) == 6 and max(counts.values()) - min(counts.values()) <= 1
+    colours = {"A": (220, 30, 30), "B": (30, 170, 60), "C": (40, 70, 220), "D": (230, 200, 30)}
+    for s in train[:3]:
+        video = load_video(s.videos[0], fps=2.0)  # the clip's own rate: every frame
+        k = round(s.fields["flash_span"][0] * 2)
+        card = video.frames[k, 8:20, 8:20].reshape(-1, 3).astype(float)  # the card is 7..21
+        assert np.abs(card.mean(0) - colours[s.solution]).max() < 40
