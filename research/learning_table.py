@@ -97,11 +97,19 @@ def prepare_generated(row: str, data_root: Path, log: Path,
     args = {k: json.dumps(v) if isinstance(v, bool) else v for k, v in args.items()}
     out = data_root / row
     if not (out / "eval.jsonl").exists():
-        _mmrl(["data", "generate", task, str(out), *(f"{k}={v}" for k, v in args.items())], log)
+        # Written whole into a scratch folder, then renamed: a run killed halfway leaves no
+        # cache that looks complete (records without their warm-up field, say).
+        part = data_root / f"{row}.partial"
+        if part.exists():
+            shutil.rmtree(part)
+        _mmrl(["data", "generate", task, str(part), *(f"{k}={v}" for k, v in args.items())], log)
         if row in WARMUP:  # each training record's warm-up target, as a field sft.target names
-            records = [json.loads(x) for x in (out / "train.jsonl").read_text().splitlines()]
-            (out / "train.jsonl").write_text("".join(
+            records = [json.loads(x) for x in (part / "train.jsonl").read_text().splitlines()]
+            (part / "train.jsonl").write_text("".join(
                 json.dumps({**r, "warmup": WARMUP[row](r)}) + "\n" for r in records))
+        if out.exists():  # an older harness's half-written folder
+            shutil.rmtree(out)
+        part.rename(out)
     if eval_seed is None:
         return out / "train.jsonl", out / "eval.jsonl"
     fresh = data_root / f"{row}_eval{eval_seed}"
