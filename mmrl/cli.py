@@ -149,8 +149,10 @@ def cmd_data(args) -> int:
         if k not in params:  # a TypeError from deep inside named neither the generator nor its knobs
             raise ValueError(f"data generator {args.name!r} takes no parameter {k!r}; it takes "
                              f"{', '.join(params)} (e.g. {params[0]}=500)")
-        kwargs[k] = (json.loads(v) if v[:1].isdigit() or v[:1] == "[" or v in ("true", "false")
-                     else v)  # numbers, booleans and lists (card_at=[0,4])
+        try:  # numbers (negative too), booleans and lists (card_at=[0,4]); else the text
+            kwargs[k] = json.loads(v)
+        except ValueError:
+            kwargs[k] = v
     print(json.dumps(generator(args.out, **kwargs), indent=2))
     return 0
 

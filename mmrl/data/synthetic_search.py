@@ -165,13 +165,17 @@ def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed
     sampled frame instead (the first look shows it: no search needed; a warm-up can learn from
     them to answer once the colour is in view); held-out records never. `card_at`: the card's
     start times (seconds) to draw from (default: any frame). `flash_inset`: pixels of grey card
-    left around the flash on each side (0: the whole card flashes). Each split's answers are
+    left around the flash on each side (0: the whole card flashes; negative: the flash spreads
+    past the card, and -size/4 fills the frame). Each split's answers are
     balanced (every colour as often, in a shuffled order), so a constant answer scores chance,
     not a skewed majority. Fields: duration,
     card_span and flash_span (seconds), flash_seen, and "tools": ["frames"] unless tools=False."""
     if card_seconds * sample_fps < 1:
         raise ValueError("video_search: card_seconds * sample_fps must be >= 1 (the card must be "
                          "in a sampled frame)")
+    if not -(size // 4) <= flash_inset < size // 4:
+        raise ValueError(f"video_search: flash_inset must be in [{-(size // 4)}, {size // 4}) for "
+                         f"{size}-px frames (the card is the middle half)")
     out = Path(out_dir)
     (out / "videos").mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)

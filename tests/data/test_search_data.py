@@ -192,3 +192,5 @@ def test_video_search_answers_are_balanced_and_the_flash_can_fill_the_card(tmp_p
         k = round(s.fields["flash_span"][0] * 2)
         card = video.frames[k, 8:20, 8:20].reshape(-1, 3).astype(float)  # the card is 7..21
         assert np.abs(card.mean(0) - colours[s.solution]).max() < 40
+    with pytest.raises(ValueError, match=r"flash_inset must be in \[-7, 7\) for 28-px frames"):
+        GENERATORS.get("video_search")(tmp_path / "x", n_train=1, n_eval=0, size=28, flash_inset=-8)
