@@ -62,8 +62,7 @@ ROWS: dict[str, tuple[str, list[str]]] = {
 _SEARCH = {"n_train": 600, "n_eval": 100, "size": 672, "patch": 112, "cell": 1,
            "budget_pixels": 7056, "grid": 3}
 _VIDEO = {"n_train": 600, "n_eval": 100, "seconds": 8, "fps": 2, "size": 28, "sample_fps": 0.5,
-          "card_seconds": 3, "flash_frames": 1, "seen": 0.25, "card_at": [0, 0.5, 1, 4, 4.5, 5],
-          "flash_inset": 0}
+          "card_seconds": 3, "flash_frames": 1, "seen": 0.25, "card_at": [0, 0.5, 1, 4, 4.5, 5]}
 
 
 def video_warmup(record: dict) -> str:
