@@ -86,7 +86,6 @@ def test_generate_names_the_generators_parameters_for_an_unknown_one(tmp_path, c
     assert "n_train, n_eval, seed" in message and not (tmp_path / "c").exists()
 
 
-
 def test_generate_reads_negative_numbers_and_lists(tmp_path):
     """k=v values parse as JSON: a negative number reached the generator as the text "-7"
     (a TypeError deep inside); lists and booleans too, anything else stays text."""
