@@ -195,6 +195,10 @@ class SFTConfig:
     # ... on this many checks in a row: 64 val samples read about +-0.06 at 0.7, and one lucky
     # reading stopped the classification row's seed 2 early (0.63, then 0.71; docs/learning.md)
     stop_checks: int = 1
+    # What stop_accuracy is read on: a key of the held-out evaluation's result -- "accuracy", or
+    # a reward's "<key>_mean" (a reward in `rewards`; weight 0 logs it without training on it),
+    # e.g. looked_at_mean: stop once the warm-up's crops find the target, not once it reads it.
+    stop_metric: str = "accuracy"
 
 
 @dataclass

@@ -191,9 +191,10 @@ def problems(cfg, world: int = 1) -> list[str]:
                    f"{cfg.tools.max_turns} (the demonstration would hit the turn cap)")
     if cfg.tools.enabled:
         out += _not_with_tools(cfg)
-    elif any(spec.name == "tool_use" for spec in cfg.rewards):
-        out.append("rewards: tool_use scores tool calls, and tools.use is empty (no calls are "
-                   "made); configure tools.use or drop the reward")
+    else:
+        out += [f"rewards: {name} scores tool calls, and tools.use is empty (no calls are "
+                "made); configure tools.use or drop the reward"
+                for name in sorted({s.name for s in cfg.rewards} & {"tool_use", "looked_at"})]
     mode = "server" if r.vllm.server_url else "colocated"
     if r.backend == "vllm" and r.vllm.weight_transfer not in WEIGHT_TRANSFER[mode]:
         out.append(f"rollout.vllm.weight_transfer={r.vllm.weight_transfer}: must be one of "

@@ -46,6 +46,7 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "visual_search": ("visual_search", []),
     "visual_search_no_tool": ("visual_search", [
         "tools.use=[]", "sft.turn_targets=[]", "sft.target='<answer>{solution}</answer>'",
+        "sft.stop_metric=accuracy", "sft.stop_accuracy=0.5",
         "rewards=[{name: accuracy, weight: 1.0, params: {mode: choice}},"
         " {name: format, weight: 0.5, params: {think: optional}}]"]),
     # Issue #26 item 7: which colour flashes on the grey card? The flash falls between the

@@ -83,7 +83,8 @@ def search_image(rng: random.Random, size: int, patch: int, cell: int,
 def visual_search(out_dir: str | Path, n_train: int = 400, n_eval: int = 80, seed: int = 0,
                   size: int = 1792, patch: int = 96, cell: int = 4, budget_pixels: int = 56 * 56,
                   tools: bool = True, grid: int = 0) -> dict[str, str]:
-    """Which pattern does the yellow patch hold? (4-way multiple choice, letter solution).
+    """Which pattern does the yellow patch hold? (4-way multiple choice, letter solution, each
+    split's answers balanced).
     At the input budget (`budget_pixels` = data.image_max_pixels; 56x56 for a 1792 image: 32x
     smaller) the 16-px pattern is half a pixel and the four answers' inputs differ by at most a
     level or two; a crop of the patch shows it. Fields: image_size,
@@ -106,9 +107,13 @@ def visual_search(out_dir: str | Path, n_train: int = 400, n_eval: int = 80, see
     rng = random.Random(seed)
     names = sorted(PATTERNS)
     options = mc_options(names)
+    # Each split's answers balanced (a constant answer scores chance, 1/4), drawn apart from the
+    # scenes' rng: the scenes are those of an unbalanced draw, with the pattern swapped.
+    pick = random.Random(f"visual_search answers {seed}")
+    answers = balanced(pick, n_train, len(names)) + balanced(pick, n_eval, len(names))
     records = []
     for i in range(n_train + n_eval):
-        im, scene = search_image(rng, size, patch, cell, grid=grid)
+        im, scene = search_image(rng, size, patch, cell, pattern=names[answers[i]], grid=grid)
         name = f"images/{i:05d}.png"
         im.save(out / name)
         record = {

@@ -37,7 +37,7 @@ def trajectory_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
 
 
 def call_fields(trajectories: Sequence[Trajectory]) -> list[list[dict]]:
-    """Each row's calls as plain dicts ({"name", "turn", "error"}): the `calls` field rewards
-    get (the tool_use reward), since `rewards/` knows no mmrl type."""
-    return [[{"name": c.name, "turn": c.turn, "error": c.error} for c in t.calls]
+    """Each row's calls as plain dicts ({"name", "turn", "error", "seen"}): the `calls` field
+    rewards get (tool_use, looked_at), since `rewards/` knows no mmrl type."""
+    return [[{"name": c.name, "turn": c.turn, "error": c.error, "seen": c.seen} for c in t.calls]
             for t in trajectories]

@@ -98,10 +98,26 @@ class Demonstrations:
                             truncated=torch.zeros(len(rows), dtype=torch.bool))
 
 
-def reached(history: list[dict], stop_accuracy: float | None, checks: int) -> bool:
-    """Whether the last `checks` val readings all reached `stop_accuracy` (None: never)."""
-    last = [h["val_accuracy"] for h in history[-checks:]]
+def reached(history: list[dict], stop_accuracy: float | None, checks: int,
+            key: str = "val_accuracy") -> bool:
+    """Whether the last `checks` val readings of `key` all reached `stop_accuracy` (None: never)."""
+    last = [h[key] for h in history[-checks:]]
     return stop_accuracy is not None and len(last) == checks and min(last) >= stop_accuracy
+
+
+def stop_reading(result: dict, metric: str) -> float:
+    """`sft.stop_metric` out of a held-out evaluation's result, or an error naming what it has."""
+    if metric not in result:
+        have = ", ".join(k for k, v in result.items() if isinstance(v, float))
+        raise ValueError(f"sft.stop_metric {metric!r} is not in the warm-up's held-out "
+                         f"evaluation; it has: {have} (a reward's mean is <key>_mean, for a "
+                         f"reward in `rewards`, weight 0 to log it only)")
+    return float(result[metric])
+
+
+def _other(sc: SFTConfig, reading: dict) -> str:
+    """The stop metric beside accuracy in the progress line, when it is another one."""
+    return "" if sc.stop_metric == "accuracy" else f"  {sc.stop_metric} {reading['val_stop']:.3f}"
 
 
 def sft_warmup(cfg: RunConfig, policy: Policy, prompts: PromptSource, log: RunLogger,
@@ -117,7 +133,8 @@ def sft_warmup(cfg: RunConfig, policy: Policy, prompts: PromptSource, log: RunLo
     history, acc, step = [], float("nan"), 0
     demos = Demonstrations(cfg, policy) if sc.turn_targets else None
     in_a_row = "" if sc.stop_checks == 1 else f" on {sc.stop_checks} checks in a row"
-    log.print(f"SFT warm-up: up to {sc.steps} steps, stop at val accuracy {sc.stop_accuracy}"
+    what = "val accuracy" if sc.stop_metric == "accuracy" else f"val {sc.stop_metric}"
+    log.print(f"SFT warm-up: up to {sc.steps} steps, stop at {what} {sc.stop_accuracy}"
               f"{in_a_row}")
     log.start(total=sc.steps, description="SFT warm-up")  # progress between the checks
     for step in range(1, sc.steps + 1):
@@ -148,13 +165,15 @@ def sft_warmup(cfg: RunConfig, policy: Policy, prompts: PromptSource, log: RunLo
         opt.step()
         checks = step % sc.eval_every == 0 or step == sc.steps
         if checks:
-            acc = evaluate(model, policy.processor, policy.adapter, val, cfg)["accuracy"]
-            history.append({"step": step, "loss": float(loss.detach()), "val_accuracy": acc})
-        seen = (f"  val accuracy {acc:.3f}" if checks else
+            result = evaluate(model, policy.processor, policy.adapter, val, cfg)
+            acc = result["accuracy"]
+            history.append({"step": step, "loss": float(loss.detach()), "val_accuracy": acc,
+                            "val_stop": stop_reading(result, sc.stop_metric)})
+        seen = (f"  val accuracy {acc:.3f}{_other(sc, history[-1])}" if checks else
                 f"  (val accuracy {acc:.3f} at step {history[-1]['step']})" if history else "")
         log.advance(step, sc.steps, f"loss {float(loss.detach()):.3f}{seen}", label="sft step",
                     keep=checks)
-        if checks and reached(history, sc.stop_accuracy, sc.stop_checks):
+        if checks and reached(history, sc.stop_accuracy, sc.stop_checks, "val_stop"):
             break
     log.stop()
     return {"steps": step, "val_accuracy": acc, "history": history}

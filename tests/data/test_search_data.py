@@ -194,3 +194,23 @@ def test_video_search_answers_are_balanced_and_the_flash_can_fill_the_card(tmp_p
         assert np.abs(card.mean(0) - colours[s.solution]).max() < 40
     with pytest.raises(ValueError, match=r"flash_inset must be in \[-7, 7\) for 28-px frames"):
         GENERATORS.get("video_search")(tmp_path / "x", n_train=1, n_eval=0, size=28, flash_inset=-8)
+
+
+def test_visual_search_answers_are_balanced_and_the_mark_draws_the_answer(tmp_path):
+    """Each split holds every pattern as often (a constant letter scores 1/4), and the mark in
+    the original image is the pattern the solution names: its ink cells, read back pixel by
+    pixel, are the pattern's."""
+    from collections import Counter
+    paths = GENERATORS.get("visual_search")(tmp_path, n_train=8, n_eval=6, seed=3, size=672,
+                                            patch=112, cell=1, budget_pixels=7056, grid=3)
+    train, held = list(load_samples(paths["train"])), list(load_samples(paths["eval"]))
+    assert Counter(s.solution for s in train) == {"A": 2, "B": 2, "C": 2, "D": 2}
+    counts = Counter(s.solution for s in held)
+    assert sum(counts.values()) == 6 and max(counts.values()) - min(counts.values()) <= 1
+    names = sorted(PATTERNS)
+    for s in train + held:
+        with Image.open(s.images[0]) as im:
+            x1, y1, _, _ = s.fields["mark_box"]
+            ink = np.asarray(im)[y1:y1 + 4, x1:x1 + 4] == 2  # palette index 2: INK
+        rule = PATTERNS[names["ABCD".index(s.solution)]]
+        assert ink.tolist() == [[bool(rule(r, c)) for c in range(4)] for r in range(4)], s.id

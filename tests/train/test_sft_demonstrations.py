@@ -1,6 +1,7 @@
 """The warm-up on demonstration trajectories (`sft.turn_targets`): each model turn is a target
 filled from the record, the real `crop` tool answers the call in between, and the loss covers the
-model's turns only. On a tiny Qwen2.5-VL and `mmrl data generate visual_search` records."""
+model's turns only; the looked_at reward on what the real crops read, and the warm-up's stop on
+it. On a tiny Qwen2.5-VL and `mmrl data generate visual_search` records."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +11,9 @@ import torch
 
 from mmrl import config
 from mmrl.train.loop import Trainer
+from mmrl.tools.metrics import call_fields
 from mmrl.train.sft import Demonstrations, sft_warmup
+from rewards.looked_at import looked_at
 
 CALL = '{{"bbox_2d": {patch_box_resized}}}'
 ANSWER = "<answer>{solution}</answer>"
@@ -84,3 +87,34 @@ def test_a_last_target_that_calls_again_is_an_error(trainer):
 def test_turn_targets_are_checked_against_the_tools(overrides, message):
     with pytest.raises(config.ConfigError, match=message):
         config.load("recipes/counting/config.yaml", overrides)
+
+
+def test_looked_at_scores_what_the_real_crops_read(trainer):
+    samples = trainer.prompts.dataset[:4]
+    feats = [trainer.prompts.features(s) for s in samples]
+    demos = Demonstrations(trainer.cfg, trainer.policy)
+    marks = {"mark_box": [s.fields["mark_box"] for s in samples]}
+    batch = demos.demonstrate(feats)  # crops of each record's patch: every mark inside
+    assert looked_at(batch.texts, None, calls=call_fields(batch.trajectories), target="mark_box",
+                     **marks) == [1.0] * 4
+    demos.targets = ['{{"bbox_2d": [0, 0, 3, 3]}}', ANSWER]  # the top-left corner of every image
+    batch = demos.demonstrate(feats)
+    far = [s.fields["mark_box"][0] > 64 or s.fields["mark_box"][1] > 64 for s in samples]
+    got = looked_at(batch.texts, None, calls=call_fields(batch.trajectories), target="mark_box",
+                    **marks)
+    assert any(far) and all(g == 0.0 for g, f in zip(got, far) if f)
+
+
+def test_the_warm_up_stops_on_the_named_metric(trainer):
+    rewards = [*trainer.cfg.rewards, config.RewardSpec(name="looked_at", weight=0.0,
+                                                       params={"target": "mark_box"})]
+    sft = dataclasses.replace(trainer.cfg.sft, steps=4, eval_every=2, stop_accuracy=0.0,
+                              stop_metric="looked_at_mean")
+    cfg = dataclasses.replace(trainer.cfg, sft=sft, rewards=rewards)
+    result = sft_warmup(cfg, trainer.policy, trainer.prompts, trainer.log)
+    # 0.0 is reached at the first check: the stop read looked_at, a share of the val records.
+    assert result["steps"] == 2 and 0.0 <= result["history"][0]["val_stop"] <= 1.0
+    cfg = dataclasses.replace(cfg, sft=dataclasses.replace(sft, stop_metric="found"))
+    with pytest.raises(ValueError, match="sft.stop_metric 'found' is not in the warm-up's "
+                                         "held-out evaluation; it has: accuracy.*looked_at_mean"):
+        sft_warmup(cfg, trainer.policy, trainer.prompts, trainer.log)
