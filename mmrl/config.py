@@ -33,7 +33,8 @@ Backend = Literal["hf", "vllm"]
 LRSchedule = Literal["constant", "linear", "cosine"]
 Parallel = Literal["auto", "ddp", "deepspeed", "fsdp2"]
 Progress = Literal["auto", "bar", "lines", "off"]
-CallFormat = Literal["qwen", "json_box"]  # <tool_call>{"name", "arguments"}</tool_call> | MGPO's {"bbox_2d"}
+# <tool_call>{"name", "arguments"}</tool_call> | MGPO's {"bbox_2d"} (crop) | {"span"} (frames)
+CallFormat = Literal["qwen", "json_box", "json_span"]
 
 
 @dataclass

@@ -4,7 +4,8 @@ With the "qwen" call format, a chat template that renders `tools` (Qwen3-VL's) g
 specs and writes its own instructions. Templates that ignore `tools` (Qwen2.5-VL's processor
 template, the tiny models') get the same instructions in the system message, in the words Qwen's
 tool templates use, so the model reads what its family was trained on. The "json_box" format
-(MGPO) has no function specs: a short instruction says how to ask for a region.
+(MGPO) has no function specs: a short instruction says how to ask for a region; "json_span",
+its time counterpart, how to ask for a span of the video.
 """
 from __future__ import annotations
 
@@ -43,9 +44,16 @@ def box_instructions(specs: Sequence[dict]) -> str:
             'answer inside <answer> </answer>.')
 
 
+def span_instructions(specs: Sequence[dict]) -> str:
+    return ('To look again at a time span of the video, output only the span in seconds as '
+            'JSON, {"span": [start, end]}: its frames come back at a higher frame rate. Give the '
+            'final answer inside <answer> </answer>.')
+
+
 # Per tools.call_format: the instruction text, and whether a template's own `tools` rendering
 # (when it has one) replaces it.
-INSTRUCTIONS = {"qwen": (qwen_instructions, True), "json_box": (box_instructions, False)}
+INSTRUCTIONS = {"qwen": (qwen_instructions, True), "json_box": (box_instructions, False),
+                "json_span": (span_instructions, False)}
 
 
 def add_tool_prompt(sample: Sample, specs: Sequence[dict], processor,

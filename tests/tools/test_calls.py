@@ -53,6 +53,18 @@ def test_json_box_format_is_a_crop_call():
     assert parse_turn("no box here", "json_box").final
 
 
+def test_json_span_format_is_a_frames_call():
+    assert calls('Again: {"span": [2, 5.5]}', "json_span") == [
+        ToolCall("frames", {"start": 2, "end": 5.5})]
+    assert calls('```json\n{"span": [0, 1], "video": 2}\n```', "json_span") == [
+        ToolCall("frames", {"video": 2, "start": 0, "end": 1})]
+    for bad in ('{"span": [1, 2', '{"span": 3}', '{"span": [1, 2, 3]}'):
+        (call,) = calls(bad, "json_span")
+        assert call.error == "malformed" and '{"span": [start, end]}' in call.detail, bad
+    assert parse_turn("<answer>A</answer>", "json_span").final
+    assert parse_turn('no span here, a box {"bbox_2d": [1, 2, 3, 4]}', "json_span").final
+
+
 def test_parsing_hostile_text_stays_linear():
     import time
 

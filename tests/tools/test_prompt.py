@@ -61,6 +61,9 @@ def test_a_template_that_renders_tools_gets_the_specs(tiny):
         # The box format has no specs to render: its instruction goes to the system message.
         boxed, none = add_tool_prompt(sample(), specs, processor, "json_box")
         assert none is None and '{"bbox_2d": [x1, y1, x2, y2]}' in boxed.messages[0]["content"][0]["text"]
+        spanned, none = add_tool_prompt(sample(), Toolbox([load_tool("frames")]).specs(
+            ["frames"]), processor, "json_span")
+        assert none is None and '{"span": [start, end]}' in spanned.messages[0]["content"][0]["text"]
     finally:
         processor.chat_template = CHAT_TEMPLATE
 
