@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from mmrl.data.media import fit_pixels, plan_frames
+from mmrl.data.media import fit_image, fit_pixels, plan_frames
 from mmrl.data.synthetic import GENERATORS
 from mmrl.data.synthetic_av import COLORS, MC_LETTERS, mc_options, write_mp4, write_split
 
@@ -82,7 +82,7 @@ def search_image(rng: random.Random, size: int, patch: int, cell: int,
 @GENERATORS.register("visual_search")
 def visual_search(out_dir: str | Path, n_train: int = 400, n_eval: int = 80, seed: int = 0,
                   size: int = 1792, patch: int = 96, cell: int = 4, budget_pixels: int = 56 * 56,
-                  tools: bool = True, grid: int = 0) -> dict[str, str]:
+                  tools: bool = True, grid: int = 0, seen: float = 0.0) -> dict[str, str]:
     """Which pattern does the yellow patch hold? (4-way multiple choice, letter solution, each
     split's answers balanced).
     At the input budget (`budget_pixels` = data.image_max_pixels; 56x56 for a 1792 image: 32x
@@ -91,7 +91,9 @@ def visual_search(out_dir: str | Path, n_train: int = 400, n_eval: int = 80, see
     mark_box / patch_box (original pixels), mark_box_resized / patch_box_resized (the model's
     input frame), and "tools": ["crop"] unless tools=False. `grid` > 0 places the patch in the
     middle of one cell of a grid x grid division (fewer places to look: a coarse search), else
-    anywhere."""
+    anywhere. `seen`: the share of TRAINING records whose image is already the view a crop of
+    the mark returns (`mark_view`, at the budget; `mark_seen` true, no boxes): reading practice
+    without a search, as video_search's seen flashes are. Held-out records never."""
     w, h = fit_pixels(size, size, 28 * 28, budget_pixels)
     if 4 * cell * w / size > 0.5:
         raise ValueError(f"visual_search: the pattern ({4 * cell} px) would be "
@@ -131,10 +133,36 @@ def visual_search(out_dir: str | Path, n_train: int = 400, n_eval: int = 80, see
                                   math.ceil(scene[key][3] * h / size)]
                for key in ("patch_box", "mark_box")},
         }
+        if i < n_train and seen > 0 and pick.random() < seen:  # its own rng: seen=0 as before
+            view = f"images/{i:05d}_view.png"
+            mark_view(im, record["mark_box_resized"], size / w, budget_pixels).save(out / view)
+            record = {**{k: v for k, v in record.items()
+                         if k not in ("mark_box", "patch_box", "mark_box_resized",
+                                      "patch_box_resized")},
+                      "images": [view], "image_size": [size, size], "mark_seen": True}
         if tools:
             record["tools"] = ["crop"]
         records.append(record)
     return write_split(out, records, n_train)
+
+
+def mark_view(image: Image.Image, box_resized: list[int], scale: float,
+              budget_pixels: int, factor: int = 28) -> Image.Image:
+    """What the crop tool returns for `box_resized` (the model's input frame, `scale` original
+    pixels to one input pixel): that region of the original, grown to at least `factor` pixels a
+    side about its centre (kept inside the image), fitted to the budget."""
+    w, h = image.size
+    sides = []
+    for lo, hi, limit in ((box_resized[0] * scale, box_resized[2] * scale, w),
+                          (box_resized[1] * scale, box_resized[3] * scale, h)):
+        lo, hi = math.floor(lo), math.ceil(hi)
+        need = max(0, factor - (hi - lo))
+        lo, hi = lo - need // 2, hi + need - need // 2
+        shift = max(0, -lo) - max(0, hi - limit)
+        sides.append((lo + shift, hi + shift))
+    (x1, x2), (y1, y2) = sides
+    return fit_image(image.convert("RGB").crop((x1, y1, x2, y2)), budget_pixels, budget_pixels,
+                     factor=factor)
 
 
 def balanced(rng: random.Random, n: int, k: int) -> list[int]:

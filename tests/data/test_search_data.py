@@ -3,6 +3,7 @@
 does. And records carry their tools and full-resolution originals through the schema."""
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -214,3 +215,28 @@ def test_visual_search_answers_are_balanced_and_the_mark_draws_the_answer(tmp_pa
             ink = np.asarray(im)[y1:y1 + 4, x1:x1 + 4] == 2  # palette index 2: INK
         rule = PATTERNS[names["ABCD".index(s.solution)]]
         assert ink.tolist() == [[bool(rule(r, c)) for c in range(4)] for r in range(4)], s.id
+
+
+def test_seen_records_show_what_the_crop_tool_returns_for_the_mark(tmp_path):
+    """`seen`: a share of training records whose image is the view the crop tool returns for
+    the demonstration's box (the record's mark_box_resized); held-out records never. Pixel for
+    pixel against the real tool on the same scene drawn unseen."""
+    kw = dict(n_train=12, n_eval=4, seed=5, size=672, patch=112, cell=1, budget_pixels=7056,
+              grid=3)
+    plain = {s.id: s for s in load_samples(GENERATORS.get("visual_search")(tmp_path / "a", **kw)
+                                           ["train"])}
+    paths = GENERATORS.get("visual_search")(tmp_path / "b", seen=0.5, **kw)
+    train, held = list(load_samples(paths["train"])), list(load_samples(paths["eval"]))
+    shown = [s for s in train if s.fields.get("mark_seen")]
+    assert 0 < len(shown) < 12 and not any(s.fields.get("mark_seen") for s in held)
+    for s in shown:
+        assert "mark_box" not in s.fields and s.solution == plain[s.id].solution
+        unseen = plain[s.id]
+        with Image.open(unseen.images[0]) as im:
+            ctx = context_for(im.convert("RGB"), unseen.images[0], 7056)
+        ctx = dataclasses.replace(ctx, image_pixels=(7056, 7056))
+        want = np.asarray(crop(ctx, unseen.fields["mark_box_resized"], coords="resized")[0])
+        with Image.open(s.images[0]) as view:
+            assert view.size == (84, 84) and np.array_equal(np.asarray(view.convert("RGB")), want)
+    # The other training records are the unseen ones, unchanged.
+    assert all(s.images[0].endswith(plain[s.id].images[0][-9:]) for s in train if s not in shown)
