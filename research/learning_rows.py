@@ -46,14 +46,14 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "visual_search": ("visual_search", []),
     "visual_search_no_tool": ("visual_search", [
         "tools.use=[]", "sft.turn_targets=[]", "sft.target='<answer>{solution}</answer>'",
-        "sft.stop_metric=accuracy", "sft.stop_accuracy=0.5",
         "rewards=[{name: accuracy, weight: 1.0, params: {mode: choice}},"
         " {name: format, weight: 0.5, params: {think: optional}}]"]),
     # Issue #26 item 7: which colour flashes on the grey card? The flash falls between the
     # frames of the 0.5-fps first look; `frames` over the card's span shows it. The warm-up
     # target is the record's `warmup` field (WARMUP). The no-tool control: tools=false.
     "video_search": ("video_search", []),
-    "video_search_no_tool": ("video_search", ["sft.target='<answer>{solution}</answer>'"]),
+    "video_search_no_tool": ("video_search", ["sft.target='<answer>{solution}</answer>'",
+                                              "sft.turn_targets=[]"]),
 }
 # Rows whose records a generator writes directly (mmrl records, no anchor conversion):
 # row -> (generator, arguments).
@@ -63,10 +63,11 @@ ROWS: dict[str, tuple[str, list[str]]] = {
 _SEARCH = {"n_train": 600, "n_eval": 100, "size": 672, "patch": 112, "cell": 1,
            "budget_pixels": 7056, "grid": 3}
 _VIDEO = {"n_train": 600, "n_eval": 100, "seconds": 8, "fps": 2, "size": 28, "sample_fps": 0.5,
-          "card_seconds": 3, "flash_frames": 1, "seen": 0.25, "card_at": [0, 0.5, 1, 4, 4.5, 5]}
+          "card_seconds": 3, "flash_frames": 1, "seen": 0.25, "card_at": [0, 0.5, 1, 4, 4.5, 5],
+          "flash_inset": -7}  # the flash colours the whole 28-px frame
 
 
-def video_warmup(record: dict) -> str:
+def video_warmup(record: dict, call_format: str = "qwen") -> str:
     """The video_search warm-up's target (CRUTCH, research/README.md): SFT imitates the first
     turn only, so a record whose flash the first look misses imitates the `frames` call on the
     half of the clip that holds the card (3.5 s: its 8 frames at 2 fps, an even count, all come
@@ -76,12 +77,16 @@ def video_warmup(record: dict) -> str:
         return f"<answer>{record['solution']}</answer>"
     half = record["duration"] / 2
     start = 0 if record["card_span"][1] <= half else half
+    if call_format == "json_span":  # tools.call_format json_span: the bare span
+        return '{"span": [%g, %g]}' % (start, start + half - 0.5)
     return ('<tool_call>{"name": "frames", "arguments": {"start": %g, "end": %g}}</tool_call>'
             % (start, start + half - 0.5))
 
 
-# Generated rows whose training records get a `warmup` field (sft.target: "{warmup}").
-WARMUP = {"video_search": video_warmup}
+# Generated rows whose training records get warm-up fields (sft.target: "{warmup}"): the call
+# in the `<tool_call>` form, and `warmup_span` in the json_span form.
+WARMUP = {"video_search": lambda r: {"warmup": video_warmup(r),
+                                     "warmup_span": video_warmup(r, "json_span")}}
 GENERATED = {"visual_search": ("visual_search", _SEARCH),
              "visual_search_no_tool": ("visual_search", {**_SEARCH, "tools": False}),
              # 8 s at 2 fps, 28-px frames. The 3 s card lies in one half (card_at) and holds a

@@ -106,7 +106,7 @@ def prepare_generated(row: str, data_root: Path, log: Path,
         if row in WARMUP:  # each training record's warm-up target, as a field sft.target names
             records = [json.loads(x) for x in (part / "train.jsonl").read_text().splitlines()]
             (part / "train.jsonl").write_text("".join(
-                json.dumps({**r, "warmup": WARMUP[row](r)}) + "\n" for r in records))
+                json.dumps({**r, **WARMUP[row](r)}) + "\n" for r in records))
         if out.exists():  # an older harness's half-written folder
             shutil.rmtree(out)
         part.rename(out)

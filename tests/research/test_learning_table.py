@@ -296,11 +296,15 @@ def test_video_search_warmup_call_fits_the_budget_and_its_span_holds_the_card():
     tok = tiny_tokenizer()
     for c0 in learning_table.GENERATED["video_search"][1]["card_at"]:  # 3 s cards, 8 s clips
         rec = {"card_span": [c0, c0 + 3], "duration": 8.0, "solution": "B"}
-        text = learning_table.WARMUP["video_search"](rec)
-        (call,) = parse_turn(text, cfg.tools.call_format).calls
-        a = call.arguments
-        # the card's last frame (2 fps clips) is at c0 + 2.5 s
-        assert call.name == "frames" and a["start"] <= c0 and c0 + 2.5 <= a["end"] <= 8
-        assert len(tok(text, add_special_tokens=False)["input_ids"]) < cfg.rollout.max_new_tokens
+        fields = learning_table.WARMUP["video_search"](rec)
+        for key, call_format in (("warmup", "qwen"), ("warmup_span", "json_span")):
+            (call,) = parse_turn(fields[key], call_format).calls
+            a = call.arguments
+            # the card's last frame (2 fps clips) is at c0 + 2.5 s
+            assert call.name == "frames" and a["start"] <= c0 and c0 + 2.5 <= a["end"] <= 8
+        # The layer demonstrates the span form: it fits a turn with its end token.
+        assert cfg.tools.call_format == "json_span"
+        ids = tok(fields["warmup_span"], add_special_tokens=False)["input_ids"]
+        assert len(ids) < cfg.rollout.max_new_tokens
     seen = learning_table.WARMUP["video_search"]({"flash_seen": True, "solution": "C"})
-    assert seen == "<answer>C</answer>"
+    assert seen == {"warmup": "<answer>C</answer>", "warmup_span": "<answer>C</answer>"}
