@@ -2,7 +2,7 @@
 succeeded read a region of the original media holding the record's target whole (a box in
 original pixels, or a span in seconds), else 0.0. V*-style data carries the target's box; logged
 at weight 0 it is the share of trajectories whose crops found it, which an outcome reward cannot
-tell apart from a lucky guess (and `sft.stop_metric: looked_at_mean` stops a warm-up on it)."""
+tell apart from a lucky guess (`sft.stop_metric: looked_at_mean` stops a warm-up on it)."""
 from __future__ import annotations
 
 from typing import Any
