@@ -183,6 +183,11 @@ def problems(cfg, world: int = 1) -> list[str]:
         out.append(f"data.video_fps={d.video_fps} and data.video_nframes={d.video_nframes}: "
                    f"set one of them to null (fps samples by time, nframes a fixed count)")
     out += _tool_problems(cfg.tools, r)
+    metric = cfg.sft.stop_metric
+    rewards = {s.name for s in cfg.rewards} | {cfg.eval.metric_reward}
+    if metric.endswith("_mean") and metric[:-len("_mean")] not in rewards:
+        out.append(f"sft.stop_metric={metric}: no reward {metric[:-len('_mean')]!r} in `rewards` "
+                   f"to read it from; add it (weight 0 logs it only) or stop on accuracy")
     if cfg.sft.turn_targets and not cfg.tools.enabled:
         out.append("sft.turn_targets: a demonstration trajectory needs tools (tools.use is "
                    "empty); use sft.target for a one-turn warm-up")

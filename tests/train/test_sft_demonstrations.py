@@ -83,6 +83,8 @@ def test_a_last_target_that_calls_again_is_an_error(trainer):
     (["sft.turn_targets=[a, b]"], "sft.turn_targets: a demonstration trajectory needs tools"),
     (["tools.use=[{name: crop}]", "tools.max_turns=1", "sft.turn_targets=[a, b]"],
      "sft.turn_targets: 2 turns, over tools.max_turns=1"),
+    (["sft.stop_metric=looked_at_mean"],
+     "sft.stop_metric=looked_at_mean: no reward 'looked_at' in `rewards`"),
 ])
 def test_turn_targets_are_checked_against_the_tools(overrides, message):
     with pytest.raises(config.ConfigError, match=message):
