@@ -163,6 +163,24 @@ def add_resized_sizes(samples: list[Sample], min_pixels: int | None,
                 continue  # an unusable size: the reward scores None and inspect says so
 
 
+def enlarge(box: list[float], side: float, width: int, height: int) -> list[int]:
+    """Integer pixel box grown about its centre to at least `side` per axis (never past the
+    image; an image smaller than `side` gives its whole extent), as DeepEyes and verl do: a
+    region under one merged patch holds too little to look at."""
+    out = []
+    for lo, hi, limit in ((box[0], box[2], width), (box[1], box[3], height)):
+        lo, hi = math.floor(lo), math.ceil(hi)
+        need = min(side, limit) - (hi - lo)
+        if need > 0:
+            lo -= need // 2
+            hi += need - need // 2
+            shift = max(0, -lo) - max(0, hi - limit)
+            lo, hi = lo + shift, hi + shift
+        out.append((max(0, lo), min(limit, hi)))
+    (x1, x2), (y1, y2) = out
+    return [x1, y1, x2, y2]
+
+
 def fit_image(image: Image.Image, min_pixels: int | None, max_pixels: int | None,
               source: str = "", path: str = "", factor: int = PIXEL_FACTOR) -> Image.Image:
     """The image resized by qwen-vl-utils' `fetch_image` to its smart_resize frame under

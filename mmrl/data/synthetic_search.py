@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from mmrl.data.media import fit_image, fit_pixels, plan_frames
+from mmrl.data.media import enlarge, fit_image, fit_pixels, plan_frames
 from mmrl.data.synthetic import GENERATORS
 from mmrl.data.synthetic_av import COLORS, MC_LETTERS, mc_options, write_mp4, write_split
 
@@ -150,19 +150,9 @@ def mark_view(image: Image.Image, box_resized: list[int], scale: float,
               budget_pixels: int, factor: int = 28) -> Image.Image:
     """What the crop tool returns for `box_resized` (the model's input frame, `scale` original
     pixels to one input pixel): that region of the original, grown to at least `factor` pixels a
-    side about its centre (kept inside the image), fitted to the budget."""
-    w, h = image.size
-    sides = []
-    for lo, hi, limit in ((box_resized[0] * scale, box_resized[2] * scale, w),
-                          (box_resized[1] * scale, box_resized[3] * scale, h)):
-        lo, hi = math.floor(lo), math.ceil(hi)
-        need = max(0, factor - (hi - lo))
-        lo, hi = lo - need // 2, hi + need - need // 2
-        shift = max(0, -lo) - max(0, hi - limit)
-        sides.append((lo + shift, hi + shift))
-    (x1, x2), (y1, y2) = sides
-    return fit_image(image.convert("RGB").crop((x1, y1, x2, y2)), budget_pixels, budget_pixels,
-                     factor=factor)
+    side (media.enlarge, the tool's own rule), fitted to the budget."""
+    box = enlarge([v * scale for v in box_resized], factor, *image.size)
+    return fit_image(image.convert("RGB").crop(box), budget_pixels, budget_pixels, factor=factor)
 
 
 def balanced(rng: random.Random, n: int, k: int) -> list[int]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mmrl.data.media import fit_image, load_audio, load_image, load_video
+from mmrl.data.media import enlarge, fit_image, load_audio, load_image, load_video
 from mmrl.tools.base import TOOLS, ToolContext, ToolInputError, looked_at, tool_spec
 from mmrl.types import AUDIO_SAMPLING_RATE
 from rewards.boxes import check_coords, pixel_scale
@@ -49,24 +49,6 @@ def clamp_box(box: list[float], width: float, height: float) -> list[float]:
     if clamped[2] <= clamped[0] or clamped[3] <= clamped[1]:
         raise ToolInputError("bad_box", f"box {box} lies outside the image ({width:g} x {height:g})")
     return clamped
-
-
-def enlarge(box: list[float], side: float, width: int, height: int) -> list[int]:
-    """Integer pixel box grown about its centre to at least `side` per axis (never past the
-    image; an image smaller than `side` gives its whole extent), as DeepEyes and verl do: a
-    region under one merged patch holds too little to look at."""
-    out = []
-    for lo, hi, limit in ((box[0], box[2], width), (box[1], box[3], height)):
-        lo, hi = math.floor(lo), math.ceil(hi)
-        need = min(side, limit) - (hi - lo)
-        if need > 0:
-            lo -= need // 2
-            hi += need - need // 2
-            shift = max(0, -lo) - max(0, hi - limit)
-            lo, hi = lo + shift, hi + shift
-        out.append((max(0, lo), min(limit, hi)))
-    (x1, x2), (y1, y2) = out
-    return [x1, y1, x2, y2]
 
 
 @TOOLS.register("crop")
