@@ -35,6 +35,7 @@ from learning_render import (BAR_CHANCE, BAR_GAIN, FINDINGS, methods_table, plot
                              read_findings, verdict, write_markdown)
 from learning_rows import (GENERATED, GROUPS, METHODS, PRETEXT, RATES, ROWS,  # noqa: E402,F401
                            STARTS_FROM, WARMUP)
+from rewards.looked_at import holds  # noqa: E402
 
 # Every completion of a logged step goes to rollouts.jsonl: the cut+text share is over all of them.
 ALL_ROLLOUTS = "log.rollouts_per_step=100000"
@@ -176,10 +177,6 @@ def _cut_text(run_dir: Path) -> float | None:
     return cut_after_answer_frac([r["completion"] for r in last], [r["truncated"] for r in last])
 
 
-def _holds(box: list, inner: list) -> bool:
-    return box[0] <= inner[0] and box[1] <= inner[1] and box[2] >= inner[2] and box[3] >= inner[3]
-
-
 def tool_use(run_dir: Path, name: str) -> dict | None:
     """Tool use on the held-out records of evaluation `name` (eval/NAME.jsonl, first draws): the
     share of trajectories that called a tool, and the share whose crops (what the tool read, in
@@ -190,11 +187,9 @@ def tool_use(run_dir: Path, name: str) -> dict | None:
             if r["draw"] == 0] if path.exists() else []
     if not rows or "seen" not in rows[0]:
         return None
-    found = [any(_holds(s["box"], r["fields"]["mark_box"]) for looks in r["seen"]
-                 for s in looks if "box" in s) for r in rows if "mark_box" in r["fields"]]
-    found += [any(s["span"][0] <= r["fields"]["flash_span"][0] and r["fields"]["flash_span"][1]
-                  <= s["span"][1] for looks in r["seen"] for s in looks if "span" in s)
-              for r in rows if "flash_span" in r["fields"]]  # video_search: the span held it
+    found = [any(holds(s[key], r["fields"][target]) for looks in r["seen"] for s in looks
+                 if key in s) for key, target in (("box", "mark_box"), ("span", "flash_span"))
+             for r in rows if target in r["fields"]]  # video_search: the span held the flash
     return {"called": sum(any(c["name"] for c in r["calls"]) for r in rows) / len(rows),
             "found": sum(found) / len(found) if found else None}
 
