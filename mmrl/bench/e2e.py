@@ -47,7 +47,6 @@ def prepare(workdir: Path, prompt_tokens: int, samples: int, seed: int = 0,
     max_pixels = 28 * 28 * prompt_tokens
     if shape:
         model, processor = shapes.build(shape, dtype=torch.bfloat16, device="cuda", seed=seed)
-        processor.image_processor.max_pixels = max_pixels
         processor.image_processor.size["longest_edge"] = max_pixels
     else:
         model, processor = adapter.tiny(seed=seed, min_pixels=28 * 28 * 4, max_pixels=max_pixels)

@@ -325,9 +325,14 @@ def _image_budget(processor, cfg: RunConfig) -> None:
         value = getattr(cfg.data, key)
         if value is not None:
             attr = key.replace("image_", "")
-            setattr(ip, attr, value)
-            if isinstance(getattr(ip, "size", None), dict):
-                ip.size["shortest_edge" if attr == "min_pixels" else "longest_edge"] = value
+            edge = "shortest_edge" if attr == "min_pixels" else "longest_edge"
+            size = getattr(ip, "size", None)
+            # transformers 5 reads the budget from `size` (a SizeDict); a min_pixels / max_pixels
+            # attribute would be passed to every call as a deprecated kwarg, a FutureWarning each
+            if isinstance(size, dict) or hasattr(size, edge):
+                size[edge] = value
+            else:
+                setattr(ip, attr, value)
 
 
 def freeze(model, names: list[str], adapter: ModelAdapter) -> None:
