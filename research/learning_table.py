@@ -181,17 +181,30 @@ def tool_use(run_dir: Path, name: str) -> dict | None:
     """Tool use on the held-out records of evaluation `name` (eval/NAME.jsonl, first draws): the
     share of trajectories that called a tool, and the share whose crops (what the tool read, in
     original pixels) held the record's whole `mark_box` (what must be read), or whose `frames`
-    spans held the record's `flash_span`. None for runs without tools."""
+    spans held the record's `flash_span` -- within the run's looked_at `max_ratio` of the
+    target's size where it sets one (a look at the whole image holds the mark, unreadably).
+    None for runs without tools."""
     path = run_dir / "eval" / f"{name}.jsonl"
     rows = [r for r in map(json.loads, path.read_text().splitlines())
             if r["draw"] == 0] if path.exists() else []
     if not rows or "seen" not in rows[0]:
         return None
-    found = [any(holds(s[key], r["fields"][target]) for looks in r["seen"] for s in looks
+    ratio = _looked_at_ratio(run_dir)
+    found = [any(holds(s[key], r["fields"][target], ratio) for looks in r["seen"] for s in looks
                  if key in s) for key, target in (("box", "mark_box"), ("span", "flash_span"))
              for r in rows if target in r["fields"]]  # video_search: the span held the flash
     return {"called": sum(any(c["name"] for c in r["calls"]) for r in rows) / len(rows),
             "found": sum(found) / len(found) if found else None}
+
+
+def _looked_at_ratio(run_dir: Path) -> float | None:
+    """The run's looked_at reward's max_ratio (config.yaml), None without one."""
+    import yaml
+
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (
+        run_dir / "config.yaml").exists() else {}
+    return next(((r.get("params") or {}).get("max_ratio") for r in cfg.get("rewards") or []
+                 if r.get("name") == "looked_at"), None)
 
 
 class LoadMeter:

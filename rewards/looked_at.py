@@ -10,17 +10,25 @@ from typing import Any
 from rewards.registry import register
 
 
-def holds(region: Any, target: Any) -> bool:
-    """Whether `region` ([x1, y1, x2, y2] or [start, end]) holds `target` (same shape) whole.
+def holds(region: Any, target: Any, max_ratio: float | None = None) -> bool:
+    """Whether `region` ([x1, y1, x2, y2] or [start, end]) holds `target` (same shape) whole;
+    with `max_ratio`, also at most that many times the target's extent on every axis (a look
+    that holds a small mark but returns it too small to read does not count).
 
     >>> holds([10, 10, 50, 50], [20, 20, 30, 30]), holds([10, 10, 50, 50], [5, 20, 30, 30])
     (True, False)
     >>> holds([2.0, 5.0], [3.0, 4.5]), holds([2.0, 5.0], [1.0, 4.0])
     (True, False)
+    >>> holds([10, 10, 50, 50], [20, 20, 30, 30], 4), holds([0, 0, 90, 90], [20, 20, 30, 30], 4)
+    (True, False)
     """
     half = len(target) // 2
-    return (len(region) == len(target) and all(region[i] <= target[i] for i in range(half))
-            and all(region[i] >= target[i] for i in range(half, len(target))))
+    if not (len(region) == len(target) and all(region[i] <= target[i] for i in range(half))
+            and all(region[i] >= target[i] for i in range(half, len(target)))):
+        return False
+    return max_ratio is None or all(region[i + half] - region[i]
+                                    <= max_ratio * (target[i + half] - target[i])
+                                    for i in range(half))
 
 
 def _region_key(target: Any) -> str | None:
@@ -31,10 +39,13 @@ def _region_key(target: Any) -> str | None:
 
 @register("looked_at")
 def looked_at(completions: list, solution: list | None = None, *, calls: Any = None,
-              target: str = "target_box", **fields: Any) -> list[float | None]:
+              target: str = "target_box", max_ratio: float | None = None,
+              **fields: Any) -> list[float | None]:
     """1.0 when some call that succeeded read a region holding the record's `target` field
     whole: a box [x1, y1, x2, y2] in original pixels against the `box` a crop read, or a span
-    [start, end] in seconds against the `span` frames / audio_clip read; else 0.0.
+    [start, end] in seconds against the `span` frames / audio_clip read; else 0.0. With
+    `max_ratio`, the region must also be at most that many times the target's width and height
+    (or length): a crop of the whole image holds a small mark but shows it too small to read.
 
     Reads the per-row `calls` field mmrl passes with tools on ([{"name", "turn", "error",
     "seen"}, ...]; `seen` is what each call read, tools.base.looked_at). Rows without `calls`, or
@@ -51,5 +62,5 @@ def looked_at(completions: list, solution: list | None = None, *, calls: Any = N
             continue
         regions = [s[key] for c in row if isinstance(c, dict) and not c.get("error")
                    for s in c.get("seen") or [] if isinstance(s, dict) and key in s]
-        out.append(1.0 if any(holds(r, goal) for r in regions) else 0.0)
+        out.append(1.0 if any(holds(r, goal, max_ratio) for r in regions) else 0.0)
     return out

@@ -134,8 +134,9 @@ def sft_warmup(cfg: RunConfig, policy: Policy, prompts: PromptSource, log: RunLo
     demos = Demonstrations(cfg, policy) if sc.turn_targets else None
     in_a_row = "" if sc.stop_checks == 1 else f" on {sc.stop_checks} checks in a row"
     what = "val accuracy" if sc.stop_metric == "accuracy" else f"val {sc.stop_metric}"
-    log.print(f"SFT warm-up: up to {sc.steps} steps, stop at {what} {sc.stop_accuracy}"
-              f"{in_a_row}")
+    log.print(f"SFT warm-up: {sc.steps} steps, {what} every {sc.eval_every}"
+              if sc.stop_accuracy is None else
+              f"SFT warm-up: up to {sc.steps} steps, stop at {what} {sc.stop_accuracy}{in_a_row}")
     log.start(total=sc.steps, description="SFT warm-up")  # progress between the checks
     for step in range(1, sc.steps + 1):
         if stop is not None and stop():

@@ -264,6 +264,15 @@ def test_tool_use_counts_calls_and_crops_that_hold_the_mark(tmp_path):
     (tmp_path / "eval" / "after_rl.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert learning_table.tool_use(tmp_path, "after_rl") == {"called": 0.75, "found": 0.5}
     assert learning_table.tool_use(tmp_path, "before_rl") is None  # no such evaluation
+    # With the run's looked_at max_ratio, a crop far larger than the mark does not count.
+    wide = {"media": "image", "box": [0, 0, 200, 200]}
+    rows = [row(["crop"], [[held]]), row(["crop"], [[wide]])]
+    (tmp_path / "eval" / "after_rl.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert learning_table.tool_use(tmp_path, "after_rl") == {"called": 1.0, "found": 1.0}
+    (tmp_path / "config.yaml").write_text(
+        "rewards: [{name: looked_at, weight: 0.0, params: {target: mark_box, max_ratio: 4}}]\n")
+    assert learning_table.tool_use(tmp_path, "after_rl") == {"called": 1.0, "found": 0.5}
+    (tmp_path / "config.yaml").unlink()
     # video_search: a frames span that holds the flash counts as found
     span = lambda a, b: {"media": "video", "span": [a, b]}  # noqa: E731
     rows = [{**row(["frames"], [[span(a, b)]]), "fields": {"flash_span": [3.0, 3.5]}}

@@ -54,3 +54,13 @@ def test_found_exactly_when_some_working_call_holds_every_pixel(target, boxes):
                for b, ok in boxes)
     assert looked_at(["x"], None, calls=[calls], target="mark_box",
                      mark_box=[goal]) == [float(want)]
+
+
+def test_max_ratio_counts_only_looks_close_enough_to_read_the_mark():
+    calls = [[crop([96, 96, 112, 112])],           # 16 px around a 4-px mark: 4x
+             [crop([0, 0, 1344, 1344])],           # the whole image holds it, far too small
+             [crop([96, 90, 112, 130])]]           # 4x wide, 10x tall
+    kw = dict(target="mark_box", mark_box=[MARK] * 3)
+    assert looked_at(["x"] * 3, None, calls=calls, **kw) == [1.0, 1.0, 1.0]
+    assert looked_at(["x"] * 3, None, calls=calls, max_ratio=4, **kw) == [1.0, 0.0, 0.0]
+    assert REWARDS.params("looked_at")["max_ratio"] is None
