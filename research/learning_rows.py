@@ -3,6 +3,8 @@ and the methods compared with their plain-GRPO rows. Read by learning_table.py (
 learning_render.py (to lay them out)."""
 from __future__ import annotations
 
+import random
+
 # row -> (recipe, extra overrides). The metric is the recipe's eval.metric_reward.
 ROWS: dict[str, tuple[str, list[str]]] = {
     "counting": ("counting", []),
@@ -57,10 +59,11 @@ ROWS: dict[str, tuple[str, list[str]]] = {
 }
 # Rows whose records a generator writes directly (mmrl records, no anchor conversion):
 # row -> (generator, arguments).
-# visual_search: 672-px scenes seen at 84 x 84 (9 visual tokens); the patch mid-cell of a
-# 3 x 3 grid, each cell one visual token (the detection row's geometry), and 112 px: a whole
-# 14-px input patch of yellow, the pattern (4 px, half an input pixel) in its middle.
-_SEARCH = {"n_train": 600, "n_eval": 100, "size": 672, "patch": 112, "cell": 1,
+# visual_search: 1344-px scenes seen at 84 x 84 (9 visual tokens); the patch mid-cell of a
+# 3 x 3 grid, each cell one visual token (the detection row's geometry), and 224 px: a whole
+# 14-px input patch of yellow, the pattern (8 px, half an input pixel) in its middle; a crop of
+# the mark shows it at ~21 px (at 672 px with a 4-px pattern, 12 px: read later than found).
+_SEARCH = {"n_train": 600, "n_eval": 100, "size": 1344, "patch": 224, "cell": 2,
            "budget_pixels": 7056, "grid": 3}
 _VIDEO = {"n_train": 600, "n_eval": 100, "seconds": 8, "fps": 2, "size": 28, "sample_fps": 0.5,
           "card_seconds": 3, "flash_frames": 1, "seen": 0.25, "card_at": [0, 0.5, 1, 4, 4.5, 5],
@@ -83,9 +86,21 @@ def video_warmup(record: dict, call_format: str = "qwen") -> str:
             % (start, start + half - 0.5))
 
 
-# Generated rows whose training records get warm-up fields (sft.target: "{warmup}"): the call
-# in the `<tool_call>` form, and `warmup_span` in the json_span form.
-WARMUP = {"video_search": lambda r: {"warmup": video_warmup(r),
+def search_warmup(record: dict, tight: float = 0.4) -> list[int]:
+    """The visual_search warm-up's box (CRUTCH, research/README.md): the record's mark (a crop
+    that reads it) on a `tight` share of the training records, drawn from the record's id, and
+    the whole 84 x 84 image (a look again at everything, unreadable) on the rest."""
+    if random.Random(record["id"]).random() < tight:
+        return record["mark_box_resized"]
+    side = round(_SEARCH["budget_pixels"] ** 0.5)  # the square scenes' input frame
+    return [0, 0, side, side]
+
+
+# Generated rows whose training records get warm-up fields (sft.turn_targets name them):
+# visual_search's `warmup_box`; video_search's call in the `<tool_call>` form (`warmup`) and in
+# the json_span form (`warmup_span`).
+WARMUP = {"visual_search": lambda r: {"warmup_box": search_warmup(r)},
+          "video_search": lambda r: {"warmup": video_warmup(r),
                                      "warmup_span": video_warmup(r, "json_span")}}
 GENERATED = {"visual_search": ("visual_search", _SEARCH),
              "visual_search_no_tool": ("visual_search", {**_SEARCH, "tools": False}),

@@ -317,3 +317,29 @@ def test_video_search_warmup_call_fits_the_budget_and_its_span_holds_the_card():
         assert len(ids) < cfg.rollout.max_new_tokens
     seen = learning_table.WARMUP["video_search"]({"flash_seen": True, "solution": "C"})
     assert seen == {"warmup": "<answer>C</answer>", "warmup_span": "<answer>C</answer>"}
+
+
+def test_visual_search_warmup_demonstrates_the_mark_on_a_share_and_the_whole_image_else():
+    """The warm-up's box: the record's mark (found, within looked_at's max_ratio) on ~40% of
+    the records, drawn from the record id (the same every run), else the whole input frame,
+    which holds the mark but does not count as found at the layer's max_ratio."""
+    from mmrl import config
+    from rewards.looked_at import holds
+
+    cfg = config.load(ROOT / "recipes/visual_search/config.yaml",
+                      [str(ROOT / "research/layers/visual_search.yaml")])
+    ratio = next(r.params["max_ratio"] for r in cfg.rewards if r.name == "looked_at")
+    args = learning_table.GENERATED["visual_search"][1]
+    scale = args["size"] / 84
+    recs = [{"id": f"vs-{i:05d}", "mark_box_resized": [41, 41, 43, 43],
+             "mark_box": [668, 668, 676, 676]} for i in range(600)]
+    boxes = [learning_table.WARMUP["visual_search"](r)["warmup_box"] for r in recs]
+    assert boxes == [learning_table.WARMUP["visual_search"](r)["warmup_box"] for r in recs]
+    tight = [b for b in boxes if b == [41, 41, 43, 43]]
+    assert 0.35 <= len(tight) / len(boxes) <= 0.45
+    assert all(b in ([41, 41, 43, 43], [0, 0, 84, 84]) for b in boxes)
+    mark = recs[0]["mark_box"]
+    # what the crop tool reads: the box in original pixels (grown to >= 28 px for the tight one)
+    assert holds([656, 656, 688, 688], mark, ratio)
+    assert holds([0, 0, 84 * scale, 84 * scale], mark) and not holds(
+        [0, 0, 84 * scale, 84 * scale], mark, ratio)
