@@ -148,7 +148,9 @@ def tool_lines(results: list[dict]) -> list[str]:
                   f"`{control}` is the same task with no tool offered (single turn); it must stay "
                   f"within {BAR_CHANCE} of chance, and `{row}` must end >= {BAR_GAIN} above it "
                   "(issue #26), besides the usual bar. *Tool use* is the share of held-out "
-                  "trajectories that called the tool / whose crop held the whole mark to read.",
+                  "trajectories that called the tool / whose look held what must be read "
+                  "(visual_search: the whole mark, in a crop at most 8x its size; video_search: "
+                  "the flash, in the span of frames asked for).",
                   "", "| seed | before | after | no-tool after | chance | shuffled | tool use "
                   "before RL | tool use after RL | bar |", "|---|---|---|---|---|---|---|---|---|"]
         for seed in seeds:
