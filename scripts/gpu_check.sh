@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check: numbers at real size in one command (<= 8 minutes on one H100), written as
+# The GPU check: numbers at real size in one command (~7.5 minutes on one H200), written as
 # docs/gpu.md (docs/gpu.md and docs/memory.md say what each section means).
 #
 #   bash scripts/gpu_check.sh                  # on a GPU: writes docs/gpu.md and docs/gpu.json

@@ -18,7 +18,7 @@ common=(--no-deps --only-binary=:all: --dest "$OUT" --python-version 3.12 --impl
 default="omegaconf==2.4.0 antlr4-python3-runtime==4.13.2 rich==15.0.0 markdown-it-py==4.3.0
   mdurl==0.1.2 pygments==2.21.0 pillow==13.0.0 trl==1.16.0 datasets==5.2.0 dill==0.4.1
   multiprocess==0.70.19 xxhash==4.1.0 fsspec==2026.9.0 pandas==3.1.1 python-dateutil==4.0.0
-  tzdata==2026.6"
+  tzdata==2026.6 qwen-vl-utils==0.0.14"
 # shellcheck disable=SC2086
 "$PY" -m pip download "${common[@]}" ${GPU_WHEELS:-$default}
 du -sh "$OUT"

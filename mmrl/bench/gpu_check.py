@@ -2,7 +2,7 @@
 docs/gpu.md. `--cpu` runs every stage at tiny sizes on the CPU, so that the script cannot rot
 between the rare times a GPU is lent.
 
-    python -m mmrl.bench.gpu_check --out DIR [--cpu] [--budget-s 420]
+    python -m mmrl.bench.gpu_check --out DIR [--cpu] [--budget-s 460]
 
 Stages, each timed and fenced (a failing stage is reported with its error, the others go on;
 stages that would run past the time budget are skipped and say so):
@@ -256,11 +256,11 @@ def main(argv=None) -> int:
                     "on a GPU, runs/gpu_check_cpu with --cpu)")
     ap.add_argument("--cpu", action="store_true", help="every stage at tiny sizes on the CPU")
     ap.add_argument("--budget-s", type=float, default=None,
-                    help="skip stages that would end after this many seconds (default 420 on "
+                    help="skip stages that would end after this many seconds (default 460 on "
                          "a GPU, none on CPU)")
     args = ap.parse_args(argv)
     out = Path(args.out or ("runs/gpu_check_cpu" if args.cpu else "docs"))
-    budget = args.budget_s if args.budget_s is not None else (1e9 if args.cpu else 420)
+    budget = args.budget_s if args.budget_s is not None else (1e9 if args.cpu else 460)
     torch.manual_seed(0)
     run(out, args.cpu, budget)
     return 0

@@ -27,7 +27,19 @@ def markdown(r: dict) -> str:
             lines += [f"Not run: {part['skipped']}.", ""]
         else:
             lines += fn(part, r) + [""]
-    return "\n".join(lines)
+        if part.get("note"):  # e.g. a stage run again in its own call
+            lines += [part["note"], ""]
+    return "\n".join(lines + _AGAIN)
+
+
+_AGAIN = ["## Measuring again", "",
+          "On a GPU machine (offline is fine), with the wheels the image may lack brought along "
+          "(`bash scripts/gpu_wheels.sh` on a machine with network first):", "", "```bash",
+          "bash scripts/gpu_check.sh                 # rewrites docs/gpu.md and docs/gpu.json",
+          'bash scripts/gpu_check.sh --out "$OUT"    # into a folder the machine hands back',
+          "bash scripts/gpu_check.sh --cpu           # the same stages at tiny sizes (CI runs it)",
+          "```", "",
+          "Stages that would end after `--budget-s` seconds (default 460) are skipped and say so."]
 
 
 _TITLES = {"environment": "Environment", "correctness": "Correctness on the device",

@@ -14,13 +14,30 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
+# What mmrl's install has and the GPU image (the device tool's 'cuda' image: torch, transformers,
+# accelerate, peft, pillow, ...) lacks, less what scripts/gpu_wheels.sh brings: the dry run
+# imports none of it, as the real run there cannot (so it found qwen_vl_utils missing before
+# the first H200 run; the wheels now bring it).
+NOT_ON_GPU_IMAGE = ("av", "decord", "soxr", "soundfile", "_soundfile", "jiwer", "math_verify",
+                    "latex2sympy2_extended", "vllm", "deepspeed", "librosa", "pycocotools",
+                    "qwen_omni_utils")
+# None in sys.modules: `import` raises ModuleNotFoundError and importlib.util.find_spec says
+# absent, as transformers' availability probes ask.
+BLOCKER = "import sys\nsys.modules.update(dict.fromkeys(%r))\n"
+
+
 def test_gpu_check_cpu_dry_run_writes_every_section(tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    site = tmp_path / "image"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCKER % (NOT_ON_GPU_IMAGE,))
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    out = tmp_path / "out"
     proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--cpu", "--out",
-                           str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True,
+                           str(out)], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads((tmp_path / "gpu.json").read_text())
+    results = json.loads((out / "gpu.json").read_text())
     stages = results["stages"]
     assert not [name for name, s in stages.items() if "failure" in s], \
         {name: s["failure"] for name, s in stages.items() if "failure" in s}
@@ -35,7 +52,7 @@ def test_gpu_check_cpu_dry_run_writes_every_section(tmp_path):
     assert 0.7 < step["predicted_peak"] / step["measured_peak"] < 1.3
     trl = stages["trl"]
     assert "skipped" in trl or trl["ratio"] > 0
-    text = (tmp_path / "gpu.md").read_text()
+    text = (out / "gpu.md").read_text()
     for title in ("## Environment", "## Correctness on the device", "## Update phase",
                   "## Generation", "## One full GRPO step", "## TRL"):
         assert title in text
