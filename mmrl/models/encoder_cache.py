@@ -14,7 +14,9 @@ gradient); `EncoderCache.reason` says which kinds are cached and why the others 
 start-of-run summary. Entries are keyed by the PromptFeatures object (a group's rows share one)
 and live until `clear()`, which the trainer calls at the start of each step. Under ZeRO-3 and
 FSDP2 an encoder call is a collective, so the step starts with `fill` (every rank encodes its
-prompts, one call per prompt and kind) and the TowerToucher skips the cached kinds.
+prompts, one call per prompt and kind) and the TowerToucher skips the cached kinds. Under
+sequence parallelism the ranks of a group hold the same prompts, and `fill` shards each one's
+units over them (each rank encodes 1/N, as the uncached split forward does).
 """
 from __future__ import annotations
 
@@ -113,9 +115,12 @@ class EncoderCache:
             return torch.cat(parts)
         return provide
 
-    def fill(self, model, prompts: Sequence[PromptFeatures], dummies: dict | None = None) -> None:
+    def fill(self, model, prompts: Sequence[PromptFeatures], dummies: dict | None = None,
+             inner: Provider = local_encoder) -> None:
         """Encode every cached kind of `prompts` now (each distinct prompt once, one call per
-        prompt and kind), so the step's forwards run no cached encoder at all. With `dummies`
+        prompt and kind, through `inner`: under sequence parallelism ulysses.ShardedEncoder, so
+        each rank of the group encodes its share of the units and all get the whole), so the
+        step's forwards run no cached encoder at all. With `dummies`
         (TowerToucher.dummies) a prompt without a kind runs that encoder on the dummy instead:
         under ZeRO-3 / FSDP2 every rank then calls each encoder equally often (ranks hold the
         same number of prompts), as their per-module collectives need."""
@@ -123,7 +128,7 @@ class EncoderCache:
         for prompt in {id(p): p for p in prompts}.values():
             for kind in self.kinds:
                 if KINDS[kind][0] in prompt.tensors:
-                    self._features(owner, kind, prompt, local_encoder)
+                    self._features(owner, kind, prompt, inner)
                 elif dummies is not None and kind in dummies:
                     with torch.no_grad():
                         local_encoder(owner, kind, dummies[kind])

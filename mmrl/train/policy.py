@@ -20,6 +20,7 @@ from mmrl.config import RunConfig
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.models import source, ulysses
 from mmrl.models.encoder_cache import EncoderCache
+from mmrl.models.media_embeds import local_encoder
 from mmrl.models.shared_prefix import (enable_shared_prefix, shared_prefix_logprobs,
                                        token_budget_micro_batches, uses_varlen)
 from mmrl.models.towers import TowerToucher
@@ -111,7 +112,9 @@ class Policy:
         self._cached_batch = None
         if self.encoders.on:
             dummies = self.touch_towers.dummies if self.touch_towers else None
-            self.encoders.fill(self.model, batch.prompts, dummies)
+            inner = (ulysses.ShardedEncoder(self.sequence, touch=self.strategy.every_module)
+                     if self.sequence.size > 1 else local_encoder)
+            self.encoders.fill(self.model, batch.prompts, dummies, inner)
             self._cached_batch = batch
 
     def micro_batches(self, batch: RolloutBatch) -> list[list[int]]:

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from PIL import Image
 
 from mmrl.models import get_adapter, ulysses
+from mmrl.models.encoder_cache import EncoderCache
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.models.shared_prefix import enable_shared_prefix, shared_prefix_logprobs
 from mmrl.train.dist import DistInfo
@@ -153,6 +154,40 @@ def zero3_case(layout, sp):
                                  and v.abs().sum() > 0)}
 
 
+def cache_case(sp):
+    """The frozen-encoder cache under SP, filled as Policy.begin_step fills it (through
+    ShardedEncoder): each rank encodes its share of the patches, not every prompt whole, and the
+    split forward served from the cache equals the uncached one-process forward."""
+    model, rows, ids, mask, pad = build("qwen2_5_vl")
+    ulysses.install(model, sp)
+    model.model.visual.requires_grad_(False)  # model.freeze: [vision]
+    cache = EncoderCache(model)
+    seen = [0]
+
+    def count(module, args, kwargs):
+        seen[0] += (args[0] if args else kwargs["hidden_states"]).shape[0]
+    hook = model.model.visual.register_forward_pre_hook(count, with_kwargs=True)
+    cache.fill(model, rows, None, ulysses.ShardedEncoder(sp))
+    hook.remove()
+    whole = sum(p.tensors[k].shape[0] for p in {id(r): r for r in rows}.values()
+                for k in ("pixel_values", "pixel_values_videos") if k in p.tensors)
+    per_rank = [None] * sp.size
+    dist.all_gather_object(per_rank, seen[0])
+    m = mask.float()
+    lp_1, g_1 = logprobs_and_grads(
+        model, lambda: shared_prefix_logprobs(model, rows, ids, mask, pad_id=pad), m)
+    lp_2, g_2 = logprobs_and_grads(model, lambda: ulysses.sequence_parallel_logprobs(
+        model, rows, ids, mask, sp, shared_prefix=True, pad_id=pad,
+        provider=cache.provider(rows, True, inner=ulysses.ShardedEncoder(sp))), m,
+        reduce_over=dist.group.WORLD)
+    worst = max(g_1, key=lambda k: float((g_1[k] - g_2[k]).norm() / g_1[k].norm().clamp(min=1e-20)))
+    return {"logp": float(((lp_1 - lp_2).abs() * m).max()),
+            "grad": float((g_1[worst] - g_2[worst]).norm() / g_1[worst].norm().clamp(min=1e-20)),
+            "grads": len(g_1), "same_names": sorted(g_1) == sorted(g_2),
+            "encoder_rows": per_rank, "whole_rows": whole, "encoded": cache.encoded,
+            "served": cache.served}
+
+
 def main(out_path):
     dist.init_process_group("gloo")
     info = DistInfo(dist.get_rank(), dist.get_world_size())
@@ -195,6 +230,7 @@ def main(out_path):
     results["fsdp2-shared"] = compare("qwen2_5_vl", model, rows, ids, mask, pad, layout, sp,
                                       shared=True, fsdp=True)
     results["zero3-shared"] = zero3_case(layout, sp)
+    results["cache-sharded-fill"] = cache_case(sp)
     if info.main:
         with open(out_path, "w") as f:
             json.dump(results, f, indent=1)

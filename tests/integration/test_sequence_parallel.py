@@ -2,7 +2,8 @@
 every parameter gradient to 1e-5 (float32), for Qwen2.5-VL (video + image), Qwen2-Audio and
 Qwen2.5-Omni (audio + video / image) in both layouts, plus repeated key/value heads on the eager
 kernel, the varlen kernel under gradient checkpointing, and FSDP2 and DeepSpeed ZeRO-3 over both
-ranks (their reductions over every process add up the ranks' disjoint parts).
+ranks (their reductions over every process add up the ranks' disjoint parts); and the frozen
+encoder cache, filled once per step with each rank encoding its share of the media.
 
 One torchrun launch runs every case (tests/integration/sp_worker.py); each test reads its row.
 """
@@ -49,3 +50,13 @@ def test_split_sequence_equals_one_process(results, case):
     assert row["same_names"] and row["grads"] >= 50, row
     assert row["grad"] <= 1e-5, row  # the worst tensor, relative to its norm
     assert row["encoder_grads"] >= 20, row  # every shard's encoder got its gradient
+
+
+def test_cached_frozen_encoder_is_filled_in_shares_and_serves_the_split_forward(results):
+    row = results["cache-sharded-fill"]
+    assert row["encoded"] == 3 and row["served"] == 3, row  # 2 prompts: video, image + video
+    # Each rank ran the tower on part of the patches; together exactly the whole, once.
+    assert sum(row["encoder_rows"]) == row["whole_rows"], row
+    assert 0 < min(row["encoder_rows"]) and max(row["encoder_rows"]) < row["whole_rows"], row
+    assert row["logp"] <= 1e-5 and row["grad"] <= 1e-5, row
+    assert row["same_names"] and row["grads"] >= 20, row

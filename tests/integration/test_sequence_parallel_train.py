@@ -7,7 +7,8 @@ metric means) and adds up its ranks' gradient parts exactly once: the update equ
 over the whole batch, which the data-parallel run computes (tests/integration/test_distributed.py
 holds that equal to one process). Tiny Qwen2.5-VL in float32 on 8-frame videos (both ranks
 encode part of each video), GRPO with a KL reference and two iterations per rollout, so the
-old-policy, reference and update forwards all run split.
+old-policy, reference and update forwards all run split; and with the vision tower frozen, its
+output cached once per step (each rank of the group encoding its share).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from mmrl.data import synthetic
@@ -58,7 +60,14 @@ def runs(tiny_config, user_rewards, tmp_path_factory) -> dict:
           str(ROOT / "scripts" / "accelerate" / "fsdp2.yaml"), "--num_processes", "2",
           "--main_process_port", str(29300 + os.getpid() % 300), *train,
           f"log.run_dir={root / 'fsdp2'}", "train.sequence_parallel=2", "train.steps=1"], env, root)
-    return {"root": root, "log": split.stdout + split.stderr}
+    # The vision tower frozen: its output cached once per step (Policy.begin_step), the split
+    # run filling the cache with each rank encoding its share.
+    frozen = ["model.freeze=[vision]", "train.steps=1"]
+    _run([*torchrun, *train, f"log.run_dir={root / 'dp_frozen'}", *frozen], env, root)
+    cached = _run([*torchrun, *train, f"log.run_dir={root / 'sp_frozen'}", *frozen,
+                   "train.sequence_parallel=2"], env, root)
+    return {"root": root, "log": split.stdout + split.stderr,
+            "cached_log": cached.stdout + cached.stderr}
 
 
 def _metrics(run: Path) -> list[dict]:
@@ -98,3 +107,41 @@ def test_split_run_under_fsdp2_takes_the_same_steps(runs):
     for a, b in zip(one, two):
         for key in ("reward/total_mean", "loss/loss", "grad_norm"):
             assert b[key] == pytest.approx(a[key], rel=2e-5), key
+
+
+def test_split_run_with_a_frozen_tower_serves_its_cache_as_the_data_parallel_run(runs):
+    assert "encoders: cached once per step (frozen)" in runs["cached_log"]
+    one, two = (_metrics(runs["root"] / name) for name in ("dp_frozen", "sp_frozen"))
+    assert len(one) == len(two) == 1
+    for key in ("reward/total_mean", "loss/loss", "loss/kl", "grad_norm"):
+        assert two[0][key] == pytest.approx(one[0][key], rel=1e-5, abs=1e-7), key
+
+
+@pytest.mark.parametrize("family,task", [("qwen2_audio", "audio_qa"),
+                                         ("qwen2_5_omni", "audio_visual")])
+def test_audio_and_omni_split_runs_take_the_data_parallel_step(family, task, tiny_config,
+                                                               user_rewards, tmp_path):
+    """Qwen2-Audio (whole audios are the units a rank encodes) and Qwen2.5-Omni (audio and
+    video in one prompt): one step with the sequence split equals the data-parallel step."""
+    synthetic.GENERATORS.get(task)(tmp_path / "data", n_train=4, n_eval=2)
+    cfg = tiny_config(tmp_path / "cfg.yaml", tmp_path / "data", name=f"sp_{family}",
+                      data={"generate": None, "video_nframes": 4, "video_fps": None},
+                      model={"family": family},
+                      rollout={"prompts_per_step": 2, "num_generations": 2},
+                      algo={"advantage": "grpo", "beta": 0.04, "num_iterations": 2},
+                      train={"steps": 1, "max_grad_norm": 0.0, "micro_batch_size": 2})
+    text = yaml.safe_load(cfg.read_text())
+    text["model"]["tiny"] = {}  # the image-size keys are Qwen2.5-VL's
+    cfg.write_text(yaml.safe_dump(text, sort_keys=False))
+    env = dict(os.environ, PYTHONPATH=f"{user_rewards}{os.pathsep}{ROOT}", OMP_NUM_THREADS="1",
+               HF_HUB_OFFLINE="1")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc_per_node=2", "-m", "mmrl.cli", "train", str(cfg), "data.shuffle=false"]
+    _run([*torchrun, f"log.run_dir={tmp_path / 'dp'}"], env, tmp_path)
+    split = _run([*torchrun, f"log.run_dir={tmp_path / 'sp'}", "train.sequence_parallel=2"],
+                 env, tmp_path)
+    assert "sequence parallelism: 2 ranks per sequence" in split.stdout + split.stderr
+    one, two = (_metrics(tmp_path / name) for name in ("dp", "sp"))
+    assert one[0]["grad_norm"] > 0
+    for key in ("completion/length_mean", "reward/total_mean", "loss/loss", "loss/kl", "grad_norm"):
+        assert two[0][key] == pytest.approx(one[0][key], rel=1e-5, abs=1e-7), key
