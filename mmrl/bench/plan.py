@@ -56,6 +56,10 @@ class Workload:
     # train.sequence_parallel: N processes share one data-parallel rank's rows; each samples its
     # `prompts` and holds 1/N of every training forward's sequence and media.
     sequence_parallel: int = 1
+    # sdpa / eager: a boolean [rows, 1, L, L] mask (the shared layout: [1, 1, T, T] over the
+    # packed groups), whole on every rank under sequence parallelism; the varlen kernels take
+    # sequence lengths instead.
+    dense_mask: bool = False
 
 
 @dataclass
@@ -245,7 +249,8 @@ def activation_terms(f: Facts, w: Workload, rows: int) -> dict:
     """Saved-for-backward bytes of one micro-batch of `rows` rows, and its logits chain. Under
     sequence parallelism a rank keeps its 1/N of the tokens and encodes 1/N of the media; its
     logits are those of the completion tokens inside its shard: completions sit at the ends of
-    the packed sequence, so one rank may hold them all (min of the two)."""
+    the packed sequence, so one rank may hold them all (min of the two); the dense attention
+    mask stays whole, and the all-to-alls add one layer's send and receive buffers."""
     whole, with_image, with_audio = _tokens(w, rows)
     tokens, b = _split(whole, w), f.dtype_bytes
     counts = {"text": tokens, "vision": _split(with_image * w.media_tokens * f.merge ** 2, w),
@@ -259,6 +264,10 @@ def activation_terms(f: Facts, w: Workload, rows: int) -> dict:
             out[f"{kind} activations"] = n * (cost.width * b * cost.count + cost.saved_per_token)
         else:
             out[f"{kind} activations"] = n * cost.saved_per_token * cost.count
+    if w.dense_mask:
+        out["attention mask"] = whole * (whole if w.shared_prefix else w.prompt_tokens + w.completion)
+    if w.sequence_parallel > 1:  # one layer at a time: q, k, v and the output, sent and received
+        out["all-to-all buffers"] = 2 * 4 * tokens * f.hidden * b
     kept = rows * w.completion if w.sequence_parallel == 1 else min(rows * w.completion, tokens)
     out["logits"] = kept * f.vocab * logits_bytes(w.shared_prefix, b)
     if f.full_logits:  # e.g. Qwen2-Audio: the LM head runs on every position (and its gradient)
@@ -456,6 +465,7 @@ def config_workload(cfg, f: Facts, world: int, *, media_tokens: int | None = Non
                  sequence_parallel=max(1, cfg.train.sequence_parallel),
                  micro_batch=max(1, cfg.train.micro_batch_size),
                  shared_prefix=cfg.train.shared_prefix,
+                 dense_mask=cfg.model.attn_implementation in ("sdpa", "eager"),
                  checkpointing=cfg.model.gradient_checkpointing,
                  reference=cfg.algo.uses_reference, lora_r=cfg.model.lora.r)
     return w, said or "no media"

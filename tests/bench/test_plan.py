@@ -126,6 +126,14 @@ def test_sequence_parallel_divides_each_ranks_activations_not_its_rollout():
     assert two["logits"] == one["logits"] * min(4 * 512, -(-tokens // 2)) / (4 * 512)
     four = plan.activation_terms(f, _work(sequence_parallel=4), 4)
     assert four["logits"] == one["logits"] * -(-tokens // 4) / (4 * 512)
+    assert "attention mask" not in two  # a varlen kernel: no mask
+    assert two["all-to-all buffers"] == 2 * 4 * -(-tokens // 2) * f.hidden * f.dtype_bytes
+    # sdpa: the [1, 1, T, T] boolean group mask, whole on every rank (not divided by N).
+    dense = [plan.activation_terms(f, _work(sequence_parallel=n, dense_mask=True), 4)
+             for n in (1, 2)]
+    assert dense[0]["attention mask"] == dense[1]["attention mask"] == tokens * tokens
+    naive = plan.activation_terms(f, _work(dense_mask=True, shared_prefix=False), 4)
+    assert naive["attention mask"] == 4 * (1152 + 512) ** 2  # [rows, 1, L, L]
     p1, p2 = (plan.predict(f, _work(sequence_parallel=n), plan.Cluster(80, 8, "zero3"))
               for n in (1, 2))
     assert p2.phases["update"] < p1.phases["update"]
