@@ -191,9 +191,6 @@ def problems(cfg, world: int = 1) -> list[str]:
     if cfg.sft.turn_targets and not cfg.tools.enabled:
         out.append("sft.turn_targets: a demonstration trajectory needs tools (tools.use is "
                    "empty); use sft.target for a one-turn warm-up")
-    elif len(cfg.sft.turn_targets) > cfg.tools.max_turns:
-        out.append(f"sft.turn_targets: {len(cfg.sft.turn_targets)} turns, over tools.max_turns="
-                   f"{cfg.tools.max_turns} (the demonstration would hit the turn cap)")
     if cfg.tools.enabled:
         out += _not_with_tools(cfg)
     else:

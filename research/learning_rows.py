@@ -86,6 +86,25 @@ def video_warmup(record: dict, call_format: str = "qwen") -> str:
             % (start, start + half - 0.5))
 
 
+def video_looks(record: dict) -> dict:
+    """The look-again warm-up's targets (CRUTCH, research/README.md): where the first look
+    shows the flash, the answer; else the span call on a half drawn from the record's id (the
+    card's half or the other, even odds), and then the answer if that half held the card, or the
+    other half's span call (the answer follows, the layer's third target). So every demonstration
+    reads the flash out of returned frames, and the first call is a coin toss that RL's turn cap
+    (a second call scores 0) turns into the half the first look points at."""
+    answer = f"<answer>{record['solution']}</answer>"
+    if record.get("flash_seen"):
+        return {"look_first": answer, "look_second": answer}
+    half = record["duration"] / 2
+    card = 0 if record["card_span"][1] <= half else half
+    first = card if random.Random(record["id"]).random() < 0.5 else half - card
+
+    def span(start):
+        return '{"span": [%g, %g]}' % (start, start + half - 0.5)
+    return {"look_first": span(first), "look_second": answer if first == card else span(card)}
+
+
 def search_warmup(record: dict, tight: float = 0.4) -> list[int]:
     """The visual_search warm-up's box (CRUTCH, research/README.md): the record's mark (a crop
     that reads it) on a `tight` share of the training records, drawn from the record's id, and
@@ -98,10 +117,11 @@ def search_warmup(record: dict, tight: float = 0.4) -> list[int]:
 
 # Generated rows whose training records get warm-up fields (sft.turn_targets name them):
 # visual_search's `warmup_box`; video_search's call in the `<tool_call>` form (`warmup`) and in
-# the json_span form (`warmup_span`).
+# the json_span form (`warmup_span`), and the look-again targets (`look_first`, `look_second`).
 WARMUP = {"visual_search": lambda r: {"warmup_box": search_warmup(r)},
           "video_search": lambda r: {"warmup": video_warmup(r),
-                                     "warmup_span": video_warmup(r, "json_span")}}
+                                     "warmup_span": video_warmup(r, "json_span"),
+                                     **video_looks(r)}}
 GENERATED = {"visual_search": ("visual_search", _SEARCH),
              "visual_search_no_tool": ("visual_search", {**_SEARCH, "tools": False}),
              # 8 s at 2 fps, 28-px frames. The 3 s card lies in one half (card_at) and holds a

@@ -8,6 +8,8 @@ Stop on a validation criterion, not a step count: greedy accuracy jumps within a
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from mmrl.config import RunConfig, SFTConfig
@@ -57,12 +59,16 @@ class Demonstrations:
     """Demonstration trajectories for the warm-up (`sft.turn_targets`): the trajectory loop of
     rollouts (mmrl/rollout/trajectory.py) over an engine whose turn k "samples" target k filled
     from the record, so the observations are the real tools' answers, encoded as in RL, and the
-    loss mask covers the model's turns only."""
+    loss mask covers the model's turns only. A row ends at the first target that answers, so
+    one list serves records that answer at turn 1 and records that call again."""
 
     def __init__(self, cfg: RunConfig, policy: Policy):
         self.targets, self.tokenizer = cfg.sft.turn_targets, policy.processor.tokenizer
         self.loop = TrajectoryRollout.from_config(cfg.tools, self, policy.processor,
                                                   policy.adapter)
+        # As many turns as targets: a demonstration may look again after a miss (one more turn
+        # than RL's tools.max_turns allows), so the cap RL then meets is what it unlearns.
+        self.loop.settings = dataclasses.replace(self.loop.settings, max_turns=len(self.targets))
         self.params = SamplingParams(num_generations=1, max_new_tokens=cfg.rollout.max_new_tokens)
         self.turn = 0
 

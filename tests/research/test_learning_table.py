@@ -304,7 +304,8 @@ def test_video_search_warmup_call_fits_the_budget_and_its_span_holds_the_card():
                       [str(ROOT / "research/layers/video_search.yaml")])
     tok = tiny_tokenizer()
     for c0 in learning_table.GENERATED["video_search"][1]["card_at"]:  # 3 s cards, 8 s clips
-        rec = {"card_span": [c0, c0 + 3], "duration": 8.0, "solution": "B"}
+        rec = {"id": f"video_search-{c0}", "card_span": [c0, c0 + 3], "duration": 8.0,
+               "solution": "B"}
         fields = learning_table.WARMUP["video_search"](rec)
         for key, call_format in (("warmup", "qwen"), ("warmup_span", "json_span")):
             (call,) = parse_turn(fields[key], call_format).calls
@@ -316,7 +317,31 @@ def test_video_search_warmup_call_fits_the_budget_and_its_span_holds_the_card():
         ids = tok(fields["warmup_span"], add_special_tokens=False)["input_ids"]
         assert len(ids) < cfg.rollout.max_new_tokens
     seen = learning_table.WARMUP["video_search"]({"flash_seen": True, "solution": "C"})
-    assert seen == {"warmup": "<answer>C</answer>", "warmup_span": "<answer>C</answer>"}
+    assert seen == dict.fromkeys(("warmup", "warmup_span", "look_first", "look_second"),
+                                 "<answer>C</answer>")
+
+
+def test_video_search_look_again_targets_toss_the_first_half_and_then_find_the_card():
+    """`look_first` spans a half drawn from the record id, even odds for the card's half;
+    `look_second` answers when that half held the card, else spans the card's half."""
+    from mmrl.tools.calls import parse_turn
+
+    right = 0
+    for i in range(200):
+        c0 = learning_table.GENERATED["video_search"][1]["card_at"][i % 6]
+        rec = {"id": f"video_search-train-{i}", "card_span": [c0, c0 + 3], "duration": 8.0,
+               "solution": "D"}
+        looks = learning_table.WARMUP["video_search"](rec)
+        assert looks == learning_table.WARMUP["video_search"](dict(rec))  # fixed by the id
+        first = parse_turn(looks["look_first"], "json_span").calls[0].arguments
+        holds = first["start"] <= c0 and c0 + 2.5 <= first["end"]
+        right += holds
+        if holds:
+            assert looks["look_second"] == "<answer>D</answer>"
+        else:
+            second = parse_turn(looks["look_second"], "json_span").calls[0].arguments
+            assert second["start"] <= c0 and c0 + 2.5 <= second["end"]
+    assert 80 <= right <= 120
 
 
 def test_visual_search_warmup_demonstrates_the_mark_on_a_share_and_the_whole_image_else():

@@ -4,6 +4,7 @@ model's turns only; the looked_at reward on what the real crops read, and the wa
 it. On a tiny Qwen2.5-VL and `mmrl data generate visual_search` records."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -79,10 +80,27 @@ def test_a_last_target_that_calls_again_is_an_error(trainer):
         demos.demonstrate([trainer.prompts.features(trainer.prompts.dataset[0])])
 
 
+def test_a_demonstration_may_look_again_past_rls_turn_cap(trainer):
+    """Three targets under tools.max_turns=2: a record whose second target answers ends after
+    2 turns, one whose second target calls again looks twice and answers at turn 3."""
+    cfg = copy.deepcopy(trainer.cfg)
+    cfg.sft.turn_targets = [CALL, "{second}", ANSWER]
+    samples = [copy.deepcopy(s) for s in trainer.prompts.dataset[:2]]
+    samples[0].fields["second"] = "<answer>{}</answer>".format(samples[0].solution)
+    samples[1].fields["second"] = '{"bbox_2d": %s}' % samples[1].fields["patch_box_resized"]
+    demos = Demonstrations(cfg, trainer.policy)
+    assert demos.loop.settings.max_turns == 3 and trainer.cfg.tools.max_turns == 2
+    demos.loop.settings = dataclasses.replace(demos.loop.settings, max_tokens=300)  # 2 crops
+    batch = demos.demonstrate([trainer.prompts.features(s) for s in samples])
+    assert not batch.truncated.any()
+    assert [t.turns for t in batch.trajectories] == [2, 3]
+    assert [len(t.calls) for t in batch.trajectories] == [1, 2]
+    assert not any(c.error for t in batch.trajectories for c in t.calls)
+    assert batch.texts[1] == f"<answer>{samples[1].solution}</answer>"
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["sft.turn_targets=[a, b]"], "sft.turn_targets: a demonstration trajectory needs tools"),
-    (["tools.use=[{name: crop}]", "tools.max_turns=1", "sft.turn_targets=[a, b]"],
-     "sft.turn_targets: 2 turns, over tools.max_turns=1"),
     (["sft.stop_metric=looked_at_mean"],
      "sft.stop_metric=looked_at_mean: no reward 'looked_at' in `rewards`"),
 ])
