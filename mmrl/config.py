@@ -186,7 +186,8 @@ class SFTConfig:
     # With tools.use: a demonstration trajectory instead of one turn, one target per model turn
     # (e.g. a crop call on the record's box, then "<answer>{solution}</answer>"); the real tools
     # answer the calls in between, and the loss covers the model's turns only (Mini-o3's and
-    # DeepEyes' multi-turn cold start). Empty: `target`, one turn.
+    # DeepEyes' multi-turn cold start). A row ends at its first answering target, and may run
+    # past tools.max_turns (a look again after a miss). Empty: `target`, one turn.
     turn_targets: list[str] = field(default_factory=list)
     val_samples: int = 64  # held out of the SFT draws to decide when to stop
     lr: float = 1e-3  # a tiny model's warm-up; a real checkpoint seldom needs a warm-up at all
