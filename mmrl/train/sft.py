@@ -66,9 +66,11 @@ class Demonstrations:
         self.targets, self.tokenizer = cfg.sft.turn_targets, policy.processor.tokenizer
         self.loop = TrajectoryRollout.from_config(cfg.tools, self, policy.processor,
                                                   policy.adapter)
-        # As many turns as targets: a demonstration may look again after a miss (one more turn
-        # than RL's tools.max_turns allows), so the cap RL then meets is what it unlearns.
-        self.loop.settings = dataclasses.replace(self.loop.settings, max_turns=len(self.targets))
+        # As many turns as targets, whatever tools.max_turns: a demonstration may look again
+        # after a miss (a turn more than RL allows, whose cap RL then unlearns). One turn more,
+        # so a last target that still calls is the error below, not a silent turn cap.
+        self.loop.settings = dataclasses.replace(self.loop.settings,
+                                                 max_turns=len(self.targets) + 1)
         self.params = SamplingParams(num_generations=1, max_new_tokens=cfg.rollout.max_new_tokens)
         self.turn = 0
 
