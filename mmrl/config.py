@@ -105,6 +105,12 @@ class ModelConfig:
     freeze: list[str] = field(default_factory=list)  # parameter-name prefixes or: vision, audio
     lora: LoraSpec = field(default_factory=LoraSpec)
 
+    @property
+    def dense_mask(self) -> bool:
+        """Whether attention takes a boolean [rows, 1, L, L] mask (sdpa, eager), which the
+        memory plan counts; the varlen kernels take sequence lengths."""
+        return self.attn_implementation in ("sdpa", "eager")
+
 
 @dataclass
 class VLLMConfig:

@@ -465,7 +465,7 @@ def config_workload(cfg, f: Facts, world: int, *, media_tokens: int | None = Non
                  sequence_parallel=max(1, cfg.train.sequence_parallel),
                  micro_batch=max(1, cfg.train.micro_batch_size),
                  shared_prefix=cfg.train.shared_prefix,
-                 dense_mask=cfg.model.attn_implementation in ("sdpa", "eager"),
+                 dense_mask=cfg.model.dense_mask,
                  checkpointing=cfg.model.gradient_checkpointing,
                  reference=cfg.algo.uses_reference, lora_r=cfg.model.lora.r)
     return w, said or "no media"
