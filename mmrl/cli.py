@@ -10,6 +10,7 @@ import argparse
 import errno
 import inspect
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -82,7 +83,8 @@ def cmd_validate(args) -> int:
     from mmrl.validate import data_warnings, validate
 
     cfg = _load(args)
-    problems = validate(cfg)
+    # As `mmrl train` under a launcher reads it: WORLD_SIZE=8 checks a run on 8 processes.
+    problems = validate(cfg, world=int(os.environ.get("WORLD_SIZE", "1")))
     for w in data_warnings(cfg):
         print(f"  {args.config}: warning: {w}", file=sys.stderr)
     for p in problems:

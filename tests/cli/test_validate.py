@@ -64,3 +64,16 @@ def test_an_override_error_names_the_override_not_the_yaml(capsys, override, mes
     with pytest.raises(SystemExit) as e:
         cli.main(["validate", QUICKSTART, override])
     assert str(e.value).startswith(f"config error: override {override}: {message}"), str(e.value)
+
+
+def test_validate_checks_the_process_count_that_world_size_names(monkeypatch, capsys):
+    """docs/scale-out.md's `WORLD_SIZE=8 mmrl validate ... long.yaml`: SP 4 x 2 data-parallel
+    ranks is legal on 8 processes and not on one."""
+    args = ["validate", "recipes/video_qa/config.yaml", "recipes/video_qa/long.yaml"]
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit, match="train.sequence_parallel=4: must divide the process "
+                                         "count 1"):
+        cli.main(args)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert cli.main(args) == 0  # the load and every later rule read the same 8
+    assert capsys.readouterr().out.strip() == "recipes/video_qa/config.yaml: OK"
