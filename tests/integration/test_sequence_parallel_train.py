@@ -8,7 +8,8 @@ over the whole batch, which the data-parallel run computes (tests/integration/te
 holds that equal to one process). Tiny Qwen2.5-VL in float32 on 8-frame videos (both ranks
 encode part of each video), GRPO with a KL reference and two iterations per rollout, so the
 old-policy, reference and update forwards all run split; and with the vision tower frozen, its
-output cached once per step (each rank of the group encoding its share).
+output cached once per step (each rank of the group encoding its share). One step each of
+tiny Qwen2-Audio (audio QA) and Qwen2.5-Omni (audio + video) as well.
 """
 from __future__ import annotations
 
