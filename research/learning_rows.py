@@ -78,8 +78,18 @@ def video_warmup(record: dict, call_format: str = "qwen") -> str:
     answer: the tiny model learns to answer once the colour is in view, as it is after a call."""
     if record.get("flash_seen"):
         return f"<answer>{record['solution']}</answer>"
+    half, card = _halves(record)
+    return _span_call(card, half, call_format)
+
+
+def _halves(record: dict) -> tuple[float, float]:
+    """(half the clip's length, the start of the half that holds the card)."""
     half = record["duration"] / 2
-    start = 0 if record["card_span"][1] <= half else half
+    return half, 0 if record["card_span"][1] <= half else half
+
+
+def _span_call(start: float, half: float, call_format: str = "json_span") -> str:
+    """The `frames` call on the half from `start` (3.5 s of an 8 s clip: 8 frames at 2 fps)."""
     if call_format == "json_span":  # tools.call_format json_span: the bare span
         return '{"span": [%g, %g]}' % (start, start + half - 0.5)
     return ('<tool_call>{"name": "frames", "arguments": {"start": %g, "end": %g}}</tool_call>'
@@ -96,13 +106,10 @@ def video_looks(record: dict) -> dict:
     answer = f"<answer>{record['solution']}</answer>"
     if record.get("flash_seen"):
         return {"look_first": answer, "look_second": answer}
-    half = record["duration"] / 2
-    card = 0 if record["card_span"][1] <= half else half
+    half, card = _halves(record)
     first = card if random.Random(record["id"]).random() < 0.5 else half - card
-
-    def span(start):
-        return '{"span": [%g, %g]}' % (start, start + half - 0.5)
-    return {"look_first": span(first), "look_second": answer if first == card else span(card)}
+    return {"look_first": _span_call(first, half),
+            "look_second": answer if first == card else _span_call(card, half)}
 
 
 def search_warmup(record: dict, tight: float = 0.4) -> list[int]:
