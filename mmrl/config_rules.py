@@ -22,6 +22,17 @@ WEIGHT_TRANSFER = {"colocated": ("auto", "bytes", "direct"),
 
 
 
+def reward_keys(names: list[str]) -> list[str]:
+    """Each reward's key in the metrics (`reward/<key>_mean`, eval's `<key>_mean`): its name (a
+    "pkg.mod:fn" reward's fn), with its position as a suffix where one name comes twice.
+
+    >>> reward_keys(["jaccard", "jaccard", "format", "my.mod:score"])
+    ['jaccard_0', 'jaccard_1', 'format', 'score']
+    """
+    short = [n.rsplit(":", 1)[-1] for n in names]
+    return [n if short.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(short)]
+
+
 def resolve_weight_transfer(value: str, mode: str, in_process: bool = False) -> str:
     """The transfer `value` names for vLLM `mode` (colocated | server). auto: direct (no
     serialisation) for a colocated engine whose worker shares the trainer's process, bytes for
@@ -184,10 +195,12 @@ def problems(cfg, world: int = 1) -> list[str]:
                    f"set one of them to null (fps samples by time, nframes a fixed count)")
     out += _tool_problems(cfg.tools, r)
     metric = cfg.sft.stop_metric
-    rewards = {s.name for s in cfg.rewards} | {cfg.eval.metric_reward}
-    if metric.endswith("_mean") and metric[:-len("_mean")] not in rewards:
+    names = [s.name for s in cfg.rewards]  # the warm-up's evaluation adds the metric's reward
+    keys = reward_keys(names + [cfg.eval.metric_reward] * (cfg.eval.metric_reward not in names))
+    if metric.endswith("_mean") and metric[:-len("_mean")] not in keys:
         out.append(f"sft.stop_metric={metric}: no reward {metric[:-len('_mean')]!r} in `rewards` "
-                   f"to read it from; add it (weight 0 logs it only) or stop on accuracy")
+                   f"to read it from (its keys: {', '.join(keys)}); add it (weight 0 logs it "
+                   f"only) or stop on accuracy")
     if cfg.sft.turn_targets and not cfg.tools.enabled:
         out.append("sft.turn_targets: a demonstration trajectory needs tools (tools.use is "
                    "empty); use sft.target for a one-turn warm-up")

@@ -292,3 +292,17 @@ def test_auto_values_resolve_in_the_config_rules():
     assert resolve_progress("auto", tty=True) == "bar"
     assert resolve_progress("auto", tty=False) == "lines"
     assert resolve_progress("off", tty=True) == "off"
+
+
+def test_stop_metric_names_a_repeated_reward_by_its_logged_key():
+    """Two rewards of one name log as <name>_0, <name>_1 (RewardSet); sft.stop_metric reads
+    those keys, and an error lists them."""
+    assert config_rules.reward_keys(["jaccard", "jaccard", "format", "my.mod:score"]) == [
+        "jaccard_0", "jaccard_1", "format", "score"]
+    layer = "research/layers/classification.yaml"  # jaccard twice: the metric, then the exact set
+    cfg = config.load("recipes/classification/config.yaml",
+                      [layer, "sft.stop_metric=jaccard_1_mean"])
+    assert cfg.sft.stop_metric == "jaccard_1_mean"
+    with pytest.raises(config.ConfigError, match=r"no reward 'jaccard' in `rewards` to read it "
+                       r"from \(its keys: jaccard_0, jaccard_1, format\)"):
+        config.load("recipes/classification/config.yaml", [layer, "sft.stop_metric=jaccard_mean"])

@@ -27,6 +27,7 @@ from rewards.calls import RewardError, call_reward
 
 from mmrl import algos
 from mmrl.config import RunConfig, RewardSpec
+from mmrl.config_rules import reward_keys
 from mmrl.tools import call_fields
 from mmrl.train import dist
 from mmrl.types import RolloutBatch, Sample, ScoredBatch
@@ -72,9 +73,8 @@ class RewardSet:
         if not specs:
             raise ValueError("config has no rewards: add e.g. rewards: [{name: accuracy}]")
         self.specs = list(specs)
-        names = [s.name.rsplit(":", 1)[-1] for s in specs]
         # Same reward twice (different params) gets a positional suffix to keep metrics apart.
-        self.keys = [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]
+        self.keys = reward_keys([s.name for s in specs])
         self.fns = [bind_reward(s) for s in specs]
         self._counts = {k: [0, 0] for k in self.keys}  # this step: [scored, routed]
         # Each failing reward warns once per run (rewards/core.py keeps no module state); only
