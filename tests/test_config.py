@@ -299,10 +299,12 @@ def test_stop_metric_names_a_repeated_reward_by_its_logged_key():
     those keys, and an error lists them."""
     assert config_rules.reward_keys(["jaccard", "jaccard", "format", "my.mod:score"]) == [
         "jaccard_0", "jaccard_1", "format", "score"]
-    layer = "research/layers/classification.yaml"  # jaccard twice: the metric, then the exact set
+    # jaccard twice: the metric with partial credit, then the exact set
+    twice = ("rewards=[{name: jaccard, weight: 0.0}, {name: jaccard, weight: 1.0, params: "
+             "{threshold: 1.0}}, {name: format, weight: 0.1}]")
     cfg = config.load("recipes/classification/config.yaml",
-                      [layer, "sft.stop_metric=jaccard_1_mean"])
+                      [twice, "sft.stop_metric=jaccard_1_mean"])
     assert cfg.sft.stop_metric == "jaccard_1_mean"
     with pytest.raises(config.ConfigError, match=r"no reward 'jaccard' in `rewards` to read it "
                        r"from \(its keys: jaccard_0, jaccard_1, format\)"):
-        config.load("recipes/classification/config.yaml", [layer, "sft.stop_metric=jaccard_mean"])
+        config.load("recipes/classification/config.yaml", [twice, "sft.stop_metric=jaccard_mean"])
