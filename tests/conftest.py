@@ -1,9 +1,13 @@
 """Test-wide settings: offline always (nothing downloads), few threads, no denormal slow-downs."""
 import os
+import sys
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# DeepSpeed's CPU ops (cpu_adam, shm_comm) are JIT-built once per install, in its own folder: a
+# build killed in another checkout's run can leave a lock there that nothing here waits on.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
 import torch  # noqa: E402  (after the environment: transformers reads it at import)
 
@@ -15,7 +19,6 @@ torch.set_flush_denormal(True)
 # ---- The tiny trainer: one config and one set of user rewards for every test that trains ----
 
 import copy  # noqa: E402
-import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402

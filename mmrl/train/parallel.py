@@ -26,7 +26,7 @@ import torch
 
 from mmrl.config import RunConfig
 from mmrl.models import source
-from mmrl.train import dist
+from mmrl.train import build_locks, dist
 from mmrl.train.optim import build_optimizer
 
 REPO = Path(__file__).resolve().parents[2]  # scripts/deepspeed/*.json live here
@@ -206,6 +206,7 @@ class DeepSpeed:
 
     def before_model(self) -> None:
         import deepspeed
+        build_locks.check()  # before any op build: a killed one's lock would hang every rank
         deepspeed.init_distributed(dist_backend=torch.distributed.get_backend()
                                    if self.info.enabled else None)  # joins the trainer's group
         # from_pretrained then partitions a large model as it loads (zero.Init); a tiny model is
