@@ -166,20 +166,29 @@ def temporal_jigsaw(out_dir: str | Path, source: str = "", n_train: int = 100, n
 @GENERATORS.register("clip_counting")
 def clip_counting(out_dir: str | Path, source: str = "", n_train: int = 100, n_eval: int = 20,
                   seed: int = 0, max_clips: int = 4, frames_per_clip: int = 2, size: int = 56,
-                  fps: int = 2) -> dict[str, str]:
+                  fps: int = 2, align: int = 2) -> dict[str, str]:
     """1..max_clips clips (max_clips >= 2), each from a different place (another video, or
     another part of the same one), joined; the answer is the number of clips (reward: count).
     Every video has max_clips x frames_per_clip frames, split into clips of near-equal length:
-    with a fixed length per clip the frame count (and the duration) gave the answer away."""
+    with a fixed length per clip the frame count (and the duration) gave the answer away. Cuts
+    fall on multiples of `align` frames: Qwen-VL's video encoders merge every 2 frames into one
+    temporal patch, and a cut inside one blends its two clips (2 clips then looked like 3). The
+    record's `cuts` lists the frame each clip after the first starts at."""
+    total = max_clips * frames_per_clip
     if max_clips < 2:
         raise ValueError("clip_counting: max_clips must be >= 2")
-    total = max_clips * frames_per_clip
+    if align < 1 or total % align or total // align < max_clips:
+        raise ValueError(f"clip_counting: {max_clips} clips x {frames_per_clip} frames = {total} "
+                         f"frames cannot be cut into {max_clips} clips on multiples of align="
+                         f"{align} (align=1 for cuts anywhere, or raise frames_per_clip)")
+    units = total // align
 
     def make(files, i, rng):
         n = rng.randint(1, max_clips)
+        longer = set(rng.sample(range(n), units % n))  # which clips take the spare units
+        lengths = [(units // n + (k in longer)) * align for k in range(n)]
         parts, prev = [], None
-        for k in range(n):
-            length = total // n + (k < total % n)
+        for length in lengths:
             while True:  # neighbouring clips come from different places, or the cut is invisible
                 src, start = files[rng.randrange(len(files))], rng.randint(0, total - length)
                 if prev is None or (src != prev[0] if len(files) > 1
@@ -189,6 +198,7 @@ def clip_counting(out_dir: str | Path, source: str = "", n_train: int = 100, n_e
             parts.append(_video_frames(src, total, size)[start:start + length])
         prompt = ("This video joins several clips cut from different places. How many clips are "
                   "there? Answer with <answer>N</answer>.")
+        cuts = np.cumsum(lengths)[:-1].tolist()
         return np.concatenate(parts), fps, {"task": "clip_counting", "prompt": prompt,
-                                            "solution": str(n)}
+                                            "solution": str(n), "cuts": cuts}
     return _videos(out_dir, source, n_train, n_eval, seed, make)
