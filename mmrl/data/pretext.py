@@ -166,14 +166,14 @@ def temporal_jigsaw(out_dir: str | Path, source: str = "", n_train: int = 100, n
 @GENERATORS.register("clip_counting")
 def clip_counting(out_dir: str | Path, source: str = "", n_train: int = 100, n_eval: int = 20,
                   seed: int = 0, max_clips: int = 4, frames_per_clip: int = 2, size: int = 56,
-                  fps: int = 2, align: int = 2) -> dict[str, str]:
+                  fps: int = 2, align: int = 1) -> dict[str, str]:
     """1..max_clips clips (max_clips >= 2), each from a different place (another video, or
     another part of the same one), joined; the answer is the number of clips (reward: count).
     Every video has max_clips x frames_per_clip frames, split into clips of near-equal length:
-    with a fixed length per clip the frame count (and the duration) gave the answer away. Cuts
-    fall on multiples of `align` frames: Qwen-VL's video encoders merge every 2 frames into one
-    temporal patch, and a cut inside one blends its two clips (2 clips then looked like 3). The
-    record's `cuts` lists the frame each clip after the first starts at."""
+    with a fixed length per clip the frame count (and the duration) gave the answer away.
+    `align=2` puts every cut on a multiple of 2 frames: Qwen-VL's video encoders merge each 2
+    frames into one temporal patch, so a video read at its own fps then has no patch that blends
+    two clips. The record's `cuts` lists the frame each clip after the first starts at."""
     total = max_clips * frames_per_clip
     if max_clips < 2:
         raise ValueError("clip_counting: max_clips must be >= 2")
@@ -185,8 +185,7 @@ def clip_counting(out_dir: str | Path, source: str = "", n_train: int = 100, n_e
 
     def make(files, i, rng):
         n = rng.randint(1, max_clips)
-        longer = set(rng.sample(range(n), units % n))  # which clips take the spare units
-        lengths = [(units // n + (k in longer)) * align for k in range(n)]
+        lengths = [(units // n + (k < units % n)) * align for k in range(n)]
         parts, prev = [], None
         for length in lengths:
             while True:  # neighbouring clips come from different places, or the cut is invisible

@@ -102,14 +102,14 @@ def test_temporal_jigsaw_keeps_in_order_videos_among_its_answers(videos, tmp_pat
 def test_clip_counting_counts_the_joined_clips(videos, tmp_path):
     recs = _records(GENERATORS.get("clip_counting")(tmp_path, source=str(videos), n_train=12,
                                                     n_eval=0, max_clips=3, frames_per_clip=2,
-                                                    size=32))
+                                                    size=32, align=2))
     # The frames each source gives (6 of its 8, evenly): every clip is a run of one of them.
     runs = {src.name: [_color_index(f) for f in _video_frames(src, 6, 32)]
             for src in videos.glob("*.mp4")}
     for r in recs:  # the same length whatever the count: the frame count must not tell it
         v = load_video(str(tmp_path / r["videos"][0]), nframes=999, max_frames=64, fps=None)
         assert len(v) == 6 and r["duration"] == 3.0
-        # Cuts on Qwen's 2-frame temporal patches: 2 clips are 4 + 2 or 2 + 4 frames, never 3 + 3.
+        # Cuts on Qwen's 2-frame temporal patches: 2 clips are 4 + 2 frames, never 3 + 3.
         assert len(r["cuts"]) == int(r["solution"]) - 1
         assert all(c % 2 == 0 for c in r["cuts"])
         shown = [_color_index(f) for f in v.frames]
@@ -118,16 +118,16 @@ def test_clip_counting_counts_the_joined_clips(videos, tmp_path):
             assert any(clip == run[s:s + len(clip)] for run in runs.values()
                        for s in range(7 - len(clip))), (r["id"], shown, r["cuts"])
     assert {r["solution"] for r in recs} == {"1", "2", "3"}
-    assert {tuple(r["cuts"]) for r in recs if r["solution"] == "2"} == {(2,), (4,)}
+    assert {tuple(r["cuts"]) for r in recs if r["solution"] == "2"} == {(4,)}
     assert get_reward("count")([f"<answer>{r['solution']}</answer>" for r in recs],
                                [r["solution"] for r in recs]) == [1.0] * 12
     with pytest.raises(ValueError, match="align=1 for cuts anywhere"):
         GENERATORS.get("clip_counting")(tmp_path / "odd", source=str(videos), max_clips=3,
-                                        frames_per_clip=1)
+                                        frames_per_clip=1, align=2)
     one = _records(GENERATORS.get("clip_counting")(tmp_path / "any", source=str(videos), n_train=12,
                                                    n_eval=0, max_clips=3, frames_per_clip=2,
-                                                   size=32, align=1))
-    assert {tuple(r["cuts"]) for r in one if r["solution"] == "2"} == {(3,)}  # anywhere: mid-patch
+                                                   size=32))  # align=1, the default: anywhere
+    assert {tuple(r["cuts"]) for r in one if r["solution"] == "2"} == {(3,)}
 
 
 def test_bad_source_folders_fail_clearly(tmp_path, images):
