@@ -5,8 +5,10 @@ with `answer`, `solution` and `metric`) and prints, per file, the mean metric an
 records whose answer is one shape alone (`--shapes`) were answered with exactly that shape. On
 the learning table's shapes task triangles are read early; a run whose lone squares are all
 "circle" (or the reverse) has not yet learned the two apart (research/README.md, rounds 3-4).
+Any exact answers work as "shapes": `--shapes 1,2,3` gives clip_counting's recall per count.
 
     python research/probes/lone_shapes.py runs/learning/classification_s3 [more runs ...]
+    python research/probes/lone_shapes.py runs/learning/clip_counting_s0 --shapes 1,2,3
 """
 from __future__ import annotations
 
