@@ -35,9 +35,9 @@ def stale_locks(root: Path | None = None, older_than_s: float = STALE_AFTER_S) -
                   if p.is_file() and now - p.stat().st_mtime > older_than_s)
 
 
-def check(root: Path | None = None) -> None:
+def check() -> None:
     """Raise, naming every stale lock and what to do, before DeepSpeed would wait on one."""
-    locks = stale_locks(root)
+    locks = stale_locks()
     if locks:
         ages = ", ".join(f"{p} ({(time.time() - p.stat().st_mtime) / 60:.0f} min old)"
                          for p in locks)

@@ -40,6 +40,7 @@ def test_a_killed_builds_lock_stops_a_zero_run_with_its_path(monkeypatch, tmp_pa
     assert not FileBaton(str(tmp_path / "deepspeed_shm_comm" / "lock")).try_acquire()
     _lock(tmp_path, "cpu_adam", age_s=40 * 60)
     assert build_locks.stale_locks() == [tmp_path / "cpu_adam" / "lock"]
+    pytest.importorskip("deepspeed")
     cfg = config.load(None, ["data.train=x.jsonl", "train.parallel=deepspeed"])
     strategy = parallel.DeepSpeed(cfg, parallel.dist.DistInfo())
     with pytest.raises(RuntimeError, match=r"cpu_adam/lock \(40 min old\).*delete those lock"):
