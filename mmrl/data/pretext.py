@@ -4,6 +4,7 @@ temporal_jigsaw, clip_counting; `source=FOLDER` names the user's images or video
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 from pathlib import Path
 
@@ -166,17 +167,22 @@ def temporal_jigsaw(out_dir: str | Path, source: str = "", n_train: int = 100, n
 @GENERATORS.register("clip_counting")
 def clip_counting(out_dir: str | Path, source: str = "", n_train: int = 100, n_eval: int = 20,
                   seed: int = 0, max_clips: int = 4, frames_per_clip: int = 2, size: int = 56,
-                  fps: int = 2, align: int = 1) -> dict[str, str]:
+                  fps: int = 2, align: int = 1, phase: int = 0) -> dict[str, str]:
     """1..max_clips clips (max_clips >= 2), each from a different place (another video, or
     another part of the same one), joined; the answer is the number of clips (reward: count).
     Every video has max_clips x frames_per_clip frames, split into clips of near-equal length:
     with a fixed length per clip the frame count (and the duration) gave the answer away.
     `align=2` puts every cut on a multiple of 2 frames: Qwen-VL's video encoders merge each 2
     frames into one temporal patch, so a video read at its own fps then has no patch that blends
-    two clips. The record's `cuts` lists the frame each clip after the first starts at."""
+    two clips. `phase` shifts the cuts off that grid: with align=2, phase=1 every cut falls
+    inside a temporal patch (at an odd frame), so each cut blends one patch, and the clips are
+    as near-equal as that allows (3 clips of 6 frames: 1+2+3 or 3+2+1). The record's `cuts`
+    lists the frame each clip after the first starts at."""
     total = max_clips * frames_per_clip
     if max_clips < 2:
         raise ValueError("clip_counting: max_clips must be >= 2")
+    if not 0 <= phase < align:
+        raise ValueError(f"clip_counting: phase={phase} must be in 0..align-1 (align={align})")
     if align < 1 or total % align or total // align < max_clips:
         raise ValueError(f"clip_counting: {max_clips} clips x {frames_per_clip} frames = {total} "
                          f"frames cannot be cut into {max_clips} clips on multiples of align="
@@ -185,7 +191,8 @@ def clip_counting(out_dir: str | Path, source: str = "", n_train: int = 100, n_e
 
     def make(files, i, rng):
         n = rng.randint(1, max_clips)
-        lengths = [(units // n + (k < units % n)) * align for k in range(n)]
+        lengths = (_phased_lengths(total, n, align, phase, rng) if phase else
+                   [(units // n + (k < units % n)) * align for k in range(n)])
         parts, prev = [], None
         for length in lengths:
             while True:  # neighbouring clips come from different places, or the cut is invisible
@@ -201,3 +208,16 @@ def clip_counting(out_dir: str | Path, source: str = "", n_train: int = 100, n_e
         return np.concatenate(parts), fps, {"task": "clip_counting", "prompt": prompt,
                                             "solution": str(n), "cuts": cuts}
     return _videos(out_dir, source, n_train, n_eval, seed, make)
+
+
+def _phased_lengths(total: int, n: int, align: int, phase: int, rng: random.Random) -> list[int]:
+    """Clip lengths for `n` clips of `total` frames whose cuts all fall on frames = phase (mod
+    align): the nearest-equal such split, drawn among ties."""
+    spots = [k for k in range(1, total) if k % align == phase]
+    splits = [[b - a for a, b in zip((0, *cut), (*cut, total))]
+              for cut in itertools.combinations(spots, n - 1)]
+    if not splits:
+        raise ValueError(f"clip_counting: {total} frames have no {n - 1} cuts at phase={phase} "
+                         f"of align={align} (raise frames_per_clip)")
+    spread = min(max(s) - min(s) for s in splits)
+    return rng.choice([s for s in splits if max(s) - min(s) == spread])

@@ -128,6 +128,16 @@ def test_clip_counting_counts_the_joined_clips(videos, tmp_path):
                                                    n_eval=0, max_clips=3, frames_per_clip=2,
                                                    size=32))  # align=1, the default: anywhere
     assert {tuple(r["cuts"]) for r in one if r["solution"] == "2"} == {(3,)}
+    # phase=1: every cut inside a temporal patch (odd frames), clips as near-equal as that allows.
+    inside = _records(GENERATORS.get("clip_counting")(tmp_path / "in", source=str(videos),
+                                                      n_train=24, n_eval=0, max_clips=3,
+                                                      frames_per_clip=2, size=32, align=2,
+                                                      phase=1))
+    assert {tuple(r["cuts"]) for r in inside if r["solution"] == "2"} == {(3,)}
+    assert {tuple(r["cuts"]) for r in inside if r["solution"] == "3"} == {(1, 3), (3, 5)}
+    assert all(r["cuts"] == [] for r in inside if r["solution"] == "1")
+    with pytest.raises(ValueError, match="phase=2 must be in 0..align-1"):
+        GENERATORS.get("clip_counting")(tmp_path / "bad", source=str(videos), align=2, phase=2)
 
 
 def test_bad_source_folders_fail_clearly(tmp_path, images):
