@@ -181,12 +181,12 @@ def clip_counting(out_dir: str | Path, source: str = "", n_train: int = 100, n_e
     total = max_clips * frames_per_clip
     if max_clips < 2:
         raise ValueError("clip_counting: max_clips must be >= 2")
-    if not 0 <= phase < align:
-        raise ValueError(f"clip_counting: phase={phase} must be in 0..align-1 (align={align})")
     if align < 1 or total % align or total // align < max_clips:
         raise ValueError(f"clip_counting: {max_clips} clips x {frames_per_clip} frames = {total} "
                          f"frames cannot be cut into {max_clips} clips on multiples of align="
                          f"{align} (align=1 for cuts anywhere, or raise frames_per_clip)")
+    if not 0 <= phase < align:
+        raise ValueError(f"clip_counting: phase={phase} must be in 0..align-1 (align={align})")
     units = total // align
 
     def make(files, i, rng):
@@ -213,11 +213,8 @@ def clip_counting(out_dir: str | Path, source: str = "", n_train: int = 100, n_e
 def _phased_lengths(total: int, n: int, align: int, phase: int, rng: random.Random) -> list[int]:
     """Clip lengths for `n` clips of `total` frames whose cuts all fall on frames = phase (mod
     align): the nearest-equal such split, drawn among ties."""
-    spots = [k for k in range(1, total) if k % align == phase]
+    spots = range(phase, total, align)  # total // align of them (phase >= 1): enough, as checked
     splits = [[b - a for a, b in zip((0, *cut), (*cut, total))]
               for cut in itertools.combinations(spots, n - 1)]
-    if not splits:
-        raise ValueError(f"clip_counting: {total} frames have no {n - 1} cuts at phase={phase} "
-                         f"of align={align} (raise frames_per_clip)")
     spread = min(max(s) - min(s) for s in splits)
     return rng.choice([s for s in splits if max(s) - min(s) == spread])
