@@ -35,3 +35,17 @@ def test_prints_each_evaluation_in_training_order(tmp_path):
     assert out[1:] == ["  before_rl: 0.40 circle 0/2 square 1/2",
                        "  step_000100: 0.00 circle 0/0 square 0/1",
                        "  after_rl: 0.50 circle 0/0 square 1/2"]
+
+
+def test_names_what_the_records_were_answered_and_reads_rollouts(tmp_path):
+    c = lone_shapes.count(ROWS, ["circle", "square"])
+    assert c["named"]["circle"] == {"square, circle": 1, "": 1}
+    run = tmp_path / "run"
+    run.mkdir()
+    rollouts = [{"step": 50, "answer": "1", "solution": "3"}] * 3 + \
+        [{"step": 50, "answer": "3", "solution": "3"}, {"step": 100, "answer": "2", "solution": "2"}]
+    (run / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rollouts))
+    out = subprocess.run([sys.executable, str(SCRIPT), str(run), "--shapes", "2,3", "--named",
+                          "--rollouts"], check=True, capture_output=True, text=True).stdout
+    assert out.splitlines()[1:] == ["  rollouts step 50: nan 2 0/0 3 1/4 (1: 3, 3: 1)",
+                                    "  rollouts step 100: nan 2 1/1 (2: 1) 3 0/0"]
