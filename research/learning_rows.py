@@ -119,6 +119,19 @@ def video_looks(record: dict) -> dict:
             "look_second": answer if first == card else _span_call(card, half)}
 
 
+def video_mixed(record: dict, tight: float = 0.4) -> str:
+    """The mixed warm-up's call (CRUTCH, research/README.md; visual_search's `warmup_box` for
+    video): the span call on the card's half on a `tight` share of the hidden-flash records,
+    drawn from the record's id, and on the other half (frames without the flash) on the rest;
+    the answer where the first look shows the flash. So the warm-up learns where the card is
+    and to read the flash, but its most likely call misses, and RL's samples must find it."""
+    if record.get("flash_seen"):
+        return f"<answer>{record['solution']}</answer>"
+    half, card = _halves(record)
+    return _span_call(card if random.Random(record["id"]).random() < tight else half - card,
+                      half)
+
+
 def search_warmup(record: dict, tight: float = 0.4) -> list[int]:
     """The visual_search warm-up's box (CRUTCH, research/README.md): the record's mark (a crop
     that reads it) on a `tight` share of the training records, drawn from the record's id, and
@@ -135,6 +148,7 @@ def search_warmup(record: dict, tight: float = 0.4) -> list[int]:
 WARMUP = {"visual_search": lambda r: {"warmup_box": search_warmup(r)},
           "video_search": lambda r: {"warmup": video_warmup(r),
                                      "warmup_span": video_warmup(r, "json_span"),
+                                     "warmup_mixed": video_mixed(r),
                                      **video_looks(r)}}
 GENERATED = {"visual_search": ("visual_search", _SEARCH),
              "visual_search_no_tool": ("visual_search", {**_SEARCH, "tools": False}),

@@ -317,7 +317,8 @@ def test_video_search_warmup_call_fits_the_budget_and_its_span_holds_the_card():
         ids = tok(fields["warmup_span"], add_special_tokens=False)["input_ids"]
         assert len(ids) < cfg.rollout.max_new_tokens
     seen = learning_table.WARMUP["video_search"]({"flash_seen": True, "solution": "C"})
-    assert seen == dict.fromkeys(("warmup", "warmup_span", "look_first", "look_second"),
+    assert seen == dict.fromkeys(("warmup", "warmup_span", "warmup_mixed", "look_first",
+                                  "look_second"),
                                  "<answer>C</answer>")
 
 
@@ -368,3 +369,21 @@ def test_visual_search_warmup_demonstrates_the_mark_on_a_share_and_the_whole_ima
     assert holds([656, 656, 688, 688], mark, ratio)
     assert holds([0, 0, 84 * scale, 84 * scale], mark) and not holds(
         [0, 0, 84 * scale, 84 * scale], mark, ratio)
+
+
+def test_video_search_mixed_warmup_spans_the_card_on_its_share_and_the_other_half_else():
+    """`warmup_mixed` spans the card's half on about 40% of the hidden-flash records (fixed by
+    the record id) and the other half, which never holds the card, on the rest."""
+    from mmrl.tools.calls import parse_turn
+
+    tight = 0
+    for i in range(300):
+        c0 = learning_table.GENERATED["video_search"][1]["card_at"][i % 6]
+        rec = {"id": f"vds-{i:05d}", "card_span": [c0, c0 + 3], "duration": 8.0, "solution": "A"}
+        call = learning_table.WARMUP["video_search"](rec)["warmup_mixed"]
+        assert call == learning_table.WARMUP["video_search"](dict(rec))["warmup_mixed"]
+        a = parse_turn(call, "json_span").calls[0].arguments
+        holds = a["start"] <= c0 and c0 + 2.5 <= a["end"]
+        assert holds or a["end"] < c0 or a["start"] > c0 + 2.5  # a half: all of the card or none
+        tight += holds
+    assert 0.33 <= tight / 300 <= 0.47
