@@ -59,7 +59,8 @@ ROWS: dict[str, tuple[str, list[str]]] = {
         " {name: format, weight: 0.5, params: {think: optional}}]"]),
     # Issue #26 item 7: which colour flashes on the grey card? The flash falls between the
     # frames of the 0.5-fps first look; `frames` over the card's span shows it. The warm-up
-    # target is the record's `warmup` field (WARMUP). The no-tool control: tools=false.
+    # targets are the record's look-again fields (WARMUP: `look_first`, `look_second`; the
+    # layer's sft.turn_targets). The no-tool control: tools=false, one-turn answers.
     "video_search": ("video_search", []),
     "video_search_no_tool": ("video_search", ["sft.target='<answer>{solution}</answer>'",
                                               "sft.turn_targets=[]"]),
