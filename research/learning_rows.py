@@ -124,8 +124,9 @@ def video_mixed(record: dict, tight: float = 0.4) -> str:
     """The mixed warm-up's call (CRUTCH, research/README.md; visual_search's `warmup_box` for
     video): the span call on the card's half on a `tight` share of the hidden-flash records,
     drawn from the record's id, and on the other half (frames without the flash) on the rest;
-    the answer where the first look shows the flash. So the warm-up learns where the card is
-    and to read the flash, but its most likely call misses, and RL's samples must find it."""
+    the answer where the first look shows the flash. Meant to leave greedy's call on the wrong
+    half with samples that find the card; on its pilot (round 9, H) the warm-up settled on one
+    half for every record instead."""
     if record.get("flash_seen"):
         return f"<answer>{record['solution']}</answer>"
     half, card = _halves(record)
