@@ -97,6 +97,12 @@ def check_no_placeholders(completion_ids: torch.Tensor, completion_mask: torch.T
             f"at position {col}; placeholders must be suppressed at sampling time")
 
 
+def upcast(logits: torch.Tensor) -> torch.Tensor:
+    """Logits in the dtype log-probs are computed in: float32 for bf16/fp16/fp32, float64 kept (a
+    float64 model is how the tests tell rounding from a real sampler/trainer mismatch)."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
 def completion_logprobs(model, inputs: dict, completion_ids: torch.Tensor,
                         completion_mask: torch.Tensor | None = None, *, temperature: float = 1.0,
                         return_entropy: bool = False, placeholder_ids: Sequence[int] = ()):
@@ -117,7 +123,7 @@ def completion_logprobs(model, inputs: dict, completion_ids: torch.Tensor,
     logps, entropies = [], []
     # Row by row: the float32 copy of one row's logits is small; all rows at once can be GBs.
     for row_logits, row_targets in zip(logits, targets):
-        scaled = row_logits.float() / temperature
+        scaled = upcast(row_logits) / temperature
         lse = torch.logsumexp(scaled, dim=-1)
         logps.append(scaled.gather(-1, row_targets[:, None]).squeeze(-1) - lse)
         if return_entropy:
@@ -156,7 +162,7 @@ class _PolicyLogprobs:
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.pending is not None:
             self._flush(input_ids[:, -1])
-        self.pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        self.pending = torch.log_softmax(upcast(scores) / self.temperature, dim=-1)
         if self.suppress_ids:
             scores = scores.index_fill(-1, torch.as_tensor(self.suppress_ids, device=scores.device),
                                        float("-inf"))

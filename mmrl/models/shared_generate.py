@@ -10,6 +10,7 @@ from typing import Sequence
 
 import torch
 
+from mmrl.models.forward import upcast
 from mmrl.models.shared_prefix import _takes_logits_index, prompt_and_completion_positions
 from mmrl.types import PromptFeatures, SamplingParams
 
@@ -56,7 +57,7 @@ class _Prefill:
         kwargs = {"logits_to_keep": 1} if _takes_logits_index(model) else {}
         out = model(**inputs, use_cache=True, **kwargs)
         self.cache = out.past_key_values
-        self.logits = out.logits[:, -1].float()  # [B, V]
+        self.logits = upcast(out.logits[:, -1])  # [B, V]
         self.attention_mask = inputs["attention_mask"]
         self.next_positions = torch.stack(self.next_positions).to(device)  # [B, R, L]
 
@@ -90,7 +91,7 @@ def _decode(model, cache, logits, attention_mask, next_positions, uniforms, *, m
         out = model(input_ids=chosen[:, None], attention_mask=attention_mask, position_ids=pos,
                     past_key_values=cache, use_cache=True)
         cache = out.past_key_values
-        logits = out.logits[:, -1].float()
+        logits = upcast(out.logits[:, -1])
     return torch.stack(tokens, 1), torch.stack(logps, 1), cache_bytes(cache)
 
 
@@ -173,7 +174,7 @@ def generate_shared(model, processor, prompts: Sequence[PromptFeatures],
         pieces.append((rows, tokens, logps))
     width = max(t.shape[1] for _, t, _ in pieces)
     completion = torch.full((n, width), pad_id, dtype=torch.long, device=device)
-    sampler_logp = torch.zeros((n, width), dtype=torch.float32, device=device)
+    sampler_logp = torch.zeros((n, width), dtype=pieces[0][2].dtype, device=device)
     for rows, tokens, logps in pieces:
         completion[rows.to(device), :tokens.shape[1]] = tokens
         sampler_logp[rows.to(device), :logps.shape[1]] = logps

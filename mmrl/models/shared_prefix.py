@@ -34,7 +34,7 @@ import torch
 
 from mmrl.models.base import TOKEN_KEYS
 from mmrl.models import prefix_attention
-from mmrl.models.forward import check_no_placeholders
+from mmrl.models.forward import check_no_placeholders, upcast
 from mmrl.models.trajectory import completion_token_types, policy_token_mask, row_media
 from mmrl.types import Observation, PromptFeatures
 
@@ -357,7 +357,7 @@ def shared_prefix_logprobs(model, prompts: Sequence[PromptFeatures], completion_
         logits = model(**inputs, use_cache=False).logits[:, keep]
     n, width = completion_ids.shape
     rows, cols, slots = token_index(packed, width, device)
-    scaled = logits[rows, cols].float() / temperature  # [tokens, V]
+    scaled = upcast(logits[rows, cols]) / temperature  # [tokens, V]
     lse = torch.logsumexp(scaled, dim=-1)
     targets = completion_ids.to(device).flatten()[slots]
     lp = scaled.gather(-1, targets[:, None]).squeeze(-1) - lse

@@ -38,7 +38,7 @@ import torch
 import torch.distributed as torch_dist
 
 from mmrl.models import prefix_attention
-from mmrl.models.forward import check_no_placeholders, collate
+from mmrl.models.forward import check_no_placeholders, collate, upcast
 from mmrl.models.media_embeds import (KINDS, Provider, balanced_ranges, encode, encoder_modules,
                                       media_units, select_units, splice_media)
 from mmrl.models.shared_prefix import (MASKED_ATTENTION, SP_PREFIX, Packed, attn_implementation,
@@ -327,7 +327,7 @@ def sequence_parallel_logprobs(model, prompts: Sequence, completion_ids: torch.T
     n, length = completion_ids.shape
     rows, cols, slots = token_index(packed, length, device)
     mine = (cols >= first) & (cols < last)
-    scaled = logits[rows[mine], cols[mine] - first].float() / temperature
+    scaled = upcast(logits[rows[mine], cols[mine] - first]) / temperature
     lse = torch.logsumexp(scaled, dim=-1)
     targets = completion_ids.to(device).flatten()[slots[mine]]
     # 0 x the logits: every rank's graph reaches its decoder even when it keeps no token, so

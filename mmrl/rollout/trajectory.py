@@ -20,6 +20,7 @@ from typing import Sequence
 
 import torch
 
+from mmrl.models.forward import upcast
 from mmrl.models.trajectory import (ObservationStyle, completion_token_types, encode_observation,
                                     observation_style, row_media)
 from mmrl.tools import Toolbox, ToolContext, as_content, error_text, parse_turn
@@ -65,7 +66,7 @@ class _Row:
     def add(self, ids: torch.Tensor, logp: torch.Tensor | None) -> None:
         self.ids.append(ids.long().cpu())
         model = logp is not None
-        self.logp.append(logp.float().cpu() if model else torch.zeros(ids.shape[0]))
+        self.logp.append(upcast(logp).cpu() if model else torch.zeros(ids.shape[0]))
         self.policy.append(torch.full((ids.shape[0],), int(model), dtype=torch.long))
 
 
@@ -202,11 +203,17 @@ class TrajectoryRollout:
         return RolloutBatch(
             prompts=[r.prompt for r in rows], completion_ids=ids, completion_mask=mask,
             group_ids=torch.arange(len(rows)) // g + group_offset,
-            sampler_logp=stack([r.logp for r in rows], 0.0, torch.float32),
+            sampler_logp=stack([r.logp for r in rows], 0.0, _logp_dtype(rows)),
             texts=[r.record.turn_texts[-1] if r.record.turn_texts else "" for r in rows],
             truncated=torch.tensor([r.truncated for r in rows]),
             loss_mask=stack([r.policy for r in rows], 0, torch.long),
             trajectories=[r.record for r in rows])
+
+
+def _logp_dtype(rows) -> torch.dtype:
+    """float32, or float64 when the engine sampled in float64 (tests that tell rounding apart)."""
+    return torch.float64 if any(p.dtype == torch.float64 for r in rows for p in r.logp) \
+        else torch.float32
 
 
 def _instead(answered: list[tuple[ToolCall, Outcome]], kind: str, message: str):
