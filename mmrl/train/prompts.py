@@ -88,17 +88,19 @@ class PromptSource:
                 self.bad.check(in_a_row, want)
         return out
 
-    def load(self, indices: list[int]) -> tuple[list[Sample], list[PromptFeatures]]:
-        """The samples at `indices` that load, and their features (SFT warm-up batches); bad
-        media follows the same policy as `next`."""
-        samples, feats = [], []
+    def load(self, indices: list[int]
+             ) -> tuple[list[int], list[Sample], list[PromptFeatures]]:
+        """The indices of the samples that load, the samples and their features (SFT warm-up
+        batches); bad media follows the same policy as `next`."""
+        kept, samples, feats = [], [], []
         for idx in indices:
             try:
                 feats.append(self._features_of(idx))
                 samples.append(self.dataset[idx])
+                kept.append(idx)
             except MediaError as e:
                 self._skip(idx, e)
-        return samples, feats
+        return kept, samples, feats
 
     def _features_of(self, idx: int) -> PromptFeatures:
         if idx in self.bad.known:  # failed before in this process: said once, not decoded again

@@ -71,6 +71,31 @@ def test_the_warm_up_on_demonstrations_changes_the_weights(trainer):
     assert any(not torch.equal(before[k], v) for k, v in trainer.policy.model.named_parameters())
 
 
+def test_a_records_demonstration_is_built_once_and_equals_a_fresh_one(trainer):
+    """With keys (dataset indices) each record's trajectory is run through the tools once; a
+    batch of cached rows, repeats and a new record among them, is the uncached batch exactly."""
+    feats = [trainer.prompts.features(s) for s in trainer.prompts.dataset[:4]]
+    demos = Demonstrations(trainer.cfg, trainer.policy)
+    runs, rollout = [], demos.loop.rollout
+    demos.loop.rollout = lambda f, p: (runs.append(len(f)), rollout(f, p))[1]
+    demos.demonstrate(feats[:2], [0, 1])
+    keys = [1, 3, 1, 0, 2]
+    got = demos.demonstrate([feats[k] for k in keys], keys)
+    assert runs == [2, 2]  # records 3 and 2 new; 0 and 1 (twice) from the cache
+    want = Demonstrations(trainer.cfg, trainer.policy).demonstrate([feats[k] for k in keys])
+    for name in ("completion_ids", "completion_mask", "loss_mask", "sampler_logp", "truncated"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert got.group_ids.tolist() == [0, 1, 2, 3, 4] and got.texts == want.texts
+    for a, b in zip(got.trajectories, want.trajectories):
+        assert [(o.start, o.length) for o in a.observations] == \
+            [(o.start, o.length) for o in b.observations]
+        assert all(torch.equal(x.tensors[k], y.tensors[k]) for x, y in
+                   zip(a.observations, b.observations) for k in x.tensors)
+    demos.cache_size = 2  # bounded like the prompt features: the least recently used leave
+    demos.demonstrate([feats[2]], [2])
+    assert list(demos._rows) == [0, 2]
+
+
 def test_a_last_target_that_calls_again_is_an_error(trainer):
     cfg = copy.deepcopy(trainer.cfg)
     cfg.sft.turn_targets = [CALL, CALL]  # under tools.max_turns=2: not capped, an error
