@@ -62,7 +62,8 @@ class DataConfig:
     audio_max_seconds: Optional[float] = None  # longer audio: see audio_truncate
     audio_truncate: AudioTruncate = "error"  # longer audio: error (name the file) | head
     media_cache: Optional[str] = None  # dir for decoded video/audio; later epochs decode nothing
-    feature_cache: int = 512  # processed prompts kept in memory (LRU), 0 = none
+    # processed prompts (and sft.turn_targets demonstrations) kept in memory (LRU), 0 = none
+    feature_cache: int = 512
     # Anchor prompt template (vlm_r1, r1v, video_r1, r1_aqa, time_r1, think, answer; *_nothink)
     # or a custom string with {question}; applied at load time, so rollout, SFT and eval agree.
     prompt_template: Optional[str] = None
