@@ -180,7 +180,7 @@ def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed
                  seconds: int = 16, fps: int = 8, size: int = 56, sample_fps: float = 0.5,
                  card_seconds: int = 4, flash_frames: int = 2, tools: bool = True,
                  seen: float = 0.0, card_at: list[float] | None = None,
-                 flash_inset: int = 4) -> dict[str, str]:
+                 flash_inset: int = 4, balance_card_at: bool = False) -> dict[str, str]:
     """What colour flashes while the grey card is shown? (4-way multiple choice.) A `seconds`
     long clip at `fps`; the card is on screen for `card_seconds`, long enough that sampling at
     `sample_fps` (= data.video_fps) sees it; the flash lasts `flash_frames` native frames and
@@ -191,7 +191,10 @@ def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed
     left around the flash on each side (0: the whole card flashes; negative: the flash spreads
     past the card, and -size/4 fills the frame). Each split's answers are
     balanced (every colour as often, in a shuffled order), so a constant answer scores chance,
-    not a skewed majority. Fields: duration,
+    not a skewed majority. `balance_card_at`: each split's cards start at every `card_at` time
+    as often, in a shuffled order, instead of a draw per record (with card_at [0, 4] the held-out
+    half is exactly half first-half cards, so a look fixed on one half cannot pass or fail by the
+    split). Fields: duration,
     card_span and flash_span (seconds), flash_seen, and "tools": ["frames"] unless tools=False."""
     if card_seconds * sample_fps < 1:
         raise ValueError("video_search: card_seconds * sample_fps must be >= 1 (the card must be "
@@ -206,9 +209,14 @@ def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed
     options = mc_options(names)
     n = seconds * fps
     answers = balanced(rng, n_train, len(names)) + balanced(rng, n_eval, len(names))
+    if balance_card_at and not card_at:
+        raise ValueError("video_search: balance_card_at needs card_at, the start times to balance")
+    starts = (balanced(rng, n_train, len(card_at)) + balanced(rng, n_eval, len(card_at))
+              if balance_card_at else None)
     records = []
     for i in range(n_train + n_eval):
         card = (rng.randrange(0, n - card_seconds * fps + 1) if card_at is None
+                else round(card_at[starts[i]] * fps) if starts is not None
                 else round(rng.choice(card_at) * fps))
         if not 0 <= card <= n - card_seconds * fps:
             raise ValueError(f"video_search: a card at {card / fps:g} s does not fit the "

@@ -197,6 +197,20 @@ def test_video_search_answers_are_balanced_and_the_flash_can_fill_the_card(tmp_p
         GENERATORS.get("video_search")(tmp_path / "x", n_train=1, n_eval=0, size=28, flash_inset=-8)
 
 
+def test_video_search_can_balance_where_the_card_starts(tmp_path):
+    """balance_card_at: each split's cards start at every card_at time as often (a look fixed on
+    one half is right on exactly half the held-out records)."""
+    from collections import Counter
+    kw = dict(n_train=8, n_eval=6, seed=3, seconds=8, fps=2, size=28, card_seconds=3,
+              flash_frames=1, card_at=[0, 4])
+    paths = GENERATORS.get("video_search")(tmp_path / "b", balance_card_at=True, **kw)
+    for split, n in (("train", 8), ("eval", 6)):
+        starts = Counter(s.fields["card_span"][0] for s in load_samples(paths[split]))
+        assert starts == {0.0: n // 2, 4.0: n // 2}, (split, starts)
+    with pytest.raises(ValueError, match="balance_card_at needs card_at"):
+        GENERATORS.get("video_search")(tmp_path / "x", n_train=1, n_eval=0, balance_card_at=True)
+
+
 def test_visual_search_answers_are_balanced_and_the_mark_draws_the_answer(tmp_path):
     """Each split holds every pattern as often (a constant letter scores 1/4), and the mark in
     the original image is the pattern the solution names: its ink cells, read back pixel by
