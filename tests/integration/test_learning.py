@@ -45,8 +45,9 @@ def test_recipe_learns_from_its_media(row, tmp_path):
 
 
 @pytest.mark.skipif(os.environ.get("MMRL_SEARCH_ROW") != "1", reason=(
-    "the visual_search row takes ~17 min on CI's 2 cores (0.25 -> 0.46 there), which would put "
-    "CI at ~48 min, over its 40: run with MMRL_SEARCH_ROW=1 until the row is made cheaper"))
+    "the visual_search row takes ~16 min on 2 cores (987 s, 0.25 -> 0.53, with the warm-up's "
+    "demonstrations cached), which would put CI near 50 min, over its 40: run with "
+    "MMRL_SEARCH_ROW=1 until the row is made cheaper"))
 def test_visual_search_learns_to_look_again(tmp_path):
     """Issue #26's row at seed 0 (docs/learning.md): crops returned as new image tokens. The
     warm-up re-looks at the whole image when greedy (chance); RL must make the model zoom on the
