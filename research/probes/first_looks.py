@@ -11,8 +11,11 @@ call finds the flash when one of the frames it returned falls inside `flash_span
 call finds the mark when its box holds `mark_box` (within the run's looked_at `max_ratio`).
 `--halves` also splits the records by where the video's card starts (first or second half of
 the clip): a policy that always looks at one half is right on that half's share only.
+`--rollouts` reads the sampled trajectories of RUN/rollouts.jsonl per logged RL step instead
+(the metric there is the accuracy reward): do the samples still look at both halves?
 
     python research/probes/first_looks.py runs/learning/video_search_s0 [more runs ...] --halves
+    python research/probes/first_looks.py runs/learning/video_search_s0 --halves --rollouts
 """
 from __future__ import annotations
 
@@ -41,12 +44,17 @@ def first_found(row: dict, ratio: float | None) -> bool | None:
     return None
 
 
+def _metric(row: dict) -> float:
+    """An evaluation row's metric, or a sampled rollout's accuracy reward."""
+    return float(row["metric"] if "metric" in row else row["rewards"].get("accuracy") or 0.0)
+
+
 def summarise(rows: list[dict], ratio: float | None, halves: bool) -> dict:
     found = [first_found(r, ratio) for r in rows]
-    out = {"records": len(rows), "metric": sum(float(r["metric"]) for r in rows) / len(rows),
+    out = {"records": len(rows), "metric": sum(map(_metric, rows)) / len(rows),
            "first_turns": Counter(r["turns"][0] if r.get("turns") else "" for r in rows),
            "found": sum(bool(f) for f in found),
-           "right_when_found": sum(float(r["metric"]) for r, f in zip(rows, found) if f),
+           "right_when_found": sum(_metric(r) for r, f in zip(rows, found) if f),
            "hit_turn_cap": sum(bool(r.get("hit_turn_cap")) for r in rows),
            "answers": Counter(r.get("answer") for r in rows)}
     if halves:
@@ -57,22 +65,37 @@ def summarise(rows: list[dict], ratio: float | None, halves: bool) -> dict:
         out["right_by_half"] = Counter()
         for r in rows:
             if "card_span" in r["fields"]:
-                out["right_by_half"][half(r)] += float(r["metric"])
+                out["right_by_half"][half(r)] += _metric(r)
     return out
 
 
-def report(run: Path, halves: bool) -> None:
-    ratio = _looked_at_ratio(run)
+def _evaluations(run: Path):
+    """(name, first-draw rows) per held-out evaluation, in training order."""
     files = sorted((run / "eval").glob("*.jsonl"), key=lambda p: (
         p.stem != "before_rl", p.stem.startswith("after"), p.stem))
-    print(f"== {run}")
     for path in files:
-        rows = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("draw", 0) == 0]
+        yield path.stem, [r for r in map(json.loads, path.read_text().splitlines())
+                          if r.get("draw", 0) == 0]
+
+
+def _rollouts(run: Path):
+    """("step N", that step's logged samples) per logged RL step."""
+    steps: dict[int, list[dict]] = {}
+    for r in map(json.loads, (run / "rollouts.jsonl").read_text().splitlines()):
+        steps.setdefault(r["step"], []).append(r)
+    for step in sorted(steps):
+        yield f"step {step} (samples)", steps[step]
+
+
+def report(run: Path, halves: bool, rollouts: bool = False) -> None:
+    ratio = _looked_at_ratio(run)
+    print(f"== {run}")
+    for name, rows in (_rollouts(run) if rollouts else _evaluations(run)):
         if not rows:
             continue
         s = summarise(rows, ratio, halves)
         firsts = ", ".join(f"{t[:28]!r} x{n}" for t, n in s["first_turns"].most_common(3))
-        line = (f"{path.stem:32s} metric {s['metric']:.2f}  found {s['found']}/{s['records']}  "
+        line = (f"{name:32s} metric {s['metric']:.2f}  found {s['found']}/{s['records']}  "
                 f"right when found {s['right_when_found']:g}  turn cap {s['hit_turn_cap']}  "
                 f"first: {firsts}  answers {dict(s['answers'])}")
         if halves and s.get("card_half"):
@@ -86,9 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--halves", action="store_true",
                     help="split video records by the half of the clip their card starts in")
+    ap.add_argument("--rollouts", action="store_true",
+                    help="the sampled trajectories of RUN/rollouts.jsonl, per logged step")
     args = ap.parse_args(argv)
     for run in args.runs:
-        report(run, args.halves)
+        report(run, args.halves, args.rollouts)
     return 0
 
 

@@ -52,3 +52,19 @@ def test_prints_each_evaluation(tmp_path):
                          capture_output=True, text=True, check=True).stdout.splitlines()
     assert out[1].startswith("before_rl") and out[2].startswith("after_rl")
     assert "found 1/4" in out[1] and "card halves {'first': 2, 'second': 2}" in out[1]
+
+
+def test_rollouts_are_read_per_logged_step(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    samples = []
+    for step, rows in ((20, ROWS[:2]), (40, ROWS[2:])):
+        for r in rows:
+            r = {k: v for k, v in r.items() if k not in ("metric", "draw")}
+            samples.append({**r, "step": step, "rewards": {"accuracy": 0.0}})
+    samples[0]["rewards"]["accuracy"] = 1.0  # the first look that found the flash, answered right
+    (run / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in samples))
+    out = subprocess.run([sys.executable, str(SCRIPT), str(run), "--rollouts"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[1].startswith("step 20 (samples)") and "metric 0.50  found 1/2" in out[1]
+    assert out[2].startswith("step 40 (samples)") and "metric 0.00  found 0/2" in out[2]
