@@ -106,8 +106,9 @@ def upcast(logits: torch.Tensor) -> torch.Tensor:
 def completion_logprobs(model, inputs: dict, completion_ids: torch.Tensor,
                         completion_mask: torch.Tensor | None = None, *, temperature: float = 1.0,
                         return_entropy: bool = False, placeholder_ids: Sequence[int] = ()):
-    """Per-token log p(completion token | prefix) under `model` at `temperature`: [N, L] float32
-    (and the entropy of each predictive distribution, [N, L], if `return_entropy`).
+    """Per-token log p(completion token | prefix) under `model` at `temperature`: [N, L] float32,
+    float64 for a float64 model (and the entropy of each predictive distribution, [N, L], if
+    `return_entropy`).
 
     `inputs` is `collate(prompts, completion_ids, completion_mask, pad_id)`. Values where the
     mask is 0 are meaningless (not zeroed); losses must mask them. Differentiable.
@@ -136,7 +137,7 @@ def completion_logprobs(model, inputs: dict, completion_ids: torch.Tensor,
 class Generation(NamedTuple):
     completion_ids: torch.Tensor  # [N, L] pad after the first EOS
     completion_mask: torch.Tensor  # [N, L] 1 up to and including the first EOS
-    sampler_logp: torch.Tensor  # [N, L] float32, 0 where the mask is 0
+    sampler_logp: torch.Tensor  # [N, L] float32 (float64 model: float64), 0 where the mask is 0
     truncated: torch.Tensor  # [N] bool: no EOS within max_new_tokens
 
 
