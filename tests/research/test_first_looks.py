@@ -31,7 +31,8 @@ ROWS = [
 
 def test_found_counts_the_first_look_only():
     assert [first_looks.first_found(r, None) for r in ROWS] == [True, False, False, False]
-    crop = {"calls": [{"seen": [{"box": [10, 10, 50, 50]}]}], "fields": {"mark_box": [20, 20, 30, 30]}}
+    crop = {"calls": [{"seen": [{"box": [10, 10, 50, 50]}]}],
+            "fields": {"mark_box": [20, 20, 30, 30]}}
     assert first_looks.first_found(crop, None) and not first_looks.first_found(crop, 2)
 
 
