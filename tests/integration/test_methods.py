@@ -176,7 +176,7 @@ def test_sft_warm_up_imitates_the_think_target_where_the_hybrid_asked_to_think(t
         mode = "no_think" if asks_nothink(s.id, 0.5, t.cfg.train.seed) else "think"
         want = t.cfg.data.nothink_instruction if mode == "no_think" else t.cfg.data.think_instruction
         assert s.fields["think_mode"] == mode and s.messages[-1]["content"][-1]["text"].endswith(want)
-    samples, feats = t.prompts.load(list(range(len(t.prompts.dataset))))
+    _, samples, feats = t.prompts.load(list(range(len(t.prompts.dataset))))
     modes = [s.fields["think_mode"] for s in samples]
     assert set(modes) == {"think", "no_think"}  # both modes among the 6 ids at share 0.5
     tok = t.policy.processor.tokenizer
