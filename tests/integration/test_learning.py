@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "research"))
 import learning_table  # noqa: E402
 
-# One row per modality, each measured to meet the bar at seed 0 in docs/learning.md (on 2 idle
-# cores: video_qa about two and a half minutes, audio_qa one). The image row is the quickstart
+# One row per modality, each measured to meet the bar at seed 0 in docs/learning.md (in CI on
+# 2026-11-29: video_qa 428 s, audio_qa 187 s, the quickstart 205 s: a quarter of CI's time).
+# The image row is the quickstart
 # (tests/integration/test_quickstart.py: counting from pixels, the same bar and more), so CI
 # does not also run detection's four and a half minutes; video_qa stands for video because
 # temporal grounding's five minutes (seven in CI) no longer fit CI's 40, and audio_qa for audio
