@@ -130,10 +130,10 @@ def test_trainer_logprobs_equal_the_samplers_on_every_model_token(stepped, share
     model = batch.policy_mask.bool()
     assert bool((batch.completion_mask.bool() & ~model).any()), "no observation tokens"
     # float32: rounding alone. On this taught model (logits up to ~14) each side is 1.5-1.9e-5 from
-    # its float64 value, so a float32 comparison cannot go below ~2e-5 (relative to the logprob)
-    # whatever the code does; the exact check is the float64 test below.
+    # its float64 value, so float32 cannot resolve the 1e-5 here (measured 1.1-1.4e-5,
+    # relative to the logprob) whatever the code does; the exact check is the float64 test below.
     gap = ((logp - batch.sampler_logp).abs() / batch.sampler_logp.abs().clamp(min=1))[model]
-    assert float(gap.max()) < 3e-5, (float(gap.max()), float(batch.sampler_logp.flatten()[
+    assert float(gap.max()) < 2e-5, (float(gap.max()), float(batch.sampler_logp.flatten()[
         ((logp - batch.sampler_logp).abs() * model).flatten().argmax()]))
     assert float(batch.sampler_logp[~model].abs().max()) == 0.0
 
