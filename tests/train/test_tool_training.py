@@ -129,9 +129,10 @@ def test_trainer_logprobs_equal_the_samplers_on_every_model_token(stepped, share
         t.policy.model.load_state_dict(now, strict=False)
     model = batch.policy_mask.bool()
     assert bool((batch.completion_mask.bool() & ~model).any()), "no observation tokens"
-    # float32: rounding alone. On this taught model (logits up to ~14) each side is 1.5-1.9e-5 from
-    # its float64 value, so float32 cannot resolve the issue's 1e-5 here (measured 1.1-1.4e-5,
-    # relative to the logprob) whatever the code does; the exact check is the float64 test below.
+    # float32: rounding alone. On this taught model (logits up to ~14) a one-off check put each
+    # side about as far from its float64 value as from the other, so float32 cannot resolve the
+    # issue's 1e-5 here (measured 1.1-1.4e-5, relative to the logprob) whatever the code does;
+    # the exact check is the float64 test below.
     gap = ((logp - batch.sampler_logp).abs() / batch.sampler_logp.abs().clamp(min=1))[model]
     assert float(gap.max()) < 2e-5, (float(gap.max()), float(batch.sampler_logp.flatten()[
         ((logp - batch.sampler_logp).abs() * model).flatten().argmax()]))
@@ -142,8 +143,8 @@ def test_trainer_logprobs_equal_the_samplers_on_every_model_token(stepped, share
 def test_in_float64_the_trainer_and_the_sampler_agree_to_rounding(stepped, shared):
     """The parity check that rounding cannot blur: the same trainer, cast to float64, samples
     trajectories with crops returned mid-way, and its training forward (both layouts) gives the
-    sampler's logprobs on every model token to 2e-6 (float32 noise alone is ~2e-5 here; what
-    remains is transformers' rotary tables, computed in float32 in any dtype). A wrong
+    sampler's logprobs on every model token to 2e-6 (float32 noise alone is ~1e-5 here; what
+    remains is likely transformers' rotary tables, computed in float32 in any dtype). A wrong
     position, mask, media tensor or observation token would show at 1e-3 or more. The draw uses
     the HF engine's shared-prefill decode (rollout.shared_prefill), mmrl's own loop, which keeps
     float64 logits; HF's generate() rounds its scores to float32 whatever the model's dtype."""
