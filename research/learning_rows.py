@@ -134,6 +134,20 @@ def video_mixed(record: dict, tight: float = 0.4) -> str:
                       half)
 
 
+def video_wide(record: dict, tight: float = 0.4) -> str:
+    """The wide warm-up's call (CRUTCH, research/README.md, round 11; visual_search's
+    `warmup_box` for video): the span call on the card's half (8 frames at 2 fps: the flash
+    shows) on a `tight` share of the hidden-flash records, drawn from the record's id, and on
+    the whole clip (0-7.5 s thinned to 8 frames: the one-frame flash shows on some records and
+    not others) on the rest; the answer where the first look shows the flash."""
+    if record.get("flash_seen"):
+        return f"<answer>{record['solution']}</answer>"
+    half, card = _halves(record)
+    if random.Random(record["id"]).random() < tight:
+        return _span_call(card, half)
+    return '{"span": [0, %g]}' % (record["duration"] - 0.5)
+
+
 def search_warmup(record: dict, tight: float = 0.4) -> list[int]:
     """The visual_search warm-up's box (CRUTCH, research/README.md): the record's mark (a crop
     that reads it) on a `tight` share of the training records, drawn from the record's id, and
@@ -151,6 +165,7 @@ WARMUP = {"visual_search": lambda r: {"warmup_box": search_warmup(r)},
           "video_search": lambda r: {"warmup": video_warmup(r),
                                      "warmup_span": video_warmup(r, "json_span"),
                                      "warmup_mixed": video_mixed(r),
+                                     "warmup_wide": video_wide(r),
                                      **video_looks(r)}}
 GENERATED = {"visual_search": ("visual_search", _SEARCH),
              "visual_search_no_tool": ("visual_search", {**_SEARCH, "tools": False}),

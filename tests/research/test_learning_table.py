@@ -19,6 +19,7 @@ from mmrl.types import Sample
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "research"))
 import learning_render  # noqa: E402
+import learning_rows  # noqa: E402
 import learning_table  # noqa: E402
 
 LAYERS = {"learn": "research/layers/{}.yaml", "tiny": "recipes/{}/tiny.yaml"}
@@ -317,9 +318,28 @@ def test_video_search_warmup_call_fits_the_budget_and_its_span_holds_the_card():
         ids = tok(fields["warmup_span"], add_special_tokens=False)["input_ids"]
         assert len(ids) < cfg.rollout.max_new_tokens
     seen = learning_table.WARMUP["video_search"]({"flash_seen": True, "solution": "C"})
-    assert seen == dict.fromkeys(("warmup", "warmup_span", "warmup_mixed", "look_first",
-                                  "look_second"),
+    assert seen == dict.fromkeys(("warmup", "warmup_span", "warmup_mixed", "warmup_wide",
+                                  "look_first", "look_second"),
                                  "<answer>C</answer>")
+
+
+def test_video_search_wide_warmup_spans_the_cards_half_or_the_whole_clip():
+    """`warmup_wide` (round 11): the card's half on about `tight` of the hidden-flash records,
+    drawn from the record id (the same record, the same call), the whole clip on the rest."""
+    from mmrl.tools.calls import parse_turn
+
+    spans = []
+    for i in range(400):
+        c0 = learning_table.GENERATED["video_search"][1]["card_at"][i % 6]
+        rec = {"id": f"vds-{i:05d}", "card_span": [c0, c0 + 3], "duration": 8.0, "solution": "B"}
+        text = learning_rows.video_wide(rec)
+        assert text == learning_rows.video_wide(rec)
+        (call,) = parse_turn(text, "json_span").calls
+        start, end = call.arguments["start"], call.arguments["end"]
+        if (start, end) != (0, 7.5):  # the card's half: 8 frames at 2 fps, the card whole
+            assert end - start == 3.5 and start <= c0 and c0 + 2.5 <= end
+        spans.append((start, end) != (0, 7.5))
+    assert abs(sum(spans) / len(spans) - 0.4) < 0.07
 
 
 def test_video_search_look_again_targets_toss_the_first_half_and_then_find_the_card():
