@@ -39,10 +39,10 @@ from rewards.looked_at import holds  # noqa: E402
 
 # Every completion of a logged step goes to rollouts.jsonl: the cut+text share is over all of them.
 ALL_ROLLOUTS = "log.rollouts_per_step=100000"
-# Every row's processed prompts (and warm-up demonstrations) stay in memory: the rows train on
-# 600-1000 records, past the default LRU bound of 512, which an epoch-wise order then misses
-# almost every time (the visual_search warm-up re-decoded a 1344-px PNG per sample). The
-# features are the same either way; only the time changes.
+# Every row's processed prompts (and warm-up demonstrations) stay in memory: the SFT warm-up
+# draws with replacement, so on the anchor rows' 1000 training records the default LRU of 512
+# missed about half its draws, each a decode and a processor call (37% of a video_qa warm-up
+# step while the cache filled). The features are the same either way; only the time changes.
 ALL_CACHED = "data.feature_cache=4096"
 
 
