@@ -23,9 +23,9 @@ import learning_table  # noqa: E402
 # row is the quickstart (tests/integration/test_quickstart.py: counting from pixels, the same bar
 # and more), so CI does not also run detection's four and a half minutes. Video is audio_visual:
 # Qwen2.5-Omni on a square's colour and a count of beeps, which only the video and the audio
-# together answer, so both encoders have to learn (~3 min); video_qa (Qwen2.5-VL, 428 s in CI on
-# 2026-11-29) and temporal grounding's seven minutes do not fit CI's 40. audio_qa (Qwen2-Audio,
-# 187 s) stands for audio.
+# together answer, so both encoders have to learn (350 s in CI on 2026-11-29, where video_qa,
+# Qwen2.5-VL, took 428 s; temporal grounding's seven minutes do not fit CI's 40). audio_qa
+# (Qwen2-Audio, 179 s) stands for audio.
 MEASURED = {
     "audio_visual": None,        # video (and audio)
     "audio_qa": None,            # audio
