@@ -41,8 +41,8 @@ from rewards.looked_at import holds  # noqa: E402
 ALL_ROLLOUTS = "log.rollouts_per_step=100000"
 # Every row's processed prompts (and warm-up demonstrations) stay in memory: the SFT warm-up
 # draws with replacement, so on the anchor rows' 1000 training records the default LRU of 512
-# missed about half its draws, each a decode and a processor call (37% of a video_qa warm-up
-# step while the cache filled). The features are the same either way; only the time changes.
+# missed about half its draws, each a decode and a processor call (a one-off cProfile: 37% of a
+# video_qa warm-up step while the cache filled). The features are the same; only time changes.
 ALL_CACHED = "data.feature_cache=4096"
 
 
