@@ -163,15 +163,18 @@ def balanced(rng: random.Random, n: int, k: int) -> list[int]:
 
 
 def flash_frames_missed(n_frames: int, native_fps: float, sample_fps: float, window: range,
-                        length: int, rng: random.Random) -> int:
+                        length: int, rng: random.Random, hide_from: list[dict] = ()) -> int:
     """A first frame for a `length`-frame event inside `window` that sampling at `sample_fps`
-    (qwen-vl-utils' rule, as data.video_fps decodes) never shows; ValueError when none fits."""
+    (qwen-vl-utils' rule, as data.video_fps decodes) never shows, nor any plan in `hide_from`
+    (`plan_frames` keywords: another look's frames); ValueError when none fits."""
     kept = set(plan_frames(n_frames, native_fps, fps=sample_fps)[0])
+    for look in hide_from:
+        kept |= set(plan_frames(n_frames, native_fps, **look)[0])
     starts = [s for s in window if s + length <= window.stop
               and not kept & set(range(s, s + length))]
     if not starts:
         raise ValueError("video_search: no gap between sampled frames fits the flash; lower "
-                         "sample_fps or flash_frames")
+                         "sample_fps or flash_frames, or hide it from fewer looks (hide_from)")
     return rng.choice(starts)
 
 
@@ -180,7 +183,8 @@ def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed
                  seconds: int = 16, fps: int = 8, size: int = 56, sample_fps: float = 0.5,
                  card_seconds: int = 4, flash_frames: int = 2, tools: bool = True,
                  seen: float = 0.0, card_at: list[float] | None = None,
-                 flash_inset: int = 4, balance_card_at: bool = False) -> dict[str, str]:
+                 flash_inset: int = 4, balance_card_at: bool = False,
+                 hide_from: list[dict] | None = None) -> dict[str, str]:
     """What colour flashes while the grey card is shown? (4-way multiple choice.) A `seconds`
     long clip at `fps`; the card is on screen for `card_seconds`, long enough that sampling at
     `sample_fps` (= data.video_fps) sees it; the flash lasts `flash_frames` native frames and
@@ -194,7 +198,10 @@ def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed
     not a skewed majority. `balance_card_at`: each split's cards start at every `card_at` time
     as often, in a shuffled order, instead of a draw per record (with card_at [0, 4] the held-out
     half is exactly half first-half cards, so a look fixed on one half cannot pass or fail by the
-    split). Fields: duration,
+    split). `hide_from`: other looks the hidden flash must also fall between, each as
+    `plan_frames` keywords (fps, start, end, max_frames: what a `frames` call over that span
+    keeps), e.g. [{"fps": 2, "start": 0, "end": 7.5, "max_frames": 8}] for a look at the whole
+    8 s clip. Fields: duration,
     card_span and flash_span (seconds), flash_seen, and "tools": ["frames"] unless tools=False."""
     if card_seconds * sample_fps < 1:
         raise ValueError("video_search: card_seconds * sample_fps must be >= 1 (the card must be "
@@ -222,7 +229,8 @@ def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed
             raise ValueError(f"video_search: a card at {card / fps:g} s does not fit the "
                              f"{seconds} s clip (card_at, card_seconds)")
         window = range(card, card + card_seconds * fps)
-        flash = flash_frames_missed(n, fps, sample_fps, window, flash_frames, rng)
+        flash = flash_frames_missed(n, fps, sample_fps, window, flash_frames, rng,
+                                    hide_from or ())
         shown = i < n_train and seen > 0 and rng.random() < seen
         if shown:  # drawn after the hidden start, so seen=0 gives the same records as before
             kept = [k for k in plan_frames(n, fps, fps=sample_fps)[0] if k in window]

@@ -254,3 +254,29 @@ def test_seen_records_show_what_the_crop_tool_returns_for_the_mark(tmp_path):
             assert view.size == (84, 84) and np.array_equal(np.asarray(view.convert("RGB")), want)
     # The other training records are the unseen ones, unchanged.
     assert all(s.images[0].endswith(plain[s.id].images[0][-9:]) for s in train if s not in shown)
+
+
+def test_video_search_can_hide_the_flash_from_a_look_at_the_whole_clip(tmp_path):
+    """hide_from: the hidden flash also falls between the frames a `frames` call on the whole
+    clip keeps (0-7.5 s at 2 fps, 8 frames: 0, 1, 2, 3, 4.5, 5.5, 6.5, 7.5 s), so only a look
+    at the card's half (every frame, 0.5 s apart) shows its colour."""
+    wide = {"fps": 2.0, "start": 0.0, "end": 7.5, "max_frames": 8}
+    kw = dict(n_train=6, n_eval=6, seed=4, seconds=8, fps=2, size=28, card_seconds=3,
+              flash_frames=1, flash_inset=-7, card_at=[0, 0.5, 1, 4, 4.5, 5])
+    paths = GENERATORS.get("video_search")(tmp_path / "h", hide_from=[wide], **kw)
+    colours = {"A": (220, 30, 30), "B": (30, 170, 60), "C": (40, 70, 220), "D": (230, 200, 30)}
+    for s in load_samples(paths["eval"]):
+        assert s.fields["flash_span"][0] in {0.5, 1.5, 3.5, 4.0, 6.0, 7.0}, s.fields
+        ctx = ToolContext(prompt=_prompt(s), input_sizes=[], images=[], videos=[s.videos[0]],
+                          audios=[])
+        target = np.asarray(colours[s.solution])
+        whole, _ = frames(ctx, 0, 7.5, fps=2.0, max_frames=8)
+        half = 0.0 if s.fields["card_span"][1] <= 4 else 4.0
+        tight, _ = frames(ctx, half, half + 3.5, fps=2.0, max_frames=8)
+        for look, shows in ((whole, False), (tight, True)):
+            mean = look.frames.reshape(len(look), -1, 3).mean(1)
+            assert (np.abs(mean - target).max(-1) < 40).any() == shows, (s.fields, shows)
+    with pytest.raises(ValueError, match="hide_from"):  # no frame escapes a look at every frame
+        GENERATORS.get("video_search")(tmp_path / "x", n_train=1, n_eval=0, seconds=8, fps=2,
+                                       size=28, card_seconds=2, flash_frames=1, card_at=[0],
+                                       hide_from=[{"fps": 2.0}])
