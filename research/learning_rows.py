@@ -62,8 +62,10 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     # targets are the record's look-again fields (WARMUP: `look_first`, `look_second`; the
     # layer's sft.turn_targets). The no-tool control: tools=false, one-turn answers.
     "video_search": ("video_search", []),
-    "video_search_no_tool": ("video_search", ["sft.target='<answer>{solution}</answer>'",
-                                              "sft.turn_targets=[]"]),
+    "video_search_no_tool": ("video_search", [
+        "sft.target='<answer>{solution}</answer>'", "sft.turn_targets=[]",
+        "rewards=[{name: accuracy, weight: 1.0, params: {mode: choice}},"
+        " {name: format, weight: 0.5, params: {think: optional}}]"]),
 }
 # Rows whose records a generator writes directly (mmrl records, no anchor conversion):
 # row -> (generator, arguments).
@@ -73,9 +75,14 @@ ROWS: dict[str, tuple[str, list[str]]] = {
 # the mark shows it at ~21 px (at 672 px with a 4-px pattern, 12 px: read later than found).
 _SEARCH = {"n_train": 600, "n_eval": 100, "size": 1344, "patch": 224, "cell": 2,
            "budget_pixels": 7056, "grid": 3}
+# video_search: the flash colours the whole 28-px frame; each split's cards start in either half
+# as often (a look fixed on one half reads half the flashes); the hidden flash also falls between
+# the 8 frames a look at the whole clip keeps (0, 1, 2, 3, 4.5, 5.5, 6.5, 7.5 s), so only a look
+# at the card's half (every frame) reads it, as only a tight crop reads visual_search's mark.
 _VIDEO = {"n_train": 600, "n_eval": 100, "seconds": 8, "fps": 2, "size": 28, "sample_fps": 0.5,
           "card_seconds": 3, "flash_frames": 1, "seen": 0.25, "card_at": [0, 0.5, 1, 4, 4.5, 5],
-          "flash_inset": -7}  # the flash colours the whole 28-px frame
+          "flash_inset": -7, "balance_card_at": True,
+          "hide_from": [{"fps": 2.0, "start": 0.0, "end": 7.5, "max_frames": 8}]}
 
 
 def video_warmup(record: dict, call_format: str = "qwen") -> str:

@@ -97,32 +97,45 @@ def prepare_pretext(task: str, data_root: Path, log: Path,
 def prepare_generated(row: str, data_root: Path, log: Path,
                       eval_seed: int | None = None) -> tuple[Path, Path]:
     """Records a generator writes as mmrl JSONL (`mmrl data generate TASK OUT k=v ...`); with
-    `eval_seed`, the held-out ones are drawn again from that seed. Deterministic, cached."""
+    `eval_seed`, the held-out ones are drawn again from that seed. Deterministic, cached by the
+    generator's arguments."""
     _fresh_seed(eval_seed)
     task, args = GENERATED[row]
-    args = {k: json.dumps(v) if isinstance(v, bool) else v for k, v in args.items()}
+    args = {k: json.dumps(v) if isinstance(v, (bool, list, dict)) else v for k, v in args.items()}
     out = data_root / row
-    if not (out / "eval.jsonl").exists():
+    made_by = json.dumps({"generator": task, **args}, sort_keys=True)  # a changed row regenerates
+    if not _cached(out, made_by):
         # Written whole into a scratch folder, then renamed: a run killed halfway leaves no
         # cache that looks complete (records without their warm-up field, say).
         part = data_root / f"{row}.partial"
         if part.exists():
             shutil.rmtree(part)
         _mmrl(["data", "generate", task, str(part), *(f"{k}={v}" for k, v in args.items())], log)
+        (part / "generated_by.json").write_text(made_by)
         if row in WARMUP:  # each training record's warm-up target, as a field sft.target names
             records = [json.loads(x) for x in (part / "train.jsonl").read_text().splitlines()]
             (part / "train.jsonl").write_text("".join(
                 json.dumps({**r, **WARMUP[row](r)}) + "\n" for r in records))
-        if out.exists():  # an older harness's half-written folder
+        if out.exists():  # made with other arguments, or an older harness's half-written folder
             shutil.rmtree(out)
         part.rename(out)
     if eval_seed is None:
         return out / "train.jsonl", out / "eval.jsonl"
     fresh = data_root / f"{row}_eval{eval_seed}"
-    if not (fresh / "eval.jsonl").exists():
+    if not _cached(fresh, made_by):
+        if fresh.exists():
+            shutil.rmtree(fresh)
         _mmrl(["data", "generate", task, str(fresh),
                *(f"{k}={v}" for k, v in {**args, "n_train": 0, "seed": eval_seed}.items())], log)
+        (fresh / "generated_by.json").write_text(made_by)
     return out / "train.jsonl", fresh / "eval.jsonl"
+
+
+def _cached(folder: Path, made_by: str) -> bool:
+    """Whether `folder` holds a whole generated split made with these generator arguments (a
+    cache from before a row's arguments changed is regenerated, never silently reused)."""
+    stamp = folder / "generated_by.json"
+    return (folder / "eval.jsonl").exists() and stamp.exists() and stamp.read_text() == made_by
 
 
 def prepare(recipe: str, data_root: Path, log: Path,

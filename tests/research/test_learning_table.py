@@ -407,3 +407,21 @@ def test_video_search_mixed_warmup_spans_the_card_on_its_share_and_the_other_hal
         assert holds or a["end"] < c0 or a["start"] > c0 + 2.5  # a half: all of the card or none
         tight += holds
     assert 0.33 <= tight / 300 <= 0.47
+
+
+def test_generated_data_is_regenerated_when_the_rows_arguments_change(tmp_path, monkeypatch):
+    """The harness caches a generated row's records by the generator's arguments: a row whose
+    arguments changed (a layer's data option, say) gets new records, never the old cache."""
+    log = tmp_path / "log.txt"
+    small = {"n_train": 2, "n_eval": 2, "size": 672, "patch": 112, "cell": 1,
+             "budget_pixels": 7056, "grid": 3, "tools": False}
+    monkeypatch.setitem(learning_table.GENERATED, "visual_search_no_tool", ("visual_search", small))
+    train, _ = learning_table.prepare_generated("visual_search_no_tool", tmp_path, log)
+    first, stamp = train.read_text(), train.stat().st_mtime_ns
+    assert learning_table.prepare_generated("visual_search_no_tool", tmp_path, log)[0] == train
+    assert train.stat().st_mtime_ns == stamp  # the same arguments: the cache
+    monkeypatch.setitem(learning_table.GENERATED, "visual_search_no_tool",
+                        ("visual_search", {**small, "seed": 1}))
+    train, _ = learning_table.prepare_generated("visual_search_no_tool", tmp_path, log)
+    assert train.read_text() != first
+    assert json.loads((train.parent / "generated_by.json").read_text())["seed"] == 1
