@@ -58,9 +58,9 @@ ROWS: dict[str, tuple[str, list[str]]] = {
         "rewards=[{name: accuracy, weight: 1.0, params: {mode: choice}},"
         " {name: format, weight: 0.5, params: {think: optional}}]"]),
     # Issue #26 item 7: which colour flashes on the grey card? The flash falls between the
-    # frames of the 0.5-fps first look; `frames` over the card's span shows it. The warm-up
-    # targets are the record's look-again fields (WARMUP: `look_first`, `look_second`; the
-    # layer's sft.turn_targets). The no-tool control: tools=false, one-turn answers.
+    # frames of the 0.5-fps first look and of a look at the whole clip; `frames` over the card's
+    # half shows it. The warm-up target is the record's `warmup_wide` field (WARMUP; the layer's
+    # sft.turn_targets). The no-tool control: tools=false, one-turn answers.
     "video_search": ("video_search", []),
     "video_search_no_tool": ("video_search", [
         "sft.target='<answer>{solution}</answer>'", "sft.turn_targets=[]",
@@ -146,7 +146,8 @@ def video_wide(record: dict, tight: float = 0.4) -> str:
     `warmup_box` for video): the span call on the card's half (8 frames at 2 fps: the flash
     shows) on a `tight` share of the hidden-flash records, drawn from the record's id, and on
     the whole clip (0-7.5 s thinned to 8 frames: the one-frame flash shows on some records and
-    not others) on the rest; the answer where the first look shows the flash."""
+    not others; with the row's `hide_from`, round 12, on none) on the rest; the answer where the
+    first look shows the flash."""
     if record.get("flash_seen"):
         return f"<answer>{record['solution']}</answer>"
     half, card = _halves(record)
