@@ -40,7 +40,8 @@ def init() -> DistInfo:
     if world <= 1:
         return DistInfo()
     if not torch_dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        # NCCL for GPU tensors, gloo for the CPU ones (counts, flags and metrics reduced here).
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         torch_dist.init_process_group(backend=backend)
     info = DistInfo(torch_dist.get_rank(), torch_dist.get_world_size(),
                     int(os.environ.get("LOCAL_RANK", "0")))
@@ -120,6 +121,15 @@ def broadcast_object(obj, info: DistInfo):
     box = [obj]
     torch_dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def all_gather_object(obj, info: DistInfo) -> list:
+    """Every rank's `obj`, in rank order, on every rank (picklable objects: evaluation rows)."""
+    if not info.enabled:
+        return [obj]
+    out = [None] * info.world
+    torch_dist.all_gather_object(out, obj, group=info.group)
+    return out
 
 
 def barrier(info: DistInfo) -> None:

@@ -21,10 +21,11 @@ from mmrl.models.forward import generate
 from mmrl.rollout.hf import HFEngine
 from mmrl.rollout.trajectory import TrajectoryRollout
 from mmrl.tools import call_fields, tool_prompt, trajectory_metrics
+from mmrl.train import dist
 from mmrl.train.logging import json_safe
 from mmrl.train.metrics import summarize
 from mmrl.train.scoring import RewardSet, rewards_at
-from mmrl.types import Sample, SamplingParams
+from mmrl.types import Sample, SamplingParams, Trajectory
 from rewards import extract_answer
 
 if TYPE_CHECKING:
@@ -81,18 +82,46 @@ def _decode_chunk(samples, adapter: ModelAdapter, processor, load, cfg: RunConfi
 
 @torch.no_grad()
 def evaluate(model, processor, adapter: ModelAdapter, samples: list[Sample], cfg: RunConfig, *,
-             out_file: Path | None = None, shuffled: bool = False) -> dict:
+             out_file: Path | None = None, shuffled: bool = False,
+             info: dist.DistInfo | None = None) -> dict:
     """Generate for every sample (greedy, or `eval.num_samples` draws at `eval.temperature`),
-    score with the run's rewards, and report accuracy, pass@k and the task metrics."""
-    ec = cfg.eval
+    score with the run's rewards, and report accuracy, pass@k and the task metrics. With `info`
+    (every rank calls it), each rank draws its contiguous share of the samples and every rank
+    gets the whole result; rank 0 writes `out_file`."""
     if shuffled:
         samples = shuffle_media(samples, cfg.train.seed)
-    rewards = metric_rewards(cfg)
+    info = info or dist.DistInfo()
+    n = len(samples)
+    mine = samples[n * info.rank // info.world:n * (info.rank + 1) // info.world]
+    was_training = model.training
+    model.eval()
+    rows, trajectories, failed = _draw_rows(model, processor, adapter, mine, cfg)
+    model.train(was_training)
+    if info.enabled:  # in rank order, as one process would have drawn them
+        parts = dist.all_gather_object(
+            (rows, [_light(t) for t in trajectories], failed), info)
+        rows = [r for part in parts for r in part[0]]
+        trajectories = [t for part in parts for t in part[1]]
+        failed = sum(part[2] for part in parts)
+    if out_file is not None and info.main:
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        out_file.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+    return _result(rows, trajectories, failed, cfg)
+
+
+def _light(t: Trajectory) -> Trajectory:
+    """A trajectory without its observations' media tensors (what the metrics read)."""
+    return dataclasses.replace(t, observations=[
+        dataclasses.replace(o, tensors={}, media={}) for o in t.observations])
+
+
+def _draw_rows(model, processor, adapter: ModelAdapter, samples: list[Sample], cfg: RunConfig
+               ) -> tuple[list[dict], list[Trajectory], int]:
+    """(one row per draw, their trajectories with tools (else none), samples that failed)."""
+    ec, rewards = cfg.eval, metric_rewards(cfg)
     max_new = ec.max_new_tokens or cfg.rollout.max_new_tokens
     k, suppress, load = max(1, ec.num_samples), adapter.placeholder_token_ids(processor), \
         media_loader(cfg, adapter.image_factor)
-    was_training = model.training
-    model.eval()
     rows, failed, trajectories = [], 0, []
     # With tools, every draw is a trajectory, up to tools.eval_max_turns model turns.
     loop = (TrajectoryRollout.from_config(cfg.tools, HFEngine(model, processor), processor,
@@ -127,10 +156,12 @@ def evaluate(model, processor, adapter: ModelAdapter, samples: list[Sample], cfg
                 rows[-1].update(turns=t.turn_texts, calls=fields["calls"][i],
                                 hit_turn_cap=t.hit_turn_cap, seen=[c.seen for c in t.calls])
                 trajectories.append(t)
-    model.train(was_training)
-    if out_file is not None:
-        out_file.parent.mkdir(parents=True, exist_ok=True)
-        out_file.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+    return rows, trajectories, failed
+
+
+def _result(rows: list[dict], trajectories: list[Trajectory], failed: int,
+            cfg: RunConfig) -> dict:
+    ec, rewards, k = cfg.eval, metric_rewards(cfg), max(1, cfg.eval.num_samples)
     firsts = [r for r in rows if r["draw"] == 0]
     scored = [r["metric"] for r in firsts if r["metric"] is not None]
     result = {"accuracy": sum(scored) / len(scored) if scored else float("nan"),

@@ -48,14 +48,11 @@ def resume_command(cfg: RunConfig) -> str:
 
 def _eval(policy: Policy, eval_set: list[Sample], cfg: RunConfig, out_dir: Path, name: str,
           **kw) -> dict:
-    """Held-out evaluation on rank 0 (the other ranks wait); NaN accuracy elsewhere."""
-    result = {"accuracy": float("nan")}
+    """Held-out evaluation, each rank drawing its share of the records; every rank gets the
+    result, rank 0 writes eval/NAME.jsonl."""
     with policy.full_params():  # sharded weights: gathered on every rank
-        if policy.info.main:
-            result = evaluate(policy.model, policy.processor, policy.adapter, eval_set, cfg,
-                              out_file=out_dir / "eval" / f"{name}.jsonl", **kw)
-        dist.barrier(policy.info)
-    return result
+        return evaluate(policy.model, policy.processor, policy.adapter, eval_set, cfg,
+                        out_file=out_dir / "eval" / f"{name}.jsonl", info=policy.info, **kw)
 
 
 def train(cfg: RunConfig) -> dict:

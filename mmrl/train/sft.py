@@ -160,6 +160,39 @@ def _other(sc: SFTConfig, reading: dict) -> str:
     return "" if sc.stop_metric == "accuracy" else f"  {sc.stop_metric} {reading['val_stop']:.3f}"
 
 
+def _step(sc: SFTConfig, policy: Policy, prompts: PromptSource, demos: Demonstrations | None,
+          idx: list[int]) -> torch.Tensor:
+    """One warm-up step's gradients (summed over the ranks) -> its loss. Every rank draws the
+    same batch and trains on its contiguous share of it; the loss is normalised by the token
+    count of the whole batch, so N processes step exactly as one does, in 1/N of the time."""
+    model, info, device = policy.model, policy.info, policy.device
+    mine = idx[len(idx) * info.rank // info.world:len(idx) * (info.rank + 1) // info.world]
+    kept, samples, feats = prompts.load(mine)  # bad media: skipped and counted, or an error
+    if int(dist.all_sum(len(samples), info)) == 0:
+        raise MediaError(f"SFT warm-up: none of the {len(idx)} samples drawn could be loaded")
+    params = [p for p in model.parameters() if p.requires_grad]
+    loss_sum, tokens = torch.zeros(()), torch.zeros(())
+    if samples:  # a rank whose whole share failed to load adds zero gradient
+        if demos is not None:  # the model's turns of a trajectory through the real tools
+            batch = demos.demonstrate(feats, kept)
+            ids, mask = batch.completion_ids, batch.policy_mask
+            inputs = collate(batch.prompts, ids, batch.completion_mask, policy.pad_id,
+                             observations=batch.observations())
+        else:
+            ids, mask = _targets(sc, policy.processor.tokenizer, policy.pad_id, samples)
+            inputs = collate(feats, ids, mask, policy.pad_id)
+        model.train()
+        logp = completion_logprobs(model, {k: v.to(device) if torch.is_tensor(v) else v
+                                           for k, v in inputs.items()},
+                                   ids.to(device), mask.to(device))
+        loss_sum, tokens = -(logp * mask.to(logp.device)).sum(), mask.sum()
+    total = float(dist.all_sum(tokens, info))
+    if samples:
+        (loss_sum / total).backward()
+    dist.all_reduce_grads(params, info)
+    return dist.all_sum(loss_sum.detach(), info) / total
+
+
 def sft_warmup(cfg: RunConfig, policy: Policy, prompts: PromptSource, log: RunLogger,
                stop=None) -> dict:
     """Trains `policy.model` in place on samples of `prompts.dataset` (the first
@@ -182,31 +215,12 @@ def sft_warmup(cfg: RunConfig, policy: Policy, prompts: PromptSource, log: RunLo
         if stop is not None and stop():
             return {"steps": step - 1, "val_accuracy": acc, "history": history, "stopped": True}
         idx = (torch.randint(n_val, len(data), (sc.batch_size,), generator=gen)).tolist()
-        kept, samples, feats = prompts.load(idx)  # bad media: skipped and counted, or an error
-        if not samples:
-            raise MediaError(f"SFT warm-up: none of the {len(idx)} samples drawn could be loaded")
-        if demos is not None:  # the model's turns of a trajectory through the real tools
-            batch = demos.demonstrate(feats, kept)
-            ids, mask = batch.completion_ids, batch.policy_mask
-            inputs = collate(batch.prompts, ids, batch.completion_mask, policy.pad_id,
-                             observations=batch.observations())
-        else:
-            ids, mask = _targets(sc, policy.processor.tokenizer, policy.pad_id, samples)
-            inputs = collate(feats, ids, mask, policy.pad_id)
-        model.train()
-        logp = completion_logprobs(model, {k: v.to(device) if torch.is_tensor(v) else v
-                                           for k, v in inputs.items()},
-                                   ids.to(device), mask.to(device))
-        loss = -(logp * mask.to(logp.device)).sum() / mask.sum()
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        # Every rank trains on the same batch; averaging keeps replicas bit-identical anyway.
-        dist.all_reduce_grads([p for p in model.parameters() if p.requires_grad], policy.info,
-                              average=True)
+        loss = _step(sc, policy, prompts, demos, idx)
         opt.step()
         checks = step % sc.eval_every == 0 or step == sc.steps
         if checks:
-            result = evaluate(model, policy.processor, policy.adapter, val, cfg)
+            result = evaluate(model, policy.processor, policy.adapter, val, cfg, info=policy.info)
             acc = result["accuracy"]
             history.append({"step": step, "loss": float(loss.detach()), "val_accuracy": acc,
                             "val_stop": stop_reading(result, sc.stop_metric)})
