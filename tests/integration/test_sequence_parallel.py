@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.integration.test_launchers import _free_port
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +31,7 @@ def results(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("sp") / "results.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           "--master_addr=127.0.0.1", f"--master_port={29600 + os.getpid() % 1000}", str(WORKER),
+           "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(WORKER),
            str(out)]
     proc = subprocess.run(cmd, cwd=out.parent, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -25,6 +25,7 @@ import yaml
 from safetensors.torch import load_file
 
 from mmrl.data import synthetic
+from tests.integration.test_launchers import _free_port
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +60,7 @@ def runs(tiny_config, user_rewards, tmp_path_factory) -> dict:
     # FSDP2 through accelerate launch: its reduce-scatter over both processes adds the parts.
     _run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
           str(ROOT / "scripts" / "accelerate" / "fsdp2.yaml"), "--num_processes", "2",
-          "--main_process_port", str(29300 + os.getpid() % 300), *train,
+          "--main_process_port", str(_free_port()), *train,
           f"log.run_dir={root / 'fsdp2'}", "train.sequence_parallel=2", "train.steps=1"], env, root)
     # The vision tower frozen: its output cached once per step (Policy.begin_step), the split
     # run filling the cache with each rank encoding its share.

@@ -16,6 +16,7 @@ import torch
 from mmrl.data import synthetic
 from mmrl.models import get_adapter
 from mmrl.train.consolidate import consolidate
+from tests.integration.test_launchers import _free_port
 
 pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.integration
@@ -58,7 +59,7 @@ def _config(where: Path, setup: dict, adv: str = "reinforce_pp", beta: float = 0
 def _launch(strategy: str, args: list[str], setup: dict, cwd: Path, extra_env=None):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
            str(ROOT / "scripts" / "accelerate" / f"{strategy}.yaml"), "--num_processes", "2",
-           "--main_process_port", str(29600 + os.getpid() % 300), *args]
+           "--main_process_port", str(_free_port()), *args]
     env = dict(setup["env"], **(extra_env or {}))
     out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=400)
     assert out.returncode == 0, out.stderr[-4000:]
