@@ -11,7 +11,13 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_ex
 
 import torch  # noqa: E402  (after the environment: transformers reads it at import)
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Under pytest-xdist (pyproject's `-n 2`) the cores are shared among the workers: each worker's
+# torch, and the processes its tests start, take their share, not all of them each.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_THREADS = max(1, min(2, (os.cpu_count() or 1) // _WORKERS))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+torch.set_num_threads(_THREADS)
 # Denormal floats caused 10-20x step-time spikes in tiny-model training on CPU.
 torch.set_flush_denormal(True)
 
