@@ -20,6 +20,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -33,7 +34,7 @@ sys.path.insert(0, str(HERE))
 
 from learning_render import (BAR_CHANCE, BAR_GAIN, FINDINGS, methods_table, plot,  # noqa: E402,F401
                              read_findings, verdict, write_markdown)
-from learning_rows import (GENERATED, GROUPS, METHODS, PRETEXT, RATES, ROWS,  # noqa: E402,F401
+from learning_rows import (GENERATED, GROUPS, METHODS, PRETEXT, PROCESSES, RATES, ROWS,  # noqa: E402,F401
                            STARTS_FROM, WARMUP)
 from rewards.looked_at import holds  # noqa: E402
 
@@ -46,16 +47,29 @@ ALL_ROLLOUTS = "log.rollouts_per_step=100000"
 ALL_CACHED = "data.feature_cache=4096"
 
 
-def _mmrl(args: list[str], log: Path) -> None:
+def _mmrl(args: list[str], log: Path, processes: int = 1) -> None:
+    """`mmrl ARGS` into `log`; with `processes` > 1 through torchrun, data-parallel, one thread
+    each (as scripts/train.sh launches it)."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "HF_HUB_OFFLINE": "1"}
+    cli = ["-c", "import sys; from mmrl.cli import main; sys.exit(main(sys.argv[1:]))"]
+    if processes > 1:
+        env["OMP_NUM_THREADS"] = "1"
+        cli = ["-m", "torch.distributed.run", f"--nproc_per_node={processes}",
+               "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
+               "-m", "mmrl.cli"]
     with log.open("a") as f:
-        proc = subprocess.run([sys.executable, "-c", "import sys; from mmrl.cli import main; "
-                               "sys.exit(main(sys.argv[1:]))", *args], cwd=ROOT, env=env,
+        proc = subprocess.run([sys.executable, *cli, *args], cwd=ROOT, env=env,
                               stdout=f, stderr=subprocess.STDOUT)
     if proc.returncode:
         tail = "".join(log.read_text().splitlines(True)[-15:])
         raise RuntimeError(f"mmrl {' '.join(args[:2])} failed (rc {proc.returncode}); {log}:\n{tail}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _fresh_seed(eval_seed: int | None) -> None:
@@ -289,13 +303,14 @@ def run_row(row: str, seed: int, data_root: Path, runs_root: Path, *,
     with LoadMeter() as load:
         _mmrl(["train", *cfg, f"data.train={train}", f"data.eval={evalf}", f"train.seed={seed}",
                f"log.run_dir={run_dir}", f"name=learn_{run_dir.name[:-len(f'_s{seed}')]}",
-               ALL_ROLLOUTS, ALL_CACHED, *extra], log)
+               ALL_ROLLOUTS, ALL_CACHED, *extra], log, PROCESSES.get(row, 1))
     wall = time.perf_counter() - started
     summary = json.loads((run_dir / "summary.json").read_text())
     from mmrl import config
     metric = config.load(str(ROOT / cfg[0]), [str(ROOT / cfg[1]), *extra]).eval.metric_reward
     return {"row": row, "recipe": recipe, "seed": seed, "eval_seed": eval_seed,
             "overrides": list(overrides), "metric": metric, "wall_s": wall, "load": load.mean,
+            "processes": PROCESSES.get(row, 1),
             "measured": time.time(), "commit": _commit(), "text_after_scored": True,
             "before": summary.get("accuracy_before_rl"), "after": summary.get("accuracy_after_rl"),
             "shuffled": summary.get("accuracy_shuffled_images"), "chance": summary.get("chance"),
