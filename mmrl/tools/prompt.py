@@ -56,17 +56,18 @@ INSTRUCTIONS = {"qwen": (qwen_instructions, True), "json_box": (box_instructions
                 "json_span": (span_instructions, False)}
 
 
-def add_tool_prompt(sample: Sample, specs: Sequence[dict], processor,
-                    call_format: str) -> tuple[Sample, list[dict] | None]:
+def add_tool_prompt(sample: Sample, specs: Sequence[dict], processor, call_format: str,
+                    instructions: str | None = None) -> tuple[Sample, list[dict] | None]:
     """(the sample as the model sees it with tools, the `tools` argument for the chat template):
-    the specs go to a template that renders them, else the instructions are appended to the
-    system message (one is added when the sample has none). No specs: the sample unchanged."""
+    the specs go to a template that renders them, else the instructions (`instructions` when
+    given, tools.instructions, always) are appended to the system message (one is added when the
+    sample has none). No specs: the sample unchanged."""
     if not specs:
         return sample, None
     write, template_may = INSTRUCTIONS[call_format]
-    if template_may and template_renders_tools(processor):
+    if instructions is None and template_may and template_renders_tools(processor):
         return sample, list(specs)
-    text = write(specs)
+    text = write(specs) if instructions is None else instructions
     messages = [dict(m) for m in sample.messages]
     if messages and messages[0].get("role") == "system":
         content = messages[0].get("content")
@@ -83,4 +84,5 @@ def tool_prompt(sample: Sample, toolbox, processor,
                 call_format: str) -> tuple[Sample, list[dict] | None]:
     """`add_tool_prompt` with the tools `sample` is offered (its record's "tools", else all of
     `toolbox`): what training, evaluation and the SFT warm-up all show the model."""
-    return add_tool_prompt(sample, toolbox.specs(toolbox.offered(sample)), processor, call_format)
+    return add_tool_prompt(sample, toolbox.specs(toolbox.offered(sample)), processor, call_format,
+                           toolbox.instructions)

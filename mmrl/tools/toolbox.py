@@ -71,20 +71,22 @@ def load_tool(name: str, params: dict | None = None, where: str = "tools.use") -
 class Toolbox:
     """The tools a run offers, by the name the model calls them."""
 
-    def __init__(self, tools: Sequence[Tool], timeout_s: float = 30.0, workers: int = 8):
+    def __init__(self, tools: Sequence[Tool], timeout_s: float = 30.0, workers: int = 8,
+                 instructions: str | None = None):
         self.tools: dict[str, Tool] = {}
         for t in tools:
             if t.name in self.tools:
                 raise ValueError(f"tools.use: two tools are called {t.name!r}")
             self.tools[t.name] = t
         self.timeout_s, self.workers = float(timeout_s), max(1, int(workers))
+        self.instructions = instructions  # tools.instructions: None = the call format's own
 
     @classmethod
     def from_config(cls, tc) -> "Toolbox":
-        """From a ToolsConfig (tools.use, timeout_s, workers)."""
+        """From a ToolsConfig (tools.use, timeout_s, workers, instructions)."""
         tools = [load_tool(spec.name, spec.params, f"tools.use[{i}]")
                  for i, spec in enumerate(tc.use)]
-        return cls(tools, tc.timeout_s, tc.workers)
+        return cls(tools, tc.timeout_s, tc.workers, tc.instructions)
 
     def offered(self, sample) -> list[str]:
         """The tools `sample` may call: its record's "tools" field, else every configured tool.

@@ -71,3 +71,27 @@ def test_a_template_that_renders_tools_gets_the_specs(tiny):
 def test_no_tools_leaves_the_sample_alone(tiny):
     s = sample()
     assert add_tool_prompt(s, [], tiny[1], "qwen") == (s, None)
+
+
+def test_tools_instructions_replace_the_built_in_ones_and_the_templates(tiny):
+    """tools.instructions (a paper's own tool prompt) is what every path shows: the prompt
+    features of training and evaluation, through tool_prompt and the run's Toolbox."""
+    from mmrl import config
+    from mmrl.tools import tool_prompt
+
+    adapter, processor = tiny
+    cfg = config.load("recipes/visual_search/config.yaml",
+                      ["tools.call_format=json_box", "tools.instructions='Zoom: {\"bbox_2d\": "
+                       "[x1, y1, x2, y2]}. Answer: <answer>X</answer>.'"])
+    box = Toolbox.from_config(cfg.tools)
+    mine, chat_tools = tool_prompt(sample("Be brief."), box, processor, "json_box")
+    assert chat_tools is None
+    assert mine.messages[0]["content"] == ('Be brief.\n\nZoom: {"bbox_2d": [x1, y1, x2, y2]}. '
+                                           'Answer: <answer>X</answer>.')
+    processor.chat_template = TOOLS_TEMPLATE  # a template that would render `tools` itself
+    try:
+        qwen, chat_tools = add_tool_prompt(sample(), box.specs(["crop"]), processor, "qwen",
+                                           "Call crop.")
+        assert chat_tools is None and qwen.messages[0]["content"][0]["text"] == "Call crop."
+    finally:
+        processor.chat_template = CHAT_TEMPLATE
