@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.integration.test_launchers import _free_port
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,12 +23,6 @@ CONFIG = ["recipes/visual_search/config.yaml", "recipes/visual_search/tiny.yaml"
           "tools.call_format=json_box", "sft.steps=4", "sft.eval_every=2", "sft.batch_size=8",
           "sft.val_samples=6", "sft.turn_targets=['{{\"bbox_2d\": {patch_box_resized}}}', "
           "'<answer>{solution}</answer>']", "rollout.max_new_tokens=32", "eval.max_new_tokens=16"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run(nproc: int, out: Path, cwd: Path) -> dict:
