@@ -1,10 +1,10 @@
 """Issue #26's visual_search row at seed 0, as `research/learning_table.sh --rows visual_search`
 runs it (docs/learning.md): the generator's records, the demonstration warm-up, then GRPO on
 two-turn trajectories whose crops come back as new image tokens. Its own file,
-so pytest-xdist can run it beside the other learning rows."""
+so pytest-xdist can run it beside the other learning rows (~13 min on one thread beside
+another worker: CI's longest test)."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -16,10 +16,6 @@ sys.path.insert(0, str(ROOT / "research"))
 import learning_table  # noqa: E402
 
 
-@pytest.mark.skipif(os.environ.get("MMRL_SEARCH_ROW") != "1", reason=(
-    "the visual_search row takes ~16 min on 2 cores (987 s, 0.25 -> 0.53), which would put CI "
-    "(39 min on 2 xdist workers) near 50, over its 40: run with MMRL_SEARCH_ROW=1 until the row "
-    "is made cheaper (round 6's 10-min layer missed on seed 0, research/README.md)"))
 def test_visual_search_learns_to_look_again(tmp_path):
     """The warm-up re-looks at the whole image when greedy (chance); RL must make the model zoom
     on the mark. The tool row gains the bar and ends the bar above chance, where its no-tool
