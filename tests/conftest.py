@@ -94,3 +94,18 @@ def tiny_config(user_rewards):
         path.write_text(text)
         return path
     return write
+
+
+# ---- Longest files first under pytest-xdist ----
+# `--dist loadfile` hands out whole files; pyproject's `--no-loadscope-reorder` keeps them in
+# collection order instead of most-tests-first, which put the one-test visual_search row (~14
+# min) last and left the other worker idle for its whole run. These start first, the rest follow.
+LONGEST_FIRST = ("tests/integration/test_learning_search.py", "tests/integration/test_learning.py",
+                 "tests/integration/test_sharded.py", "tests/integration/test_recipes.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        return next((i for i, f in enumerate(LONGEST_FIRST) if item.nodeid.startswith(f)),
+                    len(LONGEST_FIRST))
+    items.sort(key=rank)  # stable: every other file keeps its order
