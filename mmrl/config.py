@@ -158,7 +158,7 @@ class ToolsConfig:
     call_format: CallFormat = "qwen"
     # The system-message text that tells the model how to call (e.g. a paper's own tool prompt);
     # it replaces call_format's built-in instructions and a chat template's own `tools` block.
-    # None: the built-in ones (docs/tools.md).
+    # None: the built-in ones (docs/tools.md); "": none (no text, no `tools` block).
     instructions: Optional[str] = None
     max_turns: int = 3  # model turns per trajectory in training
     eval_max_turns: Optional[int] = None  # at evaluation (may be larger); None: max_turns

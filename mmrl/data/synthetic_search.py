@@ -82,7 +82,8 @@ def search_image(rng: random.Random, size: int, patch: int, cell: int,
 @GENERATORS.register("visual_search")
 def visual_search(out_dir: str | Path, n_train: int = 400, n_eval: int = 80, seed: int = 0,
                   size: int = 1792, patch: int = 96, cell: int = 4, budget_pixels: int = 56 * 56,
-                  tools: bool = True, grid: int = 0, seen: float = 0.0) -> dict[str, str]:
+                  tools: bool = True, grid: int = 0, seen: float = 0.0,
+                  prompt: str | None = None) -> dict[str, str]:
     """Which pattern does the yellow patch hold? (4-way multiple choice, letter solution, each
     split's answers balanced).
     At the input budget (`budget_pixels` = data.image_max_pixels; 56x56 for a 1792 image: 32x
@@ -93,7 +94,9 @@ def visual_search(out_dir: str | Path, n_train: int = 400, n_eval: int = 80, see
     middle of one cell of a grid x grid division (fewer places to look: a coarse search), else
     anywhere. `seen`: the share of TRAINING records whose image is already the view a crop of
     the mark returns (`mark_view`, at the budget; `mark_seen` true, no boxes): reading practice
-    without a search, as video_search's seen flashes are. Held-out records never."""
+    without a search, as video_search's seen flashes are. Held-out records never. `prompt`: the
+    records' question text in place of the sentence, the lettered options and the answer hint
+    (the options stay in the "options" field): a short one for a model that reads no English."""
     w, h = fit_pixels(size, size, 28 * 28, budget_pixels)
     if 4 * cell * w / size > 0.5:
         raise ValueError(f"visual_search: the pattern ({4 * cell} px) would be "
@@ -120,8 +123,9 @@ def visual_search(out_dir: str | Path, n_train: int = 400, n_eval: int = 80, see
         im.save(out / name)
         record = {
             "id": f"vs-{i:05d}", "task": "visual_search", "images": [name],
-            "prompt": "The yellow square holds a small pattern. Which pattern is it?\n"
-                      + "\n".join(options) + "\nAnswer with the option letter in <answer></answer>.",
+            "prompt": prompt or ("The yellow square holds a small pattern. Which pattern is it?\n"
+                                 + "\n".join(options)
+                                 + "\nAnswer with the option letter in <answer></answer>."),
             "solution": MC_LETTERS[names.index(scene["pattern"])], "options": options,
             "problem_type": "multiple choice", "image_size": [size, size],
             "mark_box": scene["mark_box"], "patch_box": scene["patch_box"],
@@ -184,7 +188,8 @@ def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed
                  card_seconds: int = 4, flash_frames: int = 2, tools: bool = True,
                  seen: float = 0.0, card_at: list[float] | None = None,
                  flash_inset: int = 4, balance_card_at: bool = False,
-                 hide_from: list[dict] | None = None) -> dict[str, str]:
+                 hide_from: list[dict] | None = None,
+                 prompt: str | None = None) -> dict[str, str]:
     """What colour flashes while the grey card is shown? (4-way multiple choice.) A `seconds`
     long clip at `fps`; the card is on screen for `card_seconds`, long enough that sampling at
     `sample_fps` (= data.video_fps) sees it; the flash lasts `flash_frames` native frames and
@@ -201,7 +206,7 @@ def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed
     split). `hide_from`: other looks the hidden flash must also fall between, each as
     `plan_frames` keywords (fps, start, end, max_frames: what a `frames` call over that span
     keeps), e.g. [{"fps": 2, "start": 0, "end": 7.5, "max_frames": 8}] for a look at the whole
-    8 s clip. Fields: duration,
+    8 s clip. `prompt`: the question text, as visual_search's. Fields: duration,
     card_span and flash_span (seconds), flash_seen, and "tools": ["frames"] unless tools=False."""
     if card_seconds * sample_fps < 1:
         raise ValueError("video_search: card_seconds * sample_fps must be >= 1 (the card must be "
@@ -246,9 +251,9 @@ def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed
         write_mp4(out / name, frames, fps)
         record = {
             "id": f"vds-{i:05d}", "task": "video_search", "videos": [name],
-            "prompt": "A grey card appears, and while it is shown a colour flashes on it. Which "
-                      "colour?\n" + "\n".join(options)
-                      + "\nAnswer with the option letter in <answer></answer>.",
+            "prompt": prompt or ("A grey card appears, and while it is shown a colour flashes on "
+                                 "it. Which colour?\n" + "\n".join(options)
+                                 + "\nAnswer with the option letter in <answer></answer>."),
             "solution": MC_LETTERS[colour], "options": options,
             "problem_type": "multiple choice", "duration": n / fps,
             "card_span": [window.start / fps, window.stop / fps],

@@ -61,8 +61,9 @@ def add_tool_prompt(sample: Sample, specs: Sequence[dict], processor, call_forma
     """(the sample as the model sees it with tools, the `tools` argument for the chat template):
     the specs go to a template that renders them, else the instructions (`instructions` when
     given, tools.instructions, always) are appended to the system message (one is added when the
-    sample has none). No specs: the sample unchanged."""
-    if not specs:
+    sample has none). No specs, or `instructions` "" (a model trained on its call format needs
+    none): the sample unchanged."""
+    if not specs or instructions == "":
         return sample, None
     write, template_may = INSTRUCTIONS[call_format]
     if instructions is None and template_may and template_renders_tools(processor):

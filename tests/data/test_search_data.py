@@ -4,6 +4,7 @@ does. And records carry their tools and full-resolution originals through the sc
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 
 import numpy as np
@@ -280,3 +281,19 @@ def test_video_search_can_hide_the_flash_from_a_look_at_the_whole_clip(tmp_path)
         GENERATORS.get("video_search")(tmp_path / "x", n_train=1, n_eval=0, seconds=8, fps=2,
                                        size=28, card_seconds=2, flash_frames=1, card_at=[0],
                                        hide_from=[{"fps": 2.0}])
+
+
+@pytest.mark.parametrize("task", ["visual_search", "video_search"])
+def test_a_short_prompt_replaces_only_the_question_text(task, tmp_path):
+    """`prompt`: the records' question text (a tiny model reads no English); the options, the
+    solution, the media and every field stay those of the default draw."""
+    kw = dict(n_train=2, n_eval=1, seed=3)
+    if task == "video_search":
+        kw.update(seconds=8, fps=2, size=28, card_seconds=3, flash_frames=1)
+    long_ = GENERATORS.get(task)(tmp_path / "a", **kw)
+    short = GENERATORS.get(task)(tmp_path / "b", **kw, prompt="Which?")
+    for split in ("train", "eval"):
+        a = [json.loads(x) for x in open(long_[split])]
+        b = [json.loads(x) for x in open(short[split])]
+        assert [r.pop("prompt") for r in b] == ["Which?"] * len(b)
+        assert all("A. " in r.pop("prompt") for r in a) and a == b

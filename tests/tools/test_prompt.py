@@ -95,3 +95,18 @@ def test_tools_instructions_replace_the_built_in_ones_and_the_templates(tiny):
         assert chat_tools is None and qwen.messages[0]["content"][0]["text"] == "Call crop."
     finally:
         processor.chat_template = CHAT_TEMPLATE
+
+
+def test_empty_instructions_add_nothing_even_where_the_template_renders_tools(tiny):
+    """tools.instructions "" (a model trained on its call format, or a tiny one that reads no
+    English): no system message, no `tools` block; the call still parses (the call format is
+    the parser's, not the prompt's)."""
+    adapter, processor = tiny
+    specs = Toolbox([load_tool("crop")]).specs(["crop"])
+    s = sample()
+    assert add_tool_prompt(s, specs, processor, "json_box", "") == (s, None)
+    processor.chat_template = TOOLS_TEMPLATE
+    try:
+        assert add_tool_prompt(s, specs, processor, "qwen", "") == (s, None)
+    finally:
+        processor.chat_template = CHAT_TEMPLATE
