@@ -10,6 +10,8 @@
   "rollout": HF generate (G prefills) vs prefill-once, whole group and in rounds (G = 16).
   "varlen":  naive vs dense-mask vs varlen-kernel layouts at the cells issue #14 targets
              (P~1024 G=8, ragged, G=16; P~2048 G=16), peak memory beside time.
+  "runs":    pack sizes under a dense mask: naive / whole groups / the trainer's runs / varlen,
+             at a tool row's shape (short prompt, long trajectories) and issue #14's
   "long":    long videos: sequence parallelism SP=1 vs SP=2 (memory per rank, time) at 16, 64
              and 256 frames; row-count vs token-budget micro-batches on a mixed batch; a frozen
              encoder cached vs not (mmrl/bench/long.py).
@@ -25,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-BENCHMARKS = ("update", "e2e", "rollout", "scaling", "varlen", "long")
+BENCHMARKS = ("update", "e2e", "rollout", "scaling", "varlen", "runs", "long")
 
 
 def run_benchmarks(out_dir: str | Path, which=BENCHMARKS, *, quick: bool = False,
@@ -103,6 +105,13 @@ def run_benchmarks(out_dir: str | Path, which=BENCHMARKS, *, quick: bool = False
                 family=family, cells=QUICK_CELLS if quick else CELLS,
                 completion_tokens=sizes["completion"], trials=trials or sizes["scaling_trials"],
                 model_bundle=bundle, memory=not quick, log=log)
+        if "runs" in which:
+            from mmrl.bench.runs import CELLS as RUN_CELLS, QUICK_CELLS as QUICK_RUNS, bench_runs
+
+            log("[bench] pack sizes: naive / whole / runs / varlen")
+            results["runs"] = bench_runs(family=family, cells=QUICK_RUNS if quick else RUN_CELLS,
+                                         trials=trials or sizes["scaling_trials"],
+                                         model_bundle=bundle, log=log)
         if "long" in which:
             from mmrl.bench.long import bench_long
 

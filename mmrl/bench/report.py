@@ -130,6 +130,10 @@ def markdown(results: dict) -> str:
         from mmrl.bench.kernels import kernels_table
 
         lines += kernels_table(results["varlen"]) + [""]
+    if "runs" in results:
+        from mmrl.bench.runs import runs_table
+
+        lines += runs_table(results["runs"]) + [""]
     if "long" in results:
         from mmrl.bench.long import long_tables
 

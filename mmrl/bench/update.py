@@ -19,7 +19,8 @@ from mmrl import algos
 from mmrl.bench.common import interleaved, prompt_of_length, random_completions, tiny_vl
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.models import prefix_attention
-from mmrl.models.shared_prefix import shared_prefix_logprobs, token_budget_micro_batches
+from mmrl.models.shared_prefix import (shared_prefix_logprobs, split_groups,
+                                       token_budget_micro_batches)
 
 # naive: G rows of [prompt, completion]; shared: one row per group with a dense 4-D mask (sdpa);
 # varlen: the varlen kernel (flash_attn_varlen_func on GPU, its torch emulation on CPU), every
@@ -55,16 +56,19 @@ def micro_batches(layout: str, prompts, mask: torch.Tensor, micro_batch: int) ->
         return [list(range(i, min(n, i + micro_batch))) for i in range(0, n, micro_batch)]
     budget = micro_batch * (max(p.input_ids.shape[0] for p in prompts) + mask.shape[1])
     # The dense group mask pads each micro-batch's groups to the longest; varlen packs them.
-    return token_budget_micro_batches(prompts, mask, budget, padded=layout == "shared")
+    return token_budget_micro_batches(prompts, mask, budget, padded=layout != "varlen")
 
 
 def layout_forward(layout: str, model, prompts, ids, mask, rows, *, pad_id: int,
                    entropy: bool = False, temperature: float = 1.0):
-    """The trainer's `_forward` for `rows` in either layout: ((logp[, ent]), width)."""
+    """The trainer's `_forward` for `rows` in any layout: ((logp[, ent]), width). "shared" packs
+    groups in the trainer's runs (split_groups); "whole" packs each group whole (bench/runs.py)."""
     sub_ids, sub_mask = ids[rows], mask[rows]
     width = int(sub_mask.sum(1).max().clamp(min=1))
     sub_ids, sub_mask = sub_ids[:, :width], sub_mask[:, :width]
     sub_prompts = [prompts[i] for i in rows]
+    if layout in ("shared", "runs"):
+        sub_prompts = split_groups(model, sub_prompts, sub_mask)
     if layout == "naive":
         inputs = collate(sub_prompts, sub_ids, sub_mask, pad_id)
         out = completion_logprobs(model, inputs, sub_ids, sub_mask, temperature=temperature,

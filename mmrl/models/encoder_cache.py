@@ -11,7 +11,7 @@ media_embeds.splice_media; the numbers are the same (tests/models/test_encoder_c
 
 An encoder that trains is never cached (its output changes with every update and carries the
 gradient); `EncoderCache.reason` says which kinds are cached and why the others are not, for the
-start-of-run summary. Entries are keyed by the PromptFeatures object (a group's rows share one)
+start-of-run summary. Entries are keyed by the PromptFeatures' tensors (a group's rows share them)
 and live until `clear()`, which the trainer calls at the start of each step. Under ZeRO-3 and
 FSDP2 an encoder call is a collective, so the step starts with `fill` (every rank encodes its
 prompts, one call per prompt and kind) and the TowerToucher skips the cached kinds. Under
@@ -125,7 +125,7 @@ class EncoderCache:
         under ZeRO-3 / FSDP2 every rank then calls each encoder equally often (ranks hold the
         same number of prompts), as their per-module collectives need."""
         owner = owner_of(model)
-        for prompt in {id(p): p for p in prompts}.values():
+        for prompt in {id(p.tensors): p for p in prompts}.values():
             for kind in self.kinds:
                 if KINDS[kind][0] in prompt.tensors:
                     self._features(owner, kind, prompt, inner)
@@ -140,7 +140,9 @@ class EncoderCache:
         return splice_media(model, self.provider(prompts, shared_prefix))
 
     def _features(self, owner, kind: str, prompt: PromptFeatures, inner: Provider) -> torch.Tensor:
-        _, entry = self._store.setdefault(id(prompt), (prompt, {}))  # the object kept: ids stay unique
+        # Keyed by the tensors, which the runs of a split group share (shared_prefix.split_groups);
+        # the object kept, so ids stay unique.
+        _, entry = self._store.setdefault(id(prompt.tensors), (prompt, {}))
         if kind not in entry:
             with torch.no_grad():
                 entry[kind] = inner(owner, kind, kind_tensors(prompt.tensors, kind))

@@ -26,6 +26,7 @@ subset works: a micro-batch that cuts a group computes that group's prompt once 
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass
 from typing import Sequence
@@ -93,7 +94,8 @@ def enable_shared_prefix(model, wanted: bool = True) -> tuple[bool, str]:
         return True, (f"shared-prefix layout on: varlen attention ({prefix_attention.kernel_description()}), "
                       f"groups packed pad-free")
     if impl in MASKED_ATTENTION:
-        return True, f"shared-prefix layout on: {impl} with a 4-D group mask"
+        return True, (f"shared-prefix layout on: {impl} with a 4-D group mask (a group packs in "
+                      f"runs of the size with the fewest FLOPs: long completions, smaller runs)")
     return False, (f"shared-prefix layout OFF: attn_implementation={impl!r} cannot take it, so every "
                    f"prompt runs G times; set model.attn_implementation to flash_attention_2 (GPU), "
                    f"{prefix_attention.NAME}, sdpa or eager")
@@ -105,6 +107,56 @@ def group_rows(prompts: Sequence[PromptFeatures]) -> list[list[int]]:
     for i, p in enumerate(prompts):
         groups.setdefault(id(p), []).append(i)
     return list(groups.values())
+
+
+# ----------------------------------------------------------------------------- pack sizes -------
+# A dense 4-D mask makes every packed row's attention (P + g*C)^2, however few of those scores
+# it allows. Where completions are long beside the prompt (tool-use trajectories: observations
+# in the completion; long reasoning) a whole group in one row attends over more than its G
+# naive rows would: G (P + C)^2. So under a dense mask a group packs into runs of the size g
+# whose FLOPs are fewest; the varlen kernel's attention is P^2 + G*C*(P + C): whole groups.
+
+def layer_flops(model) -> tuple[int, int]:
+    """(FLOPs a token costs in one decoder layer's linear maps, FLOPs one attention score costs
+    there: QK^T and AV) from the text config."""
+    text = unwrap(model).config.get_text_config()
+    hidden, heads = text.hidden_size, text.num_attention_heads
+    kv = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    ffn = getattr(text, "intermediate_size", None) or 4 * hidden
+    linear = 2 * (2 * hidden * heads * head_dim + 2 * hidden * kv * head_dim + 3 * hidden * ffn)
+    return linear, 4 * heads * head_dim
+
+
+def pack_size(prompt_len: int, lengths: Sequence[int], flops: tuple[int, int]) -> int:
+    """How many of a group's completions (`lengths`, in row order) share one packed row under a
+    dense mask: the run size with the fewest FLOPs (`flops` = layer_flops), the larger on a tie.
+    1 is the naive layout; len(lengths) the whole group."""
+    linear, score = flops
+
+    def cost(g: int) -> int:
+        tokens = [prompt_len + sum(lengths[s:s + g]) for s in range(0, len(lengths), g)]
+        return sum(t * linear + t * t * score for t in tokens)
+    return min(range(len(lengths), 0, -1), key=cost)
+
+
+def split_groups(model, prompts: Sequence[PromptFeatures],
+                 completion_mask: torch.Tensor) -> list[PromptFeatures]:
+    """`prompts` with each group cut into runs of `pack_size` rows under a dense mask: each run
+    after the first shares a shallow copy of the group's PromptFeatures (the same tensors), so
+    `group_rows` sees one group per run. Unchanged under the varlen kernel."""
+    out = list(prompts)
+    if uses_varlen(model):
+        return out
+    flops, lengths = layer_flops(model), completion_mask.long().sum(1).tolist()
+    for rows in group_rows(prompts):
+        plen = prompts[rows[0]].tensors["input_ids"].shape[1]
+        g = pack_size(plen, [max(lengths[i] - 1, 0) for i in rows], flops)
+        for start in range(g, len(rows), g):
+            run = dataclasses.replace(prompts[rows[0]])
+            for i in rows[start:start + g]:
+                out[i] = run
+    return out
 
 
 def completion_lengths(completion_mask: torch.Tensor) -> torch.Tensor:
@@ -346,6 +398,7 @@ def shared_prefix_logprobs(model, prompts: Sequence[PromptFeatures], completion_
                          varlen=uses_varlen(model), observations=observations)
     if stats is not None:
         stats["pad_fraction"] = packed.pad_fraction
+        stats["rows_per_pack"] = len(packed.lengths) / len(group_rows(prompts))
     inputs = {k: v.to(device) for k, v in packed.inputs.items()}
     to_mask = MASKED_ATTENTION.get(attn_implementation(model))  # None: varlen takes the packing
     if to_mask is not None:

@@ -42,8 +42,9 @@ from mmrl.models.forward import check_no_placeholders, collate, upcast
 from mmrl.models.media_embeds import (KINDS, Provider, balanced_ranges, encode, encoder_modules,
                                       media_units, select_units, splice_media)
 from mmrl.models.shared_prefix import (MASKED_ATTENTION, SP_PREFIX, Packed, attn_implementation,
-                                       _takes_logits_index, group_attention_mask, pack_groups,
-                                       rope_positions, token_index, unwrap, uses_varlen)
+                                       _takes_logits_index, group_attention_mask, group_rows,
+                                       pack_groups, rope_positions, token_index, unwrap,
+                                       uses_varlen)
 from mmrl.models.towers import model_parts
 
 
@@ -303,6 +304,7 @@ def sequence_parallel_logprobs(model, prompts: Sequence, completion_ids: torch.T
               if shared_prefix else naive_packed(model, prompts, ids, mask, pad_id))
     if stats is not None:
         stats["pad_fraction"] = packed.pad_fraction
+        stats["rows_per_pack"] = len(packed.lengths) / len(group_rows(prompts))
     width = packed.inputs["input_ids"].shape[1]
     shard = -(-width // sp.size)
     inputs = _pad_sequence(packed.inputs, shard * sp.size - width, pad_id)

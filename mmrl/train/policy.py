@@ -10,6 +10,7 @@ weights; the strategy it shares with the Learner says how the weights are spread
 from __future__ import annotations
 
 import copy
+import dataclasses
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +23,7 @@ from mmrl.models import source, ulysses
 from mmrl.models.encoder_cache import EncoderCache
 from mmrl.models.media_embeds import local_encoder
 from mmrl.models.shared_prefix import (enable_shared_prefix, shared_prefix_logprobs,
-                                       token_budget_micro_batches, uses_varlen)
+                                       split_groups, token_budget_micro_batches, uses_varlen)
 from mmrl.models.towers import TowerToucher
 from mmrl.train import checkpoint, dist, lora
 from mmrl.types import RolloutBatch
@@ -157,6 +158,9 @@ class Policy:
         sub = batch.select(rows)
         if self.sequence.size > 1:
             return self._split_logprobs(module, sub, entropy, cached)
+        if self.shared_prefix:  # under a dense mask, groups pack in the runs that cost least
+            sub = dataclasses.replace(sub, prompts=split_groups(self.model, sub.prompts,
+                                                                sub.completion_mask))
         serve = self.encoders.serve(module, sub.prompts, self.shared_prefix) if cached else None
         with serve or nullcontext():
             return self._logprobs_of(module, sub, entropy)
@@ -229,6 +233,7 @@ class Policy:
         out = {"train/shared_prefix": float(self.shared_prefix)}
         if self.shared_prefix:
             out["train/pad_fraction"] = self.pack_stats.get("pad_fraction", 0.0)
+            out["train/rows_per_pack"] = self.pack_stats.get("rows_per_pack", 0.0)
         return out
 
     # ---------------------------------------------------------------- the KL reference ---------

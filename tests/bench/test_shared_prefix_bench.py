@@ -38,6 +38,19 @@ def test_quick_varlen_benchmark_has_the_three_layouts_with_equal_losses(tmp_path
     assert "varlen / naive" in text and "peak RSS growth naive / shared / varlen" in text
 
 
+def test_quick_runs_benchmark_packs_a_long_group_in_runs_with_equal_losses(tmp_path):
+    """The tool-row cell (a short prompt, long completions) packs in runs smaller than the
+    group; the 8-token cell packs whole; every layout's loss is the naive one."""
+    results = run_benchmarks(tmp_path, which=("runs",), quick=True, log=lambda *_: None)
+    rows = results["runs"]["rows"]
+    assert [r["group"] for r in rows] == [2, 2]
+    assert rows[0]["pack_size"] == 1 and rows[1]["pack_size"] == 2
+    for r in rows:
+        for layout in ("whole", "runs", "varlen"):
+            assert r["losses"][layout] == pytest.approx(r["losses"]["naive"], abs=1e-5)
+    assert "| P | G | C | runs of |" in (tmp_path / "bench.md").read_text()
+
+
 def _cell(sweep, p, g, naive, shared):
     timing = lambda s: {"median_s": s, "min_s": s, "times_s": [s], "median_cpu_s": s, "cpu_times_s": [s]}
     return {"sweep": sweep, "prompt_tokens": p, "group": g, "completion_tokens": 64,

@@ -171,6 +171,26 @@ def test_a_frozen_qwen3_vl_tower_is_not_cached_and_says_why():
         "encoders: run in every forward -- not cached: the vision encoder also feeds deepstack")
 
 
+def test_runs_of_a_split_group_are_served_from_the_store(family_case):
+    """shared_prefix.split_groups gives a group's later runs shallow copies of its prompt (the
+    same tensors): the store is keyed by the tensors, so they encode nothing again."""
+    import dataclasses
+
+    family, adapter, model, prompts, rows, ids, mask, pad, frozen = family_case
+    model = copy.deepcopy(model)
+    _freeze(model, adapter, frozen)
+    cache = EncoderCache(model)
+    cache.fill(model, rows)
+    encoded = cache.encoded
+    runs = [r if i % G == 0 else dataclasses.replace(r) for i, r in enumerate(rows)]
+    index = list(range(len(rows)))
+    with torch.no_grad(), cache.serve(model, runs, True):
+        got = _forward(model, runs, ids, mask, pad, index, True)
+    with torch.no_grad():
+        want = _forward(model, runs, ids, mask, pad, index, True)
+    assert cache.encoded == encoded and float((got - want).abs().max()) <= 1e-6
+
+
 def test_media_order_follows_the_layout():
     a, b = object(), object()
     assert media_order([a, a, b, b], shared_prefix=True) == [a, b]

@@ -10,9 +10,10 @@ from PIL import Image
 
 from mmrl.models import get_adapter
 from mmrl.models.forward import collate, completion_logprobs
-from mmrl.models.shared_prefix import (group_attention_mask, group_rows,
+from mmrl.models.shared_prefix import (group_attention_mask, group_rows, layer_flops, pack_size,
                                        pack_groups, prompt_and_completion_positions,
-                                       shared_prefix_logprobs, supports_shared_prefix)
+                                       shared_prefix_logprobs, split_groups,
+                                       supports_shared_prefix)
 from mmrl.types import Sample
 
 G = 4
@@ -246,3 +247,38 @@ def test_lora_wrapped_model_uses_mrope_positions():
     pad = processor.tokenizer.pad_token_id
     ids, mask = completions(3, pad, seed=6)
     assert_same(wrapped, [prompt] * 3, ids, mask, pad, min_grads=4)  # lora A, B of q and v
+
+
+def test_pack_size_is_the_run_with_the_fewest_flops(vl):
+    """Hand-computed on the tiny text config (hidden 128, 4 heads of 32, 2 KV heads, ffn 256):
+    a token costs 2 (2*128*128 + 2*128*64 + 3*128*256) = 294,912 FLOPs in a layer's linear maps,
+    a score 4 * 4 * 32 = 512. A 32-token prompt and 8 completions of 84 tokens (a tool-use
+    trajectory): runs of 1 / 2 / 4 / 8 cost 328.8M / 317.8M / 355.7M / 461.4M, so 2. A
+    1024-token prompt with 64-token answers packs the whole group; so does a 7B-wide model
+    (hidden 3584, 28 heads of 128, 4 KV heads, ffn 18944) at the tool-use lengths."""
+    _, model, _ = vl
+    tiny = layer_flops(model)
+    assert tiny == (294_912, 512)
+    assert pack_size(32, [84] * 8, tiny) == 2
+    assert pack_size(1024, [64] * 8, tiny) == 8
+    assert pack_size(32, [84], tiny) == 1
+    wide = (2 * (2 * 3584 * 3584 + 2 * 3584 * 512 + 3 * 3584 * 18944), 4 * 28 * 128)
+    assert pack_size(32, [84] * 8, wide) == 8
+
+
+def test_split_groups_pack_in_runs_and_equal_naive(vl, image_prompts):
+    """Long completions beside a short prompt: each group packs in runs (a shallow copy of its
+    PromptFeatures a run, the same tensors), and the logprobs and gradients still equal naive."""
+    _, model, processor = vl
+    pad = processor.tokenizer.pad_token_id
+    a, b = image_prompts
+    rows = [a] * G + [b] * G
+    width = 60
+    ids = torch.randint(0, 700, (2 * G, width), generator=torch.Generator().manual_seed(5))
+    mask = (torch.arange(width)[None] < torch.tensor([60, 55, 60, 58, 10, 3, 7, 5])[:, None]).long()
+    ids = torch.where(mask.bool(), ids, torch.full_like(ids, pad))
+    split = split_groups(model, rows, mask)
+    assert group_rows(split)[:2] == [[0, 1], [2, 3]]  # long: runs of 2 (the short group whole)
+    assert group_rows(split)[2:] == [[4, 5, 6, 7]]
+    assert split[2] is not a and split[2].tensors is a.tensors and split[0] is a
+    assert_same(model, split, ids, mask, pad, visual_prefix="model.visual.")
