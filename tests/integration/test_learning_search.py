@@ -1,7 +1,7 @@
 """Issue #26's visual_search row at seed 0, as `research/learning_table.sh --rows visual_search`
 runs it (docs/learning.md): the generator's records, the demonstration warm-up, then GRPO on
 two-turn trajectories whose crops come back as new image tokens. Its own file,
-so pytest-xdist can run it beside the other learning rows (~13 min on one thread beside
+so pytest-xdist can run it beside the other learning rows (~11-14 min on one thread beside
 another worker: CI's longest test)."""
 from __future__ import annotations
 
