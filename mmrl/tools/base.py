@@ -41,6 +41,13 @@ class ToolInputError(ValueError):
 
 
 @dataclass
+class _Slot:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    done: bool = False
+    value: Any = None
+
+
+@dataclass
 class ToolContext:
     """One prompt's media as tools see them; shared by the G trajectories of a group (decoded
     originals are cached, under a lock: tools of several trajectories run at once).
@@ -65,11 +72,16 @@ class ToolContext:
         return self.prompt.sample
 
     def cached(self, key: tuple, load):
-        """`load()` once per key for every trajectory of the group."""
+        """`load()` once per key for every trajectory of the group: a decoded original, or a
+        result the G trajectories often ask for alike (a sampled policy repeats its box). Each
+        key has its own lock, so calls that load different keys run at once; a load that raises
+        caches nothing (the next call raises again)."""
         with self._lock:
-            if key not in self._cache:
-                self._cache[key] = load()
-            return self._cache[key]
+            slot = self._cache.setdefault(key, _Slot())
+        with slot.lock:
+            if not slot.done:
+                slot.value, slot.done = load(), True
+            return slot.value
 
     def pick(self, kind: str, index: Any) -> tuple[int, str]:
         """(0-based index, path) of media item `index` (1-based, as a model counts) of `kind`."""

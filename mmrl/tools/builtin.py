@@ -79,10 +79,10 @@ def crop(context: ToolContext, bbox_2d: Any, image: Any = 1, *, coords: str | No
     sx, sy = pixel_scale(kind, (w, h), (in_w, in_h), *context.image_pixels)
     x1, y1, x2, y2 = enlarge([box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy],
                              context.factor, w, h)
-    region = original.crop((x1, y1, x2, y2))
     lo, hi = context.image_pixels
-    out = fit_image(region, lo if min_pixels is None else min_pixels,
-                    hi if max_pixels is None else max_pixels, factor=context.factor)
+    lo, hi = lo if min_pixels is None else min_pixels, hi if max_pixels is None else max_pixels
+    out = context.cached(("crop", path, (x1, y1, x2, y2), lo, hi), lambda: fit_image(
+        original.crop((x1, y1, x2, y2)), lo, hi, factor=context.factor))
     looked_at("image", path, size=[w, h], box=[x1, y1, x2, y2], returned=list(out.size))
     return [out]
 
@@ -107,8 +107,9 @@ def frames(context: ToolContext, start: Any, end: Any, video: Any = 1, *, fps: f
     duration = context.cached(("video_duration", path), lambda: load_video(
         path, nframes=2, source=context.sample.source).duration)
     start, end = _seconds(start, end, duration, "video")
-    clip = load_video(path, fps=fps, start=start, end=min(end, duration), max_frames=max_frames,
-                      source=context.sample.source)
+    clip = context.cached(("frames", path, start, end, fps, max_frames), lambda: load_video(
+        path, fps=fps, start=start, end=min(end, duration), max_frames=max_frames,
+        source=context.sample.source))
     looked_at("video", path, duration=float(duration), span=[start, end],
               timestamps=[float(t) for t in clip.timestamps])
     return [clip, f"frames {start:g}-{end:g} s at {clip.fps:.3g} fps"]

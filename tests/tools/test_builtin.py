@@ -123,3 +123,46 @@ def test_audio_clip_cuts_the_original(tmp_path):
         with pytest.raises(ToolInputError, match=message) as e:
             audio_clip(ctx, *span)
         assert e.value.kind == "bad_span"
+
+
+def test_a_group_resizes_and_decodes_a_repeated_call_once(tmp_path, video, monkeypatch):
+    """The G trajectories of a group share a ToolContext; a policy that repeats its box or span
+    gets the same pixels from one resize (one decode), equal to a fresh call's; another group
+    (its own context) does its own, and a load that fails caches nothing."""
+    import mmrl.tools.builtin as builtin
+
+    calls = {"fit": 0, "video": 0}
+    real_fit, real_video = builtin.fit_image, builtin.load_video
+
+    def counting_fit(*a, **k):
+        calls["fit"] += 1
+        return real_fit(*a, **k)
+
+    def counting_video(*a, **k):
+        calls["video"] += 1
+        return real_video(*a, **k)
+
+    monkeypatch.setattr(builtin, "fit_image", counting_fit)
+    monkeypatch.setattr(builtin, "load_video", counting_video)
+    original = gradient(400, 300)
+    group = context(tmp_path, original, videos=[video])
+    first, again = crop(group, [10, 20, 60, 70])[0], crop(group, [10, 20, 60, 70])[0]
+    assert calls["fit"] == 1 and again is first
+    assert np.array_equal(np.asarray(first), np.asarray(
+        real_fit(original.crop((20, 40, 120, 140)), *BUDGET)))
+    crop(group, [0, 0, 60, 70])  # another box: its own resize
+    crop(context(tmp_path, original), [10, 20, 60, 70])  # another group: its own
+    assert calls["fit"] == 3
+    frames(group, 2, 4, fps=2.0)
+    made = calls["video"]  # the duration probe and the span
+    clip, _ = frames(group, 2, 4, fps=2.0)
+    assert calls["video"] == made and len(clip) == len(frames(group, 2, 4, fps=4.0)[0]) // 2
+    failing = {"n": 0}
+
+    def fails():
+        failing["n"] += 1
+        raise OSError("unreadable")
+    for _ in range(2):
+        with pytest.raises(OSError):
+            group.cached(("x",), fails)
+    assert failing["n"] == 2 and group.cached(("x",), lambda: 5) == 5
