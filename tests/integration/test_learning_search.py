@@ -1,8 +1,8 @@
 """Issue #26's visual_search row at seed 0, as `research/learning_table.sh --rows visual_search`
 runs it (docs/learning.md): the generator's records, the demonstration warm-up, then GRPO on
 two-turn trajectories whose crops come back as new image tokens. Its own file,
-so pytest-xdist can run it beside the other learning rows (~11-14 min on one thread beside
-another worker: CI's longest test)."""
+so pytest-xdist can run it beside the other learning rows (508 s on one thread beside
+another worker in a full run on 2026-12-02, 11-14 min on busier days: CI's longest test)."""
 from __future__ import annotations
 
 import sys
