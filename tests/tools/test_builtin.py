@@ -132,18 +132,12 @@ def test_a_group_resizes_and_decodes_a_repeated_call_once(tmp_path, video, monke
     import mmrl.tools.builtin as builtin
 
     calls = {"fit": 0, "video": 0}
-    real_fit, real_video = builtin.fit_image, builtin.load_video
-
-    def counting_fit(*a, **k):
-        calls["fit"] += 1
-        return real_fit(*a, **k)
-
-    def counting_video(*a, **k):
-        calls["video"] += 1
-        return real_video(*a, **k)
-
-    monkeypatch.setattr(builtin, "fit_image", counting_fit)
-    monkeypatch.setattr(builtin, "load_video", counting_video)
+    real_fit = builtin.fit_image
+    for key, name in (("fit", "fit_image"), ("video", "load_video")):
+        def counting(*a, _key=key, _real=getattr(builtin, name), **k):
+            calls[_key] += 1
+            return _real(*a, **k)
+        monkeypatch.setattr(builtin, name, counting)
     original = gradient(400, 300)
     group = context(tmp_path, original, videos=[video])
     first, again = crop(group, [10, 20, 60, 70])[0], crop(group, [10, 20, 60, 70])[0]
