@@ -251,6 +251,14 @@ def cmd_eval(args) -> int:
     _quiet_cpu_deepspeed()
     torch.set_flush_denormal(True)
     cfg = _load(args)
+    if args.benchmark:  # the field's benchmarks instead of data.eval (docs/benchmarks-eval.md)
+        from mmrl.benchmarks.runner import evaluate_checkpoint as run_benchmarks, parse_arg
+
+        result = run_benchmarks(cfg, args.checkpoint, [parse_arg(b) for b in args.benchmark],
+                                out_dir=args.out)
+        print(json.dumps({k: {m: v[m] for m in ("score", "n", "failed")} for k, v in result.items()},
+                         indent=2))
+        return 0
     result = evaluate_checkpoint(cfg, args.checkpoint, out_dir=args.out)
     print(json.dumps(result, indent=2))
     return 0
@@ -286,8 +294,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("eval", help="evaluate a checkpoint on the config's eval set")
     sp.add_argument("config")
     sp.add_argument("overrides", nargs="*")
-    sp.add_argument("--checkpoint", required=True, help="checkpoints/step_NNNNNN or an HF model dir")
+    sp.add_argument("--checkpoint", required=True,
+                    help="a run dir (its latest checkpoint), checkpoints/step_NNNNNN or an HF model dir")
     sp.add_argument("--out", default=None, help="output dir (default: CHECKPOINT/eval)")
+    sp.add_argument("--benchmark", action="append", default=[], metavar="NAME[=PATH]",
+                    help="a field benchmark from its local copy, scored as lmms-eval scores it "
+                         "(repeatable; results in RUN_OR_CKPT/eval/benchmarks/NAME.json; "
+                         "PATH=fixture: a tiny copy in its layout)")
     sp.set_defaults(fn=cmd_eval)
     sp = sub.add_parser("report", help="HTML report of one run (or two, overlaid)")
     sp.add_argument("run_dirs", nargs="+")

@@ -269,6 +269,20 @@ class TrainConfig:
 
 
 @dataclass
+class BenchmarkSpec:
+    """One field benchmark (docs/benchmarks-eval.md): `mmrl.benchmarks.BENCHMARKS` name, its
+    local copy (None: $MMRL_BENCHMARKS_DIR/NAME or data/benchmarks/NAME; "fixture": a small
+    copy in its layout, written in the run dir), run before RL, every `every` steps (0: only
+    before and after) and after RL, on the first `limit` rows (None: all)."""
+
+    name: str = MISSING
+    path: Optional[str] = None
+    every: int = 0
+    limit: Optional[int] = None
+    family_coords: bool = False  # boxes in the model family's convention, not the task's own
+
+
+@dataclass
 class EvalConfig:
     max_samples: Optional[int] = None  # evaluate on the first N eval records
     batch_size: int = 32  # prompts generated at once
@@ -279,6 +293,7 @@ class EvalConfig:
     pass_threshold: float = 1.0  # a draw counts as correct when the metric reward >= this
     before_rl: bool = True  # evaluate before RL (after SFT) for summary.json
     shuffled_images: bool = False  # also evaluate with images shuffled across samples
+    benchmarks: list[BenchmarkSpec] = field(default_factory=list)  # field benchmarks, as lmms-eval
 
 
 @dataclass

@@ -159,6 +159,30 @@ def _draw_rows(model, processor, adapter: ModelAdapter, samples: list[Sample], c
     return rows, trajectories, failed
 
 
+@torch.no_grad()
+def draw_texts(model, processor, adapter: ModelAdapter, samples: list[Sample], cfg: RunConfig,
+               max_new_tokens: int) -> list[str | None]:
+    """One greedy completion per sample on the held-out evaluation's path (its batches, media
+    loader, tools when configured); None for a sample whose media failed to load (a counted skip
+    under data.on_bad_sample=skip). The field benchmarks (mmrl/benchmarks) score these."""
+    suppress, load = adapter.placeholder_token_ids(processor), media_loader(cfg, adapter.image_factor)
+    loop = (TrajectoryRollout.from_config(cfg.tools, HFEngine(model, processor), processor,
+                                          adapter, evaluation=True)
+            if cfg.tools.enabled else None)
+    params = SamplingParams(num_generations=1, max_new_tokens=max_new_tokens, temperature=1.0,
+                            top_p=1.0, top_k=0, do_sample=False, suppress_ids=suppress)
+    was_training, out = model.training, {}
+    model.eval()
+    for start in range(0, len(samples), cfg.eval.batch_size):
+        chunk, feats, _ = _decode_chunk(samples[start:start + cfg.eval.batch_size], adapter,
+                                        processor, load, cfg, loop)
+        if chunk:
+            texts = _draw(model, processor, feats, params, loop)[0]
+            out.update({id(s): t for s, t in zip(chunk, texts)})
+    model.train(was_training)
+    return [out.get(id(s)) for s in samples]
+
+
 def _result(rows: list[dict], trajectories: list[Trajectory], failed: int,
             cfg: RunConfig) -> dict:
     ec, rewards, k = cfg.eval, metric_rewards(cfg), max(1, cfg.eval.num_samples)
@@ -212,19 +236,20 @@ def majority_baseline(samples: list[Sample]) -> float:
     return max(counts.values()) / len(samples) if samples else float("nan")
 
 
-def evaluate_checkpoint(cfg: RunConfig, checkpoint: str, out_dir: str | None = None) -> dict:
-    """`mmrl eval`: greedy generation over `data.eval` with a saved model; writes
-    predictions.jsonl and metrics.json into `out_dir` (default CHECKPOINT/eval)."""
+def load_checkpoint(cfg: RunConfig, checkpoint: str):
+    """(model, processor, adapter, checkpoint dir) of a saved model; sharded ZeRO-3 / FSDP2
+    checkpoints are consolidated once beside it; a run dir means its latest checkpoint."""
     from mmrl.models import get_adapter
-    from mmrl.train.checkpoint import has_weights
+    from mmrl.train.checkpoint import has_weights, latest
     from mmrl.train.consolidate import consolidate, sharded_kind
-    from mmrl.data.prepare import build_datasets
     from mmrl.train.policy import DTYPES
 
-    if not cfg.data.eval:
-        raise SystemExit("mmrl eval: the config has no data.eval; pass data.eval=PATH")
+    if (Path(checkpoint) / "checkpoints").is_dir():  # a run dir
+        last = latest(Path(checkpoint))
+        if last is None:
+            raise SystemExit(f"mmrl eval: {checkpoint} holds no checkpoint yet")
+        checkpoint = str(last)
     adapter = get_adapter(cfg.model.family)
-    _, samples = build_datasets(cfg, adapter.image_factor)
     if sharded_kind(checkpoint) and not has_weights(Path(checkpoint)):  # ZeRO-3 / FSDP2 shards
         merged = Path(f"{checkpoint}_hf")
         if not merged.is_dir():
@@ -235,6 +260,19 @@ def evaluate_checkpoint(cfg: RunConfig, checkpoint: str, out_dir: str | None = N
                                     attn_implementation=cfg.model.attn_implementation)
     if torch.cuda.is_available():
         model.cuda()
+    return model, processor, adapter, checkpoint
+
+
+def evaluate_checkpoint(cfg: RunConfig, checkpoint: str, out_dir: str | None = None) -> dict:
+    """`mmrl eval`: greedy generation over `data.eval` with a saved model; writes
+    predictions.jsonl and metrics.json into `out_dir` (default CHECKPOINT/eval)."""
+    from mmrl.data.prepare import build_datasets
+    from mmrl.models import get_adapter
+
+    if not cfg.data.eval:
+        raise SystemExit("mmrl eval: the config has no data.eval; pass data.eval=PATH")
+    _, samples = build_datasets(cfg, get_adapter(cfg.model.family).image_factor)  # data first
+    model, processor, adapter, checkpoint = load_checkpoint(cfg, checkpoint)
     out = Path(out_dir) if out_dir else Path(checkpoint) / "eval"
     result = evaluate(model, processor, adapter, samples, cfg, out_file=out / "predictions.jsonl")
     if cfg.eval.shuffled_images:

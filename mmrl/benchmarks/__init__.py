@@ -1,0 +1,17 @@
+"""The field's benchmarks, read from local Hub copies, prompted and scored as lmms-eval's tasks
+do (docs/benchmarks-eval.md). `BENCHMARKS`: name -> Benchmark; runner.py runs one."""
+from __future__ import annotations
+
+from mmrl.benchmarks import mmau, refcoco, vstar
+from mmrl.benchmarks.base import Benchmark, MissingCopy
+
+BENCHMARKS: dict[str, Benchmark] = {m.BENCHMARK.name: m.BENCHMARK for m in (refcoco, mmau, vstar)}
+
+
+def get(name: str) -> Benchmark:
+    if name not in BENCHMARKS:
+        raise SystemExit(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
+    return BENCHMARKS[name]
+
+
+__all__ = ["BENCHMARKS", "Benchmark", "MissingCopy", "get"]

@@ -1,0 +1,125 @@
+"""One benchmark on one model: read the local copy, render lmms-eval's prompts, draw greedy
+completions on the held-out evaluation's path (train/evaluate.py `draw_texts`), score as the
+task scores, write RUN/eval/benchmarks/NAME.json (settings, metrics, history, per-sample rows)."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mmrl.benchmarks import get
+from mmrl.benchmarks.base import Context
+from mmrl.train import dist
+from mmrl.train.evaluate import draw_texts
+from mmrl.train.logging import json_safe
+
+if TYPE_CHECKING:
+    from mmrl.config import BenchmarkSpec, RunConfig
+
+FIXTURE = "fixture"  # path: a small copy in the benchmark's layout, written by its fixture writer
+FIXTURE_ROWS = 8
+
+
+def parse_arg(text: str):
+    """`--benchmark NAME[=PATH]` -> BenchmarkSpec."""
+    from mmrl.config import BenchmarkSpec
+
+    name, _, path = text.partition("=")
+    get(name)  # an unknown name fails here, before any model loads
+    return BenchmarkSpec(name=name, path=path or None)
+
+
+def default_root(name: str) -> Path:
+    """Where a copy is looked for without a path: $MMRL_BENCHMARKS_DIR/NAME, else
+    data/benchmarks/NAME."""
+    return Path(os.environ.get("MMRL_BENCHMARKS_DIR") or "data/benchmarks") / name
+
+
+def root_of(spec: BenchmarkSpec, out_dir: Path) -> Path:
+    bench = get(spec.name)
+    if spec.path == FIXTURE:
+        root = out_dir / "eval" / "benchmarks" / "fixtures" / spec.name
+        if not root.is_dir():
+            bench.write_fixture(root, spec.limit or FIXTURE_ROWS, 0)
+        return root
+    return Path(spec.path) if spec.path else default_root(spec.name)
+
+
+def budget(cfg: RunConfig) -> dict:
+    """The media budget the prompts were given, stated with every result."""
+    d = cfg.data
+    return {"image_min_pixels": d.image_min_pixels, "image_max_pixels": d.image_max_pixels,
+            "video_nframes": d.video_nframes, "video_fps": d.video_fps,
+            "video_max_frames": d.video_max_frames, "video_max_pixels": d.video_max_pixels,
+            "audio_max_seconds": d.audio_max_seconds}
+
+
+def run_benchmark(model, processor, adapter, cfg: RunConfig, spec: BenchmarkSpec, out_dir: Path,
+                  stage: str = "eval", step: int | None = None,
+                  info: dist.DistInfo | None = None) -> dict:
+    """Run one benchmark; every rank calls it with `info`, each drawing its share. -> metrics
+    (`score`: the headline metric, `n`, `failed`, `seconds`, the task's metrics)."""
+    started, info = time.perf_counter(), info or dist.DistInfo()
+    bench, root = get(spec.name), root_of(spec, out_dir)
+    rows = bench.rows(root)[:spec.limit] if spec.limit else bench.rows(root)
+    ctx = Context(box_coords=adapter.box_coords if spec.family_coords else "norm1",
+                  min_pixels=cfg.data.image_min_pixels, max_pixels=cfg.data.image_max_pixels,
+                  rng=random.Random(cfg.train.seed))
+    samples = [bench.to_sample(row, root, f"{spec.name}:{i}", ctx) for i, row in enumerate(rows)]
+    n = len(samples)
+    mine = samples[n * info.rank // info.world:n * (info.rank + 1) // info.world]
+    texts = draw_texts(model, processor, adapter, mine, cfg, bench.max_new_tokens)
+    if info.enabled:
+        texts = [t for part in dist.all_gather_object(texts, info) for t in part]
+    # Scored in row order on every rank: lmms-eval's random fallback draws from one stream.
+    results = [bench.score(row, t, ctx) if t is not None else None for row, t in zip(rows, texts)]
+    scored = [r for r in results if r is not None]
+    metrics = bench.aggregate(scored)
+    out = {"score": metrics[bench.metric], **metrics, "n": len(scored), "failed": n - len(scored),
+           "seconds": time.perf_counter() - started}
+    if info.main:
+        _write(out_dir / "eval" / "benchmarks" / f"{spec.name}.json", bench, spec, root, cfg, out,
+               stage, step, [dict(id=s.id, prompt=_text(s), completion=t, result=r)
+                             for s, t, r in zip(samples, texts, results)])
+    return out
+
+
+def _text(sample) -> str:
+    return next(c["text"] for c in sample.messages[-1]["content"] if c["type"] == "text")
+
+
+def _write(path: Path, bench, spec, root: Path, cfg: RunConfig, out: dict, stage: str,
+           step: int | None, rows: list[dict]) -> None:
+    """NAME.json: this stage's settings, metrics and rows; `history` keeps every stage's
+    metrics of the run (before RL, the periodic steps, after RL)."""
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    history = [h for h in old.get("history", []) if h.get("stage") != stage]
+    history.append({"stage": stage, "step": step, **out})
+    doc = {"benchmark": bench.name, "title": bench.title, "lmms_eval_task": bench.lmms_task,
+           "source": str(root), "limit": spec.limit, "stage": stage, "step": step,
+           "metric": bench.metric, "metrics": out, "judge_metrics": bench.judge or "none",
+           "notes": bench.notes, "coords": "family" if spec.family_coords else "task",
+           "generation": {"greedy": True, "max_new_tokens": bench.max_new_tokens},
+           "tools": [t.name for t in cfg.tools.use], "budget": budget(cfg),
+           "history": history, "rows": rows}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(json_safe(doc), indent=1, default=str))
+
+
+def evaluate_checkpoint(cfg: RunConfig, checkpoint: str, specs: list,
+                        out_dir: str | None = None) -> dict:
+    """`mmrl eval --benchmark`: each benchmark on a saved model (a run dir: its latest
+    checkpoint, results in RUN/eval/benchmarks; else CHECKPOINT/eval/benchmarks)."""
+    from mmrl.train.evaluate import load_checkpoint
+
+    for spec in specs:  # a missing copy fails before the model loads
+        bench = get(spec.name)
+        if spec.path != FIXTURE:
+            bench.rows(root_of(spec, Path(".")))
+    base = Path(out_dir) if out_dir else Path(checkpoint)
+    model, processor, adapter, _ = load_checkpoint(cfg, checkpoint)
+    return {spec.name: run_benchmark(model, processor, adapter, cfg, spec, base)
+            for spec in specs}
