@@ -115,11 +115,51 @@ def evaluate_checkpoint(cfg: RunConfig, checkpoint: str, specs: list,
     checkpoint, results in RUN/eval/benchmarks; else CHECKPOINT/eval/benchmarks)."""
     from mmrl.train.evaluate import load_checkpoint
 
-    for spec in specs:  # a missing copy fails before the model loads
-        bench = get(spec.name)
-        if spec.path != FIXTURE:
-            bench.rows(root_of(spec, Path(".")))
+    check_copies_of(specs)  # a missing copy fails before the model loads
     base = Path(out_dir) if out_dir else Path(checkpoint)
     model, processor, adapter, _ = load_checkpoint(cfg, checkpoint)
     return {spec.name: run_benchmark(model, processor, adapter, cfg, spec, base)
             for spec in specs}
+
+
+def check_copies(cfg: RunConfig) -> None:
+    """At a run's start: every configured benchmark's copy is there (MissingCopy otherwise), so
+    a missing download fails before the warm-up and the first evaluation, not after them."""
+    check_copies_of(cfg.eval.benchmarks)
+
+
+def check_copies_of(specs: list) -> None:
+    for spec in specs:
+        if spec.path != FIXTURE:
+            get(spec.name).rows(root_of(spec, Path(".")))
+
+
+def run_due(policy, cfg: RunConfig, run_dir: Path, stage: str, step: int) -> dict:
+    """In training: the configured benchmarks due at `stage` (before_rl and after_rl: all;
+    a step: those whose `every` divides it) on the Policy's model -> {"bench/NAME": headline,
+    "time/benchmarks": seconds}, empty when none is due. Every rank calls it."""
+    due = [s for s in cfg.eval.benchmarks
+           if not stage.startswith("step_") or (s.every and step % s.every == 0)]
+    if not due:
+        return {}
+    started, out = time.perf_counter(), {}
+    with policy.full_params():  # sharded weights: gathered on every rank
+        for spec in due:
+            res = run_benchmark(policy.model, policy.processor, policy.adapter, cfg, spec,
+                                run_dir, stage=stage, step=step, info=policy.info)
+            out[f"bench/{spec.name}"] = res["score"]
+    out["time/benchmarks"] = time.perf_counter() - started
+    return out
+
+
+def summary_rows(summary: dict) -> list[tuple[str, str]]:
+    """The run summary's before -> after lines, one per benchmark."""
+    before, after = summary.get("benchmarks_before_rl") or {}, summary.get("benchmarks_after_rl") or {}
+    rows = []
+    for key in sorted(set(before) | set(after)):
+        if key.startswith("bench/"):
+            name = key[len("bench/"):]
+            fmt = lambda v: f"{v:.3f}" if isinstance(v, (int, float)) else "-"  # noqa: E731
+            rows.append((f"{name} ({get(name).metric})", f"{fmt(before.get(key))} -> "
+                                                          f"{fmt(after.get(key))}"))
+    return rows

@@ -34,6 +34,11 @@ def _reward_names(keys: set[str]) -> list[str]:
     return [n for n in names if n != "total"]
 
 
+def _bench_metric(runs: list[Run], key: str) -> str:
+    return next((r.benchmark_metrics[key[len("bench/"):]] for r in runs
+                 if key[len("bench/"):] in r.benchmark_metrics), "score")
+
+
 def curve_groups(runs: list[Run]) -> list[CurveGroup]:
     """The plots to draw, in page order, for the union of the runs' numeric metric keys."""
     keys = set().union(*(r.metric_keys for r in runs))
@@ -42,6 +47,9 @@ def curve_groups(runs: list[Run]) -> list[CurveGroup]:
         CurveGroup("Reward per function", [f"reward/{n}_mean" for n in _reward_names(keys)],
                    "reward", bands=True),
         CurveGroup("Eval", sorted(k for k in keys if k.startswith("eval/")), "value"),
+        # One panel per field benchmark: before RL, the periodic steps, after RL.
+        *[CurveGroup(f"Benchmark: {k[len('bench/'):]}", [k], _bench_metric(runs, k))
+          for k in sorted(k for k in keys if k.startswith("bench/"))],
         CurveGroup("Completion length", ["completion/length_mean", "completion/length_max"],
                    "tokens"),
         CurveGroup("Truncated completions", ["completion/truncated_frac",
@@ -84,7 +92,7 @@ def _series(run: Run, key: str) -> tuple[list[float], list[float]]:
     """(steps, values) where the value is a finite number: null and NaN rows are gaps, and
     eval metrics logged every k steps become a sparse series instead of a line through zeros."""
     xs, ys = [], []
-    for row in run.metrics:
+    for row in sorted(run.metrics + run.benchmarks, key=lambda r: r.get("step") or 0):
         v, s = row.get(key), row.get("step")
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) \
                 and isinstance(s, (int, float)):

@@ -23,12 +23,16 @@ class Run:
     config_text: str = ""
     config: dict = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    # The field benchmarks before and after RL (eval/benchmarks/NAME.json), as metric rows
+    # {"step", "bench/NAME"}; their periodic values are in metrics.jsonl already.
+    benchmarks: list[dict] = field(default_factory=list)
+    benchmark_metrics: dict[str, str] = field(default_factory=dict)  # name -> headline metric
 
     @property
     def metric_keys(self) -> set[str]:
         """Keys with at least one finite number (step and wall-clock time excluded)."""
         keys = set()
-        for row in self.metrics:
+        for row in self.metrics + self.benchmarks:
             for k, v in row.items():
                 if k not in ("step", "time") and isinstance(v, (int, float)) \
                         and not isinstance(v, bool) and math.isfinite(v):
@@ -92,7 +96,22 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
         except json.JSONDecodeError as e:
             run.problems.append(f"summary.json: {e}")
     run.config_text, run.config = _read_config(path / "config.yaml", run.problems)
+    _read_benchmarks(run)
     return run
+
+
+def _read_benchmarks(run: Run) -> None:
+    for f in sorted((run.path / "eval" / "benchmarks").glob("*.json")):
+        try:
+            doc = json.loads(f.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            run.problems.append(f"{f.name}: {e}")
+            continue
+        name = doc.get("benchmark", f.stem)
+        run.benchmark_metrics[name] = str(doc.get("metric", "score"))
+        run.benchmarks += [{"step": h.get("step") or 0, f"bench/{name}": h.get("score")}
+                           for h in doc.get("history", [])
+                           if h.get("stage") in ("before_rl", "after_rl")]
 
 
 def run_names(paths: list[Path]) -> list[str]:

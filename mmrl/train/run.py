@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from mmrl.benchmarks.runner import check_copies, run_due, summary_rows
 from mmrl.config import RunConfig
 from mmrl.train import dist, lora, rundir
 from mmrl.train.evaluate import evaluate, majority_baseline
@@ -94,6 +95,7 @@ def _stages(trainer: Trainer, stop: StopSignals, started: float, single: bool) -
     cfg, log, policy, evals = trainer.cfg, trainer.log, trainer.policy, trainer.eval_set
     summary = trainer.state_extra.setdefault("summary", {})
     asked = lambda: _all_ranks(trainer.info, stop.requested)  # noqa: E731  a collective
+    check_copies(cfg)  # a benchmark's missing download fails now, not after the warm-up
 
     def run_eval(name: str, **kw) -> dict:
         with stop.interruptible(single):
@@ -124,6 +126,8 @@ def _stages(trainer: Trainer, stop: StopSignals, started: float, single: bool) -
                  why=" (no step had run)")
         summary["accuracy_before_rl"] = summary["eval_before_rl"]["accuracy"]
         log.print(f"accuracy before RL: {_accuracy_text(summary['eval_before_rl'])}")
+    if cfg.eval.benchmarks and "benchmarks_before_rl" not in summary:
+        summary["benchmarks_before_rl"] = run_due(policy, cfg, trainer.run_dir, "before_rl", 0)
     policy.fix_reference()
     _rl_steps(trainer, run_eval if evals else None, summary, asked, halt)
     if asked():
@@ -138,6 +142,9 @@ def _stages(trainer: Trainer, stop: StopSignals, started: float, single: bool) -
         except StopNow:
             halt("in the evaluation after RL (it runs again on resume)")
         summary["accuracy_after_rl"] = summary["eval_after_rl"]["accuracy"]
+    if cfg.eval.benchmarks:
+        summary["benchmarks_after_rl"] = run_due(policy, cfg, trainer.run_dir, "after_rl",
+                                                 trainer.step)
     summary["steps"] = trainer.step
     summary["wall_seconds"] = summary.get("wall_seconds", 0.0) + time.perf_counter() - started
     summary["skipped_records"] = trainer.prompts.skip_summary()
@@ -205,6 +212,8 @@ def _finish_step(trainer: Trainer, metrics: dict, run_eval) -> None:
             trainer.state_extra[UNLOGGED] = json_safe(metrics)
             raise
         metrics.update({f"eval/{k}": v for k, v in res.items() if k != "n"})
+    metrics.update(run_due(trainer.policy, trainer.cfg, trainer.run_dir,
+                           f"step_{trainer.step:06d}", trainer.step))
     trainer.log.log(trainer.step, metrics, total=tc.steps)
     trainer.check_finite()
     if tc.save_every and trainer.step % tc.save_every == 0 and trainer.step < tc.steps:
@@ -220,6 +229,7 @@ def _print_table(log: RunLogger, run_dir: Path, summary: dict) -> None:
     rows = [(k, f"{summary[k]:.3f}") for k in ("accuracy_before_rl", "accuracy_after_rl",
                                                 "accuracy_shuffled_images", "chance")
             if isinstance(summary.get(k), (int, float))]
+    rows += summary_rows(summary)  # the field benchmarks, before -> after RL
     rows.append(("steps", str(summary.get("steps"))))
     skipped = (summary.get("skipped_records") or {}).get("count")
     if skipped:
