@@ -1,0 +1,56 @@
+"""The benchmark path end to end on tiny models: `mmrl eval --benchmark` on fixture copies in
+each benchmark's Hub layout (RefCOCO and V* on Qwen2.5-VL, MMAU on Qwen2-Audio), the result file
+(settings, budget, per-sample rows, history), a missing copy's one line, the run summary's rows
+and the report's panel."""
+import json
+
+import pytest
+
+from mmrl.benchmarks import BENCHMARKS, MissingCopy
+from mmrl.benchmarks.runner import root_of, run_benchmark, summary_rows
+from mmrl.config import BenchmarkSpec, load
+from mmrl.models import get_adapter
+
+
+@pytest.mark.parametrize("family,names", [("qwen2_5_vl", ["refcoco", "vstar"]),
+                                          ("qwen2_audio", ["mmau"])])
+def test_runs_on_fixture_copies_and_writes_rows(tmp_path, family, names):
+    cfg = load(None, [f"model.family={family}", "data.train=x", "data.image_max_pixels=3136"])
+    adapter = get_adapter(family)
+    model, processor = adapter.tiny()
+    for name in names:
+        spec = BenchmarkSpec(name=name, path="fixture", limit=2)
+        res = run_benchmark(model, processor, adapter, cfg, spec, tmp_path, stage="before_rl",
+                            step=0)
+        run_benchmark(model, processor, adapter, cfg, spec, tmp_path, stage="after_rl", step=2)
+        assert res["n"] == 2 and res["failed"] == 0
+        assert res["score"] == res[BENCHMARKS[name].metric]
+        doc = json.loads((tmp_path / "eval" / "benchmarks" / f"{name}.json").read_text())
+        assert [h["stage"] for h in doc["history"]] == ["before_rl", "after_rl"]
+        assert doc["budget"]["image_max_pixels"] == 3136 and doc["lmms_eval_task"]
+        assert len(doc["rows"]) == 2 and all(r["completion"] is not None for r in doc["rows"])
+        assert doc["rows"][0]["prompt"] and doc["rows"][0]["result"] is not None
+
+
+def test_a_missing_copy_is_one_line_naming_the_download(tmp_path):
+    with pytest.raises(MissingCopy) as e:
+        BENCHMARKS["mmau"].rows(root_of(BenchmarkSpec(name="mmau", path=str(tmp_path)), tmp_path))
+    line = str(e.value)
+    assert "\n" not in line and "lmms-lab-audio/mmau" in line and str(tmp_path) in line
+
+
+def test_summary_rows_and_report_panel(tmp_path):
+    from mmrl.report.curves import curve_groups
+    from mmrl.report.load import load_run
+
+    summary = {"benchmarks_before_rl": {"bench/vstar": 25.0, "time/benchmarks": 1.0},
+               "benchmarks_after_rl": {"bench/vstar": 50.0}}
+    assert summary_rows(summary) == [("vstar (accuracy)", "25.000 -> 50.000")]
+    (tmp_path / "eval" / "benchmarks").mkdir(parents=True)
+    (tmp_path / "eval" / "benchmarks" / "vstar.json").write_text(json.dumps(
+        {"benchmark": "vstar", "metric": "accuracy", "history": [
+            {"stage": "before_rl", "step": 0, "score": 25.0},
+            {"stage": "after_rl", "step": 4, "score": 50.0}]}))
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 2, "bench/vstar": 30.0}) + "\n")
+    groups = [g for g in curve_groups([load_run(tmp_path)]) if g.keys == ["bench/vstar"]]
+    assert [(g.title, g.ylabel) for g in groups] == [("Benchmark: vstar", "accuracy")]
