@@ -280,6 +280,7 @@ class BenchmarkSpec:
     every: int = 0
     limit: Optional[int] = None
     family_coords: bool = False  # boxes in the model family's convention, not the task's own
+    max_new_tokens: Optional[int] = None  # None: the task's own (its generation_kwargs)
 
 
 @dataclass

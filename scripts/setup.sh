@@ -56,9 +56,9 @@ fi
 # lmms-eval's task scorers are the reference the benchmark parity tests compare against
 # (tests/benchmarks/lmms.py). --no-deps: its requirements pin wandb and pull yt-dlp, openai,
 # sentence-transformers...; the tests load only task files, whose imports the stack above has
-# (numpy, datasets, PIL) plus loguru.
+# (numpy, datasets, PIL) plus loguru and Levenshtein.
 $PIP install -q --no-deps "lmms-eval==0.7.3"
-$PIP install -q loguru
+$PIP install -q loguru Levenshtein  # Levenshtein: lmms-eval's MathVista normaliser
 
 # Debian packages some tests use: headless Chromium renders the HTML run report, shellcheck lints
 # scripts/ (no-op without apt or root; those tests then skip and say why).

@@ -71,7 +71,8 @@ def run_benchmark(model, processor, adapter, cfg: RunConfig, spec: BenchmarkSpec
     samples = [bench.to_sample(row, root, f"{spec.name}:{i}", ctx) for i, row in enumerate(rows)]
     n = len(samples)
     mine = samples[n * info.rank // info.world:n * (info.rank + 1) // info.world]
-    texts = draw_texts(model, processor, adapter, mine, cfg, bench.max_new_tokens)
+    max_new = spec.max_new_tokens or bench.max_new_tokens
+    texts = draw_texts(model, processor, adapter, mine, cfg, max_new)
     if info.enabled:
         texts = [t for part in dist.all_gather_object(texts, info) for t in part]
     # Scored in row order on every rank: lmms-eval's random fallback draws from one stream.
@@ -81,8 +82,8 @@ def run_benchmark(model, processor, adapter, cfg: RunConfig, spec: BenchmarkSpec
     out = {"score": metrics[bench.metric], **metrics, "n": len(scored), "failed": n - len(scored),
            "seconds": time.perf_counter() - started}
     if info.main:
-        _write(out_dir / "eval" / "benchmarks" / f"{spec.name}.json", bench, spec, root, cfg, out,
-               stage, step, [dict(id=s.id, prompt=_text(s), completion=t, result=r)
+        out_file = out_dir / "eval" / "benchmarks" / f"{spec.name}.json"
+        _write(out_file, bench, spec, root, cfg, out, max_new, stage, step, [dict(id=s.id, prompt=_text(s), completion=t, result=r)
                              for s, t, r in zip(samples, texts, results)])
     return out
 
@@ -91,8 +92,8 @@ def _text(sample) -> str:
     return next(c["text"] for c in sample.messages[-1]["content"] if c["type"] == "text")
 
 
-def _write(path: Path, bench, spec, root: Path, cfg: RunConfig, out: dict, stage: str,
-           step: int | None, rows: list[dict]) -> None:
+def _write(path: Path, bench, spec, root: Path, cfg: RunConfig, out: dict, max_new: int,
+           stage: str, step: int | None, rows: list[dict]) -> None:
     """NAME.json: this stage's settings, metrics and rows; `history` keeps every stage's
     metrics of the run (before RL, the periodic steps, after RL)."""
     old = json.loads(path.read_text()) if path.is_file() else {}
@@ -102,7 +103,8 @@ def _write(path: Path, bench, spec, root: Path, cfg: RunConfig, out: dict, stage
            "source": str(root), "limit": spec.limit, "stage": stage, "step": step,
            "metric": bench.metric, "metrics": out, "judge_metrics": bench.judge or "none",
            "notes": bench.notes, "coords": "family" if spec.family_coords else "task",
-           "generation": {"greedy": True, "max_new_tokens": bench.max_new_tokens},
+           "generation": {"greedy": True, "max_new_tokens": max_new,
+                          "task_max_new_tokens": bench.max_new_tokens},
            "tools": [t.name for t in cfg.tools.use], "budget": budget(cfg),
            "history": history, "rows": rows}
     path.parent.mkdir(parents=True, exist_ok=True)
