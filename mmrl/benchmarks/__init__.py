@@ -2,11 +2,11 @@
 do (docs/benchmarks-eval.md). `BENCHMARKS`: name -> Benchmark; runner.py runs one."""
 from __future__ import annotations
 
-from mmrl.benchmarks import mathvista, mmau, refcoco, vstar
+from mmrl.benchmarks import mathvista, mmau, mmmu, refcoco, vstar
 from mmrl.benchmarks.base import Benchmark, MissingCopy
 
 BENCHMARKS: dict[str, Benchmark] = {m.BENCHMARK.name: m.BENCHMARK 
-                                      for m in (refcoco, mmau, vstar, mathvista)}
+                                      for m in (refcoco, mmau, vstar, mathvista, mmmu)}
 
 
 def get(name: str) -> Benchmark:
