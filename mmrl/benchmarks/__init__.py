@@ -2,12 +2,13 @@
 do (docs/benchmarks-eval.md). `BENCHMARKS`: name -> Benchmark; runner.py runs one."""
 from __future__ import annotations
 
-from mmrl.benchmarks import charades, mathvista, mmau, mmmu, refcoco, videomme, vstar
+from mmrl.benchmarks import charades, hrbench, mathvista, mmau, mmmu, refcoco, videomme, vstar
 from mmrl.benchmarks.base import Benchmark, MissingCopy
 
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     refcoco.BENCHMARK, mmau.BENCHMARK, vstar.BENCHMARK, mathvista.BENCHMARK, mmmu.BENCHMARK,
-    videomme.BENCHMARK, videomme.BENCHMARK_SUBTITLES, charades.BENCHMARK)}
+    videomme.BENCHMARK, videomme.BENCHMARK_SUBTITLES, charades.BENCHMARK,
+    hrbench.BENCHMARK)}
 
 
 def get(name: str) -> Benchmark:
