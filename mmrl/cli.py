@@ -254,8 +254,8 @@ def cmd_eval(args) -> int:
     if args.benchmark:  # the field's benchmarks instead of data.eval (docs/benchmarks-eval.md)
         from mmrl.benchmarks.runner import evaluate_checkpoint as run_benchmarks, parse_arg
 
-        result = run_benchmarks(cfg, args.checkpoint, [parse_arg(b) for b in args.benchmark],
-                                out_dir=args.out)
+        specs = [parse_arg(b, args.limit, args.max_new_tokens) for b in args.benchmark]
+        result = run_benchmarks(cfg, args.checkpoint, specs, out_dir=args.out)
         print(json.dumps({k: {m: v[m] for m in ("score", "n", "failed")} for k, v in result.items()},
                          indent=2))
         return 0
@@ -301,6 +301,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a field benchmark from its local copy, scored as lmms-eval scores it "
                          "(repeatable; results in RUN_OR_CKPT/eval/benchmarks/NAME.json; "
                          "PATH=fixture: a tiny copy in its layout)")
+    sp.add_argument("--limit", type=int, default=None,
+                    help="--benchmark: the first N rows of each (default: all)")
+    sp.add_argument("--max-new-tokens", type=int, default=None,
+                    help="--benchmark: cap generation (default: each task's own)")
     sp.set_defaults(fn=cmd_eval)
     sp = sub.add_parser("report", help="HTML report of one run (or two, overlaid)")
     sp.add_argument("run_dirs", nargs="+")

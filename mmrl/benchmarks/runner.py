@@ -23,13 +23,14 @@ FIXTURE = "fixture"  # path: a small copy in the benchmark's layout, written by 
 FIXTURE_ROWS = 8
 
 
-def parse_arg(text: str):
-    """`--benchmark NAME[=PATH]` -> BenchmarkSpec."""
+def parse_arg(text: str, limit: int | None = None, max_new_tokens: int | None = None):
+    """`--benchmark NAME[=PATH]` (with `--limit`, `--max-new-tokens`) -> BenchmarkSpec."""
     from mmrl.config import BenchmarkSpec
 
     name, _, path = text.partition("=")
     get(name)  # an unknown name fails here, before any model loads
-    return BenchmarkSpec(name=name, path=path or None)
+    return BenchmarkSpec(name=name, path=path or None, limit=limit,
+                         max_new_tokens=max_new_tokens)
 
 
 def default_root(name: str) -> Path:
