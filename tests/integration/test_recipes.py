@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.integration
@@ -35,6 +36,17 @@ def test_recipe_tiny_run(recipe, tmp_path):
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["loss/loss"] is not None and math.isfinite(r["loss/loss"]) for r in rows)
     assert any(r["adv/abs_mean"] > 0 for r in rows), "no reward variance in any step"
+    # A recipe that names a field benchmark runs it on its fixture before, every step, after.
+    for spec in yaml.safe_load(config.with_name("tiny.yaml").read_text())["eval"].get(
+            "benchmarks", []):
+        name = spec["name"]
+        assert all(isinstance(r.get(f"bench/{name}"), float) for r in rows), name
+        assert all(r["time/benchmarks"] > 0 for r in rows)
+        history = json.loads((run_dir / "eval" / "benchmarks" / f"{name}.json").read_text())
+        assert [h["stage"] for h in history["history"]][::3] == ["before_rl", "after_rl"]
+        assert f"bench/{name}" in json.loads((run_dir / "summary.json").read_text())[
+            "benchmarks_after_rl"]
+        assert f"{name} (" in printed and " -> " in printed  # the before -> after row
     # Checkpoints after step 1 and step 2: the second RL step changed the weights.
     one = load_file(run_dir / "checkpoints" / "step_000001" / "model.safetensors")
     two = load_file(run_dir / "checkpoints" / "step_000002" / "model.safetensors")
