@@ -275,10 +275,10 @@ class BenchmarkSpec:
     copy in its layout, written in the run dir), run before RL, every `every` steps (0: only
     before and after) and after RL, on the first `limit` rows (None: all)."""
 
-    name: str = MISSING
-    path: Optional[str] = None
-    every: int = 0
-    limit: Optional[int] = None
+    name: str = MISSING  # refcoco, mmau, vstar, mathvista, ... (docs/benchmarks-eval.md)
+    path: Optional[str] = None  # the local copy's root, or "fixture"
+    every: int = 0  # also every N RL steps (0: before and after RL only)
+    limit: Optional[int] = None  # the first N rows (None: all)
     family_coords: bool = False  # boxes in the model family's convention, not the task's own
     max_new_tokens: Optional[int] = None  # None: the task's own (its generation_kwargs)
 

@@ -17,8 +17,8 @@ def markdown(r: dict) -> str:
                 "the tokenizer is a tiny one, the vocabulary size the real one."), ""]
     for name, fn in (("environment", _environment), ("correctness", _correctness),
                      ("update", _update), ("generation", _generation),
-                     ("grpo step", _grpo), ("trl", _trl)):
-        part = s.get(name, {"skipped": "not run"})
+                     ("grpo step", _grpo), ("trl", _trl), ("benchmark", _benchmark)):
+        part = s.get(name, {"skipped": "not yet measured" if name == "benchmark" else "not run"})
         lines += [f"## {_TITLES[name]}", ""]
         if "failure" in part:
             lines += [f"Failed: `{part['failure']}`", "", "```", part.get("traceback", ""),
@@ -45,7 +45,8 @@ _AGAIN = ["## Measuring again", "",
 _TITLES = {"environment": "Environment", "correctness": "Correctness on the device",
            "update": "Update phase: naive vs shared prefix",
            "generation": "Generation: HF generate vs prefill once",
-           "grpo step": "One full GRPO step", "trl": "TRL's GRPOTrainer on the same step"}
+           "grpo step": "One full GRPO step", "trl": "TRL's GRPOTrainer on the same step",
+           "benchmark": "A field benchmark end to end (`mmrl eval --benchmark`)"}
 
 
 def _environment(e: dict, r: dict) -> list[str]:
@@ -155,3 +156,10 @@ def _trl(t: dict, r: dict) -> list[str]:
             *[f"| {side} | {best(side):.2f} | "
               f"{(t[side].get('peak_cuda_mb') or 0) / 1024:.1f} |" for side in ("mmrl", "trl")],
             "", f"TRL / mmrl step time: {t['ratio']:.2f}x."]
+
+
+def _benchmark(b: dict, r: dict) -> list[str]:
+    """The base model at real shape on one benchmark's fixture copy (docs/benchmarks-eval.md)."""
+    return ["| | |", "|---|---|", f"| benchmark | {b['benchmark']} ({b['rows']} rows) |",
+            f"| seconds | {b['seconds']:.1f} |",
+            f"| seconds per row | {b['seconds'] / b['rows']:.2f} |"]
