@@ -60,7 +60,7 @@ def curve_groups(runs: list[Run]) -> list[CurveGroup]:
         CurveGroup("Zero-std groups", ["groups/zero_std_frac", "groups/solved_frac", "adv/all_zero"],
                    "fraction"),
         CurveGroup("Time per stage", [k for k in STAGES if k in keys], "seconds", stacked=True),
-        CurveGroup("Step time", ["time/step"], "seconds"),
+        CurveGroup("Step time", ["time/step", "time/benchmarks"], "seconds"),  # + the benchmarks
         CurveGroup("Throughput", ["time/tokens_per_s"], "tokens/s"),
         CurveGroup("Loss", ["loss/loss"], "loss"),
         CurveGroup("Importance ratio", ["loss/ratio_mean", "loss/ratio_min", "loss/ratio_max"],
