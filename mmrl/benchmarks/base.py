@@ -50,17 +50,15 @@ class Benchmark:
     notes: str = ""  # what differs from lmms-eval, said once in the output
     prepare: Callable[[list[dict]], list[dict]] = list  # the task's process_docs (e.g. explode)
 
-    @property
-    def download(self) -> str:
-        return (f"huggingface-cli download {self.hub} --repo-type dataset --local-dir PATH "
-                f"(the files {self.files} under PATH)")
+    def download(self, root: Path | str = "PATH") -> str:
+        return f"huggingface-cli download {self.hub} --repo-type dataset --local-dir {root}"
 
     def rows(self, root: Path) -> list[dict]:
         """The split's rows in file order, or MissingCopy naming what to download and where."""
         found = sorted(glob.glob(str(root / self.files), recursive=True))
         if not found:
-            raise MissingCopy(f"benchmark {self.name!r}: no {self.files} under {root}: download "
-                              f"it once with `{self.download.replace('PATH', str(root))}`")
+            raise MissingCopy(f"benchmark {self.name!r}: no {self.files} under {root}; download "
+                              f"it once: `{self.download(root)}`")
         return self.prepare([row for f in found for row in READERS[self.reader](Path(f))])
 
 

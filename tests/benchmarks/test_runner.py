@@ -17,7 +17,7 @@ def test_runs_on_fixture_copies_and_writes_rows(tmp_path, family="qwen2_5_vl",
     adapter = get_adapter(family)
     model, processor = adapter.tiny()
     for name in names:
-        spec = BenchmarkSpec(name=name, path="fixture", limit=2)
+        spec = BenchmarkSpec(name=name, path="fixture", limit=2, max_new_tokens=8)
         res = run_benchmark(model, processor, adapter, cfg, spec, tmp_path, stage="before_rl",
                             step=0)
         run_benchmark(model, processor, adapter, cfg, spec, tmp_path, stage="after_rl", step=2)
