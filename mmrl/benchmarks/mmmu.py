@@ -16,14 +16,19 @@ MC_PROMPT = "Answer with the option's letter from the given choices directly."
 OPEN_PROMPT = "Answer the question using a single word or phrase."
 
 
+def prompt_raw(row: dict) -> str:
+    """The question and its "A. option" lines, "<image k>" marks as the dataset writes them."""
+    if row["question_type"] != "multiple-choice":
+        return row["question"]
+    options = ast.literal_eval(row["options"])
+    return row["question"] + "\n" + "\n".join(
+        f"{chr(ord('A') + i)}. {o}" for i, o in enumerate(options))
+
+
 def prompt(row: dict) -> str:
-    """The question text, "<image k>" marks as lmms-eval's interleaved format writes them."""
-    if row["question_type"] == "multiple-choice":
-        options = ast.literal_eval(row["options"])
-        text = row["question"] + "\n" + "\n".join(
-            f"{chr(ord('A') + i)}. {o}" for i, o in enumerate(options)) + f"\n\n{MC_PROMPT}"
-    else:
-        text = f"{row['question']}\n\n{OPEN_PROMPT}"
+    """The prompt text, "<image k>" marks as lmms-eval's interleaved format writes them."""
+    mc = row["question_type"] == "multiple-choice"
+    text = f"{prompt_raw(row)}\n\n{MC_PROMPT if mc else OPEN_PROMPT}"
     for i in range(1, 8):
         text = text.replace(f"<image {i}>", "<image>")
     return text
@@ -33,14 +38,6 @@ def image_keys(row: dict) -> list[str]:
     """The image columns the question names, sorted (lmms-eval's doc_to_visual)."""
     found = re.findall(r"<image \d+>", prompt_raw(row))
     return sorted({t.strip("<>").replace(" ", "_") for t in found})
-
-
-def prompt_raw(row: dict) -> str:
-    if row["question_type"] == "multiple-choice":
-        options = ast.literal_eval(row["options"])
-        return row["question"] + "\n" + "\n".join(
-            f"{chr(ord('A') + i)}. {o}" for i, o in enumerate(options))
-    return row["question"]
 
 
 def content(row: dict) -> list[dict]:

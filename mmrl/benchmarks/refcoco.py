@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mmrl.benchmarks.base import Benchmark, Context, chat, medium, png_cell, write_parquet
 from mmrl.types import Sample
-from rewards.boxes import pixel_scale
+from rewards.boxes import QWEN_MAX_PIXELS, QWEN_MIN_PIXELS, pixel_scale
 
 PROMPT = ("Bounding box coordinates are specified in the format (top-left x, top-left y, "
           "bottom-right x, bottom-right y). All values are floating point numbers bounded "
@@ -82,8 +82,8 @@ def score(row: dict, text: str, ctx: Context) -> dict:
     pred = parse_box(text)
     if ctx.box_coords != "norm1" and pred != [0, 0, 0, 0]:  # the family's frame -> fractions
         w, h = row["image_width"], row["image_height"]
-        sx, sy = pixel_scale(ctx.box_coords, [w, h], None, ctx.min_pixels or 3136,
-                             ctx.max_pixels or 12845056)
+        sx, sy = pixel_scale(ctx.box_coords, [w, h], None, ctx.min_pixels or QWEN_MIN_PIXELS,
+                             ctx.max_pixels or QWEN_MAX_PIXELS)
         pred = [pred[0] * sx / w, pred[1] * sy / h, pred[2] * sx / w, pred[3] * sy / h]
     gt, value = row["bbox"], iou(row["bbox"], pred)
     cx, cy = (pred[0] + pred[2]) / 2, (pred[1] + pred[3]) / 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,8 +44,13 @@ def root_of(spec: BenchmarkSpec, out_dir: Path) -> Path:
     bench = get(spec.name)
     if spec.path == FIXTURE:
         root = out_dir / "eval" / "benchmarks" / "fixtures" / spec.name
-        if not root.is_dir():
-            bench.write_fixture(root, spec.limit or FIXTURE_ROWS, 0)
+        if not root.is_dir():  # written aside, then renamed: ranks may race to write it
+            tmp = root.with_name(f"{spec.name}.{os.getpid()}.tmp")
+            bench.write_fixture(tmp, spec.limit or FIXTURE_ROWS, 0)
+            try:
+                os.replace(tmp, root)
+            except OSError:  # another rank's copy landed first: same content, keep it
+                shutil.rmtree(tmp)
         return root
     return Path(spec.path) if spec.path else default_root(spec.name)
 
