@@ -71,7 +71,8 @@ def run_benchmark(model, processor, adapter, cfg: RunConfig, spec: BenchmarkSpec
     (`score`: the headline metric, `n`, `failed`, `seconds`, the task's metrics)."""
     started, info = time.perf_counter(), info or dist.DistInfo()
     bench, root = get(spec.name), root_of(spec, out_dir)
-    rows = bench.rows(root)[:spec.limit] if spec.limit else bench.rows(root)
+    rows = bench.rows(root)
+    rows = rows[:spec.limit] if spec.limit else rows
     ctx = Context(box_coords=adapter.box_coords if spec.family_coords else "norm1",
                   min_pixels=cfg.data.image_min_pixels, max_pixels=cfg.data.image_max_pixels,
                   rng=random.Random(cfg.train.seed))
@@ -90,13 +91,16 @@ def run_benchmark(model, processor, adapter, cfg: RunConfig, spec: BenchmarkSpec
            "seconds": time.perf_counter() - started}
     if info.main:
         out_file = out_dir / "eval" / "benchmarks" / f"{spec.name}.json"
-        _write(out_file, bench, spec, root, cfg, out, max_new, stage, step, [dict(id=s.id, prompt=_text(s), completion=t, result=r)
-                             for s, t, r in zip(samples, texts, results)])
+        per_sample = [dict(id=s.id, prompt=_text(s), completion=t, result=r)
+                      for s, t, r in zip(samples, texts, results)]
+        _write(out_file, bench, spec, root, cfg, out, max_new, stage, step, per_sample)
     return out
 
 
 def _text(sample) -> str:
-    return next(c["text"] for c in sample.messages[-1]["content"] if c["type"] == "text")
+    """The prompt as the model saw it, media marked where they sit (MMMU interleaves them)."""
+    return "\n".join(c["text"] if c["type"] == "text" else f"<{c['type']}>"
+                     for c in sample.messages[-1]["content"])
 
 
 def _write(path: Path, bench, spec, root: Path, cfg: RunConfig, out: dict, max_new: int,
