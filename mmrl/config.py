@@ -281,6 +281,12 @@ class BenchmarkSpec:
     limit: Optional[int] = None  # the first N rows (None: all)
     family_coords: bool = False  # boxes in the model family's convention, not the task's own
     max_new_tokens: Optional[int] = None  # None: the task's own (its generation_kwargs)
+    tools: bool = True  # false: without the run's tools.use (results as NAME_no_tools)
+
+    @property
+    def key(self) -> str:
+        """Its results' name: NAME, or NAME_no_tools for the tool-less setting."""
+        return self.name if self.tools else f"{self.name}_no_tools"
 
 
 @dataclass

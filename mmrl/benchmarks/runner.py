@@ -3,6 +3,7 @@ completions on the held-out evaluation's path (train/evaluate.py `draw_texts`), 
 task scores, write RUN/eval/benchmarks/NAME.json (settings, metrics, history, per-sample rows)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -71,6 +72,8 @@ def run_benchmark(model, processor, adapter, cfg: RunConfig, spec: BenchmarkSpec
     (`score`: the headline metric, `n`, `failed`, `seconds`, the task's metrics)."""
     started, info = time.perf_counter(), info or dist.DistInfo()
     bench, root = get(spec.name), root_of(spec, out_dir)
+    if not spec.tools:  # the tool-less setting of a run with tools (V*: both are reported)
+        cfg = dataclasses.replace(cfg, tools=dataclasses.replace(cfg.tools, use=[]))
     rows = bench.rows(root)
     rows = rows[:spec.limit] if spec.limit else rows
     ctx = Context(box_coords=adapter.box_coords if spec.family_coords else "norm1",
@@ -90,7 +93,7 @@ def run_benchmark(model, processor, adapter, cfg: RunConfig, spec: BenchmarkSpec
     out = {"score": metrics[bench.metric], **metrics, "n": len(scored), "failed": n - len(scored),
            "seconds": time.perf_counter() - started}
     if info.main:
-        out_file = out_dir / "eval" / "benchmarks" / f"{spec.name}.json"
+        out_file = out_dir / "eval" / "benchmarks" / f"{spec.key}.json"
         per_sample = [dict(id=s.id, prompt=_text(s), completion=t, result=r)
                       for s, t, r in zip(samples, texts, results)]
         _write(out_file, bench, spec, root, cfg, out, max_new, stage, step, per_sample)
@@ -110,7 +113,7 @@ def _write(path: Path, bench, spec, root: Path, cfg: RunConfig, out: dict, max_n
     old = json.loads(path.read_text()) if path.is_file() else {}
     history = [h for h in old.get("history", []) if h.get("stage") != stage]
     history.append({"stage": stage, "step": step, **out})
-    doc = {"benchmark": bench.name, "title": bench.title, "lmms_eval_task": bench.lmms_task,
+    doc = {"benchmark": spec.key, "title": bench.title, "lmms_eval_task": bench.lmms_task,
            "source": str(root), "limit": spec.limit, "stage": stage, "step": step,
            "metric": bench.metric, "metrics": out, "judge_metrics": bench.judge or "none",
            "notes": bench.notes, "coords": "family" if spec.family_coords else "task",
@@ -131,7 +134,7 @@ def evaluate_checkpoint(cfg: RunConfig, checkpoint: str, specs: list,
     check_copies_of(specs)  # a missing copy fails before the model loads
     base = Path(out_dir) if out_dir else Path(checkpoint)
     model, processor, adapter, _ = load_checkpoint(cfg, checkpoint)
-    return {spec.name: run_benchmark(model, processor, adapter, cfg, spec, base)
+    return {spec.key: run_benchmark(model, processor, adapter, cfg, spec, base)
             for spec in specs}
 
 
@@ -160,19 +163,21 @@ def run_due(policy, cfg: RunConfig, run_dir: Path, stage: str, step: int) -> dic
         for spec in due:
             res = run_benchmark(policy.model, policy.processor, policy.adapter, cfg, spec,
                                 run_dir, stage=stage, step=step, info=policy.info)
-            out[f"bench/{spec.name}"] = res["score"]
+            out[f"bench/{spec.key}"] = res["score"]
     out["time/benchmarks"] = time.perf_counter() - started
     return out
 
 
 def summary_rows(summary: dict) -> list[tuple[str, str]]:
     """The run summary's before -> after lines, one per benchmark."""
-    before, after = summary.get("benchmarks_before_rl") or {}, summary.get("benchmarks_after_rl") or {}
+    before = summary.get("benchmarks_before_rl") or {}
+    after = summary.get("benchmarks_after_rl") or {}
+
+    def fmt(v) -> str:
+        return f"{v:.3f}" if isinstance(v, (int, float)) else "-"
     rows = []
-    for key in sorted(set(before) | set(after)):
-        if key.startswith("bench/"):
-            name = key[len("bench/"):]
-            fmt = lambda v: f"{v:.3f}" if isinstance(v, (int, float)) else "-"  # noqa: E731
-            rows.append((f"{name} ({get(name).metric})", f"{fmt(before.get(key))} -> "
-                                                          f"{fmt(after.get(key))}"))
+    for key in sorted(k for k in set(before) | set(after) if k.startswith("bench/")):
+        name = key[len("bench/"):]
+        metric = get(name.removesuffix("_no_tools")).metric
+        rows.append((f"{name} ({metric})", f"{fmt(before.get(key))} -> {fmt(after.get(key))}"))
     return rows

@@ -42,8 +42,9 @@ def test_summary_rows_and_report_panel(tmp_path):
     from mmrl.report.load import load_run
 
     summary = {"benchmarks_before_rl": {"bench/vstar": 25.0, "time/benchmarks": 1.0},
-               "benchmarks_after_rl": {"bench/vstar": 50.0}}
-    assert summary_rows(summary) == [("vstar (accuracy)", "25.000 -> 50.000")]
+               "benchmarks_after_rl": {"bench/vstar": 50.0, "bench/vstar_no_tools": 20.0}}
+    assert summary_rows(summary) == [("vstar (accuracy)", "25.000 -> 50.000"),
+                                     ("vstar_no_tools (accuracy)", "- -> 20.000")]
     (tmp_path / "eval" / "benchmarks").mkdir(parents=True)
     (tmp_path / "eval" / "benchmarks" / "vstar.json").write_text(json.dumps(
         {"benchmark": "vstar", "metric": "accuracy", "history": [

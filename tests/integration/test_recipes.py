@@ -39,7 +39,7 @@ def test_recipe_tiny_run(recipe, tmp_path):
     # A recipe that names a field benchmark runs it on its fixture before, every step, after.
     for spec in yaml.safe_load(config.with_name("tiny.yaml").read_text())["eval"].get(
             "benchmarks", []):
-        name = spec["name"]
+        name = spec["name"] + ("" if spec.get("tools", True) else "_no_tools")
         assert all(isinstance(r.get(f"bench/{name}"), float) for r in rows), name
         assert all(r["time/benchmarks"] > 0 for r in rows)
         history = json.loads((run_dir / "eval" / "benchmarks" / f"{name}.json").read_text())
