@@ -53,3 +53,24 @@ def test_summary_rows_and_report_panel(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 2, "bench/vstar": 30.0}) + "\n")
     groups = [g for g in curve_groups([load_run(tmp_path)]) if g.keys == ["bench/vstar"]]
     assert [(g.title, g.ylabel) for g in groups] == [("Benchmark: vstar", "accuracy")]
+
+
+
+def test_periodic_runs_respect_every(tmp_path):
+    """Training's hook runs only the benchmarks whose `every` divides the step (every: 0 = before
+    and after RL only), on the Policy's model (here a stand-in with the Policy's interface)."""
+    import contextlib
+    import types
+
+    from mmrl.benchmarks.runner import run_due
+    from mmrl.train.dist import DistInfo
+
+    cfg = load(None, ["data.train=x", "eval.benchmarks=[{name: vstar, every: 2, path: fixture, "
+                                      "limit: 2, max_new_tokens: 4}, {name: mmau, every: 0}]"])
+    assert run_due(None, cfg, tmp_path, "step_000001", 1) == {}  # none due: nothing touched
+    adapter = get_adapter("qwen2_5_vl")
+    model, processor = adapter.tiny()
+    policy = types.SimpleNamespace(model=model, processor=processor, adapter=adapter,
+                                   info=DistInfo(), full_params=contextlib.nullcontext)
+    got = run_due(policy, cfg, tmp_path, "step_000002", 2)
+    assert set(got) == {"bench/vstar", "time/benchmarks"} and got["time/benchmarks"] > 0
