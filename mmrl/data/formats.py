@@ -184,6 +184,28 @@ def r1_aqa(record: Any, source: str, base_dir: Path) -> Sample:
                    record_task=False)
 
 
+ASR_PROMPT = "Transcribe the audio. Answer with the transcript in <answer></answer>."
+ASR_AUDIO = ("audio", "audios", "audio_path", "audio_filepath", "path")
+ASR_TEXT = ("transcript", "text", "sentence")
+
+
+@FORMATS.register("asr")
+def asr(record: Any, source: str, base_dir: Path) -> Sample:
+    """Speech recognition rows as LibriSpeech / Common Voice (HF Audio column + text or
+    sentence) and NeMo manifests (audio_filepath + text) ship them: the transcript is the
+    solution; the question is the record's prompt, else ASR_PROMPT."""
+    record = check_dict(record, source)
+    audios = media_refs(record, ASR_AUDIO, base_dir, source)
+    if not audios:
+        raise fail(source, f"missing the audio (one of {', '.join(map(repr, ASR_AUDIO))})")
+    transcript = text_of(record, ASR_TEXT, source, "transcript")
+    question = record.get("prompt") or record.get("question") or ASR_PROMPT
+    fields = passthrough(record, {"id", "task", "prompt", "question", "file", *ASR_AUDIO,
+                                   *ASR_TEXT})
+    return make_sample(record, source, text=str(question), media={"audios": audios},
+                       solution=unwrap(transcript).strip(), task="asr", fields=fields)
+
+
 @FORMATS.register("time_r1")
 def time_r1(record: Any, source: str, base_dir: Path) -> Sample:
     """Temporal grounding: solution [start, end] in seconds from 'timestamp' (or the single pair
