@@ -215,6 +215,7 @@ def _config_checks(args, fmt, cfg) -> tuple[list[str], list[str], list[dict], li
     prepared as training prepares them."""
     from mmrl.data.inspect import reward_scorability
     from mmrl.data.prepare import check_datasets, prepare_samples
+    from mmrl.data.media_errors import MediaError
     from mmrl.data.schema import RecordError, load_samples
     from mmrl.models import get_adapter
 
@@ -226,11 +227,12 @@ def _config_checks(args, fmt, cfg) -> tuple[list[str], list[str], list[dict], li
     for i in range(len(lazy)):
         try:
             samples.append(lazy[i])
-        except (RecordError, ValueError):  # listed in the report already
+        except (RecordError, MediaError, ValueError):  # listed in the report already
             continue
     rows = reward_scorability(cfg.rewards, samples, cfg.rollout.max_new_tokens)
     try:
-        return [], check_datasets(cfg, samples, samples), rows, samples
+        kinds = get_adapter(cfg.model.family).media_kinds
+        return [], check_datasets(cfg, samples, samples, kinds), rows, samples
     except ValueError as e:
         return [str(e)], [], rows, samples
 

@@ -129,12 +129,8 @@ def _from_string(text: str, base: Path, source: str, key: str, kind: str) -> str
     if not text:
         raise RecordError(f"{source}: {key!r}: an empty media path")
     scheme = text.split(":", 1)[0].lower() if ":" in text[:12] else ""
-    if scheme == "data":
-        return embed(_data_uri(text, source, key), kind)
-    if scheme == "file":
-        return urllib.request.url2pathname(urllib.parse.urlparse(text).path)
-    if scheme in ("http", "https"):
-        return fetch(text, source, key, kind)
+    if scheme in SCHEMES:
+        return SCHEMES[scheme](text, source, key, kind)
     if len(text) >= MIN_BASE64 and BASE64.fullmatch(text):
         data = _b64(text, source, key, strict=False)
         if data is not None and sniff(data, kind):
@@ -144,6 +140,14 @@ def _from_string(text: str, base: Path, source: str, key: str, kind: str) -> str
                                 f"over {NAME_MAX} bytes), nor a data: URI, URL or base64 of a "
                                 f"known media file")
     return text if Path(text).is_absolute() else str(base / text)
+
+
+def _file_url(text: str, source: str, key: str, kind: str) -> str:
+    return urllib.request.url2pathname(urllib.parse.urlparse(text).path)
+
+
+def _data(text: str, source: str, key: str, kind: str) -> str:
+    return embed(_data_uri(text, source, key), kind)
 
 
 def _b64(text: str, source: str, key: str, strict: bool = True) -> bytes | None:
@@ -219,3 +223,7 @@ def _audio_array(array: Any, rate: Any, source: str, key: str) -> str:
     buf = io.BytesIO()
     sf.write(buf, wave, rate, format="WAV", subtype="FLOAT")
     return embed(buf.getvalue(), "audio")
+
+
+# A media string's URL scheme -> how its item becomes a local file.
+SCHEMES = {"data": _data, "file": _file_url, "http": fetch, "https": fetch}

@@ -74,7 +74,8 @@ class Trainer:
         adapter = get_adapter(cfg.model.family)
         train_set, self.eval_set = build_datasets(cfg, adapter.image_factor)
         with rewards_at("at start, asking each reward which records it can score"):
-            data_warnings = check_datasets(cfg, train_set, self.eval_set)
+            data_warnings = check_datasets(cfg, train_set, self.eval_set,
+                                           adapter.media_kinds)
         if resume is FROM_CONFIG:
             resume = (checkpoint.resolve_resume(cfg.train.resume, self.run_dir)
                       if self.info.main else None)

@@ -162,7 +162,7 @@ def test_time_r1_timestamps_variant():
     ("vlm_r1", {"image": "a.png", "conversations": [{"from": "human", "value": "<image>Q"}]}, "no gpt turn"),
     ("vlm_r1", {"image": "a.png", "conversations": "Q"}, "conversations"),
     ("vlm_r1", {"conversations": [{"from": "human", "value": "<image>Q"}, {"from": "gpt", "value": "1"}]},
-     "placeholder"),
+     "mark 1 image"),
     ("r1v", {"problem": "Q", "image": "a.png"}, "answer"),
     ("r1v", {"solution": "1", "image": "a.png"}, "question"),
     ("easyr1", {"problem": "Q", "answer": "1", "images": [3]}, "images"),
