@@ -14,6 +14,7 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("video_r1", ("problem_type", "problem")),
     ("r1_aqa", ("audio_path", "question_text")),
     ("r1_aqa", ("audio", "question", "choices")),
+    ("r1_aqa", ("audio_id", "question", "choices")),  # MMAU
     ("time_r1", ("video", "timestamp")),
     ("time_r1", ("video", "timestamps")),
     ("asr", ("audio", "transcript")),  # LibriSpeech / Common Voice / NeMo manifests
