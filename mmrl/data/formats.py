@@ -42,7 +42,7 @@ from mmrl.data.record_parts import (answer_letter, check_dict, embedding_into, f
                                       is_boxes, lettered_options, make_sample, media_ref,
                                       media_refs, numbers, passthrough, text_of, unwrap,
                                       with_hint, with_image_size)
-from mmrl.data.schema import FORMATS, MEDIA_KINDS, load_samples
+from mmrl.data.schema import FORMATS, MEDIA_KINDS, load_samples, with_options
 from mmrl.types import Sample
 
 # VLM-R1 accu_reward_method -> task (others, e.g. "math", "yes_no", are the task as they are;
@@ -98,7 +98,8 @@ def _r1v_like(record: Any, source: str, base_dir: Path) -> Sample:
     where images go), answer in 'answer' or 'solution' (<answer> tags stripped; a 4-number answer
     is a box), media in 'images'/'image', 'videos'/'video', 'audios'/'audio'."""
     record = check_dict(record, source)
-    text = text_of(record, ("problem", "prompt", "question"), source, "question")
+    text = with_options(text_of(record, ("problem", "prompt", "question"), source, "question"),
+                        record, source)
     if record.get("answer") is not None:
         raw = record["answer"]
     elif record.get("solution") is not None:

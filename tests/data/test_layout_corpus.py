@@ -209,6 +209,10 @@ LAYOUTS = {
     "EasyR1 jsonl": ("EasyR1", "jsonl", None, VL,
                      lambda m: {"problem": "<image>" + Q, "answer": "1", "images": ["a.png"]},
                      {"images": 1}),
+    "EasyR1 choices column": ("EasyR1", "jsonl", None, VL,
+                              lambda m: {"problem": "<image>Which colour?", "answer": "A",
+                                         "choices": ["red", "blue"], "images": ["a.png"]},
+                              {"images": 1}),
     "EasyR1 parquet bytes": ("EasyR1", "parquet", None, VL,
                              lambda m: {"problem": "<image>" + Q, "answer": "1",
                                         "images": [{"bytes": m.png, "path": None}]},
@@ -383,6 +387,8 @@ def test_what_the_layouts_mean_reaches_the_prompt(media, tmp_path, processors, m
     marks = sample("native <image> marks").messages[0]["content"]
     assert [p["type"] for p in marks] == ["text", "image", "text", "image", "text"]
     text = sample("native options column").messages[0]["content"][-1]["text"]
+    assert text.endswith("Options:\nA. red\nB. blue")
+    text = sample("EasyR1 choices column").messages[0]["content"][-1]["text"]
     assert text.endswith("Options:\nA. red\nB. blue")
     assert sample("native wrapped answer").solution == "1"
     for name in ("messages multi-round", "InternVL multi-round"):
