@@ -47,7 +47,11 @@ def read_chat(record: dict, source: str, base: Path,
         carried = [media_ref(p.get(kind) or p.get("path") or p.get("url"), base, source, kind)
                    for m in messages for p in m["content"]
                    if p["type"] == kind and (p.get(kind) or p.get("path") or p.get("url"))]
-        if carried and not media.get(kind + "s"):
+        listed = media.get(kind + "s")
+        if carried and listed and carried != listed:  # two sources: one would be dropped
+            raise RecordError(f"{source}: the messages' {kind} parts name {len(carried)} "
+                              f"{kind}(s) and '{kind}s' lists {len(listed)} others; keep one")
+        if carried:
             media[kind + "s"] = carried
     _place_media(messages, {k: len(media.get(k + "s", [])) for k in KINDS}, source)
     return messages, answer, media
@@ -73,7 +77,8 @@ def _message(turn: dict, i: int, source: str) -> dict:
                 parts.append(_url_part(p, kind))
             else:
                 raise RecordError(f"{source}: message {i} has a content part of type {kind!r}; "
-                                  f"expected text, image, video, audio or one of {sorted(URL_PARTS)}")
+                                  f"expected text, image, video, audio or one of "
+                                  f"{sorted(URL_PARTS)}")
     else:
         raise RecordError(f"{source}: message {i} content must be a string or a list of parts")
     return {"role": ROLES[role], "content": parts}

@@ -23,7 +23,8 @@ LETTER = re.compile(r"[\(\[]?\s*([A-Za-z])\s*[\)\]]?\s*[.:]?")
 # A Qwen processor's own media tokens: it writes (and counts media by) these itself, so in a
 # record's text they break its media count deep inside the processor.
 MODEL_TOKENS = re.compile(r"<\|(?:vision_start|vision_end|vision_pad|image_pad|video_pad|"
-                          r"audio_bos|audio_eos|audio_start|audio_end|audio_pad|AUDIO|IMAGE|VIDEO)\|>")
+                          r"audio_bos|audio_eos|audio_start|audio_end|audio_pad|"
+                          r"AUDIO|IMAGE|VIDEO)\|>")
 OPTION_PREFIX = re.compile(r"\s*[\(\[]?([A-Z])[\)\].:]\s*")
 BOX_KEY = re.compile(r"[\"'](?:Position|bbox_2d|bbox)[\"']\s*:\s*\[")  # Visual-RFT / Qwen JSON boxes
 # Keys that load_media reads as decode overrides: an anchor's same-named column may mean something
