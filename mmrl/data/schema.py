@@ -82,13 +82,18 @@ def with_options(prompt: str, record: dict, source: str) -> str:
     if key is None:  # none, or a string the prompt author formatted: left as it is
         return prompt
     options = lettered_options(record[key], f"{source}: {key!r}")
-    if all(_option_body(o).lower() in prompt.lower() for o in options):
+    if all(_shown(i, o, prompt) for i, o in enumerate(options)):
         return prompt
     return f"{prompt.rstrip()}\nOptions:\n" + "\n".join(options)
 
 
-def _option_body(option: str) -> str:
-    return OPTION_PREFIX.sub("", option, count=1).strip()
+def _shown(i: int, option: str, prompt: str) -> bool:
+    """Whether the prompt lists this option already: as "B. text" / "(B) text", or its text alone
+    when that is too long to appear by chance (a bare "2" is in many questions)."""
+    body = OPTION_PREFIX.sub("", option, count=1).strip()
+    lettered = rf"[\(\[]?{chr(65 + i)}[\)\].:]\s*{re.escape(body)}"
+    return bool(re.search(lettered, prompt, re.I)) or (len(body) > 3 and body.lower() in
+                                                       prompt.lower())
 
 
 @FORMATS.register("mmrl")
