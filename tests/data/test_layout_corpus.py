@@ -413,3 +413,22 @@ def test_layouts_train_two_steps(name, media, tmp_path, user_rewards, monkeypatc
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()
             .splitlines()]
     assert [r["step"] for r in rows if "loss/loss" in r] == [1, 2]
+
+
+def test_a_bad_embedded_item_is_skipped_and_counted_under_the_skip_policy(media, tmp_path,
+                                                                         user_rewards,
+                                                                         monkeypatch):
+    from mmrl.train.run import train
+
+    monkeypatch.setenv("MMRL_EMBEDDED_DIR", str(tmp_path / "embedded"))
+    good = LAYOUTS["native 65 KB data URI"][4](media)
+    bad = {**good, "images": ["data:image/png;base64,@@@@"]}
+    path = tmp_path / "data" / "train.jsonl"
+    path.parent.mkdir()
+    path.write_text("".join(json.dumps(r) + "\n" for r in (good, good, bad, good)))
+    summary = train(layout_config("native 65 KB data URI", path, tmp_path / "run",
+                                  data={"on_bad_sample": "skip"}))
+    assert summary["steps"] == 2
+    skipped = json.loads((tmp_path / "run" / "summary.json").read_text())["skipped_records"]
+    assert skipped["count"] >= 1
+    assert skipped["first"][0].startswith(f"{path}:3: 'images': base64 that does not decode")
