@@ -316,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     gp.set_defaults(fn=cmd_data)
     cp = dsub.add_parser("convert", help="rewrite an anchor project's data file as native JSONL")
     cp.add_argument("--from", dest="fmt", default=None,
-                    help="vlm_r1 | r1v | easyr1 | video_r1 | r1_aqa | time_r1 | sharegpt "
+                    help="vlm_r1 | r1v | easyr1 | video_r1 | r1_aqa | time_r1 | asr | sharegpt "
                          "(default: detected from the file, as `mmrl train` does)")
     cp.add_argument("--config", default=None,
                     help="the recipe you will train with: named in the printed next command")

@@ -41,8 +41,8 @@ CallFormat = Literal["qwen", "json_box", "json_span"]
 class DataConfig:
     train: str = MISSING  # JSONL / JSON / Parquet / HF dataset dir
     eval: Optional[str] = None  # held-out set for before/after and in-loop evaluation
-    # record adapter: mmrl | vlm_r1 | r1v | easyr1 | video_r1 | r1_aqa | time_r1; null: mmrl for
-    # JSONL/JSON, detected from the column names for Parquet / Arrow (mmrl/data/detect.py)
+    # record adapter: mmrl | vlm_r1 | r1v | easyr1 | video_r1 | r1_aqa | time_r1 | asr; null:
+    # detected from the column names (Parquet / Arrow) or first record's keys (mmrl/data/detect.py)
     format: Optional[str] = None
     generate: Optional[str] = None  # synthetic generator that writes `train`/`eval` if missing
     generate_kwargs: dict[str, Any] = field(default_factory=dict)  # the generator's arguments
