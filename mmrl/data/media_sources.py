@@ -48,7 +48,8 @@ NAME_MAX = 255  # the longest file name a file system takes (Errno 36 past it)
 SIGNATURES = [(0, b"\x89PNG\r\n\x1a\n", ".png"), (0, b"\xff\xd8\xff", ".jpg"), (0, b"GIF8", ".gif"),
               (8, b"WEBP", ".webp"), (8, b"WAVE", ".wav"), (8, b"AVI ", ".avi"), (0, b"BM", ".bmp"),
               (0, b"fLaC", ".flac"), (0, b"OggS", ".ogg"), (0, b"ID3", ".mp3"),
-              (0, b"\xff\xfb", ".mp3"), (0, b"\xff\xf3", ".mp3"), (0, b"\x1aE\xdf\xa3", ".webm"),
+              (0, b"\xff\xfb", ".mp3"), (0, b"\xff\xf3", ".mp3"), (0, b"\xff\xf2", ".mp3"),
+              (0, b"\xff\xf1", ".aac"), (0, b"\xff\xf9", ".aac"), (0, b"\x1aE\xdf\xa3", ".webm"),
               (4, b"ftyp", ".mp4")]
 
 

@@ -13,6 +13,7 @@ import json
 import types
 from pathlib import Path
 
+import av
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -25,7 +26,7 @@ from mmrl import config
 from mmrl.data.media import processor_errors
 from mmrl.data.media_errors import MediaError, RecordError
 from mmrl.data.prepare import build_datasets, check_datasets, media_loader
-from mmrl.data.synthetic_av import write_mp4
+from mmrl.data.synthetic_av import write_audio, write_mp4
 from mmrl.models import get_adapter
 
 VL, AUDIO = "qwen2_5_vl", "qwen2_audio"
@@ -50,7 +51,18 @@ def media(tmp_path_factory):
     for t in range(8):
         frames[t, 20:36, 4 + 5 * t:20 + 5 * t] = (220, 40, 40)
     write_mp4(d / "clip.mp4", frames, 4)
-    b64 = {n: base64.b64encode((d / n).read_bytes()).decode() for n in ("a.png", "tone.wav")}
+    write_audio(d / "tone.mp3", tone, 16000)
+    with av.open(str(d / "clip.mkv"), "w") as container:  # another container, as Video-R1 ships
+        stream = container.add_stream("libx264", rate=4, options={"preset": "veryfast"})
+        stream.width = stream.height = 56
+        stream.pix_fmt = "yuv420p"
+        for k, frame in enumerate(frames):
+            vf = av.VideoFrame.from_ndarray(frame, format="rgb24")
+            vf.pts = k
+            container.mux(stream.encode(vf))
+        container.mux(stream.encode())
+    b64 = {n: base64.b64encode((d / n).read_bytes()).decode()
+           for n in ("a.png", "tone.wav", "tone.mp3")}
     return types.SimpleNamespace(
         dir=d, png=(d / "a.png").read_bytes(), wav=(d / "tone.wav").read_bytes(),
         flac=(d / "tone.flac").read_bytes(), tone=tone, photo=photo.getvalue(), b64=b64,
@@ -110,6 +122,10 @@ LAYOUTS = {
                                   lambda m: {"prompt": "<|vision_start|><|image_pad|>"
                                              "<|vision_end|>" + Q, "images": ["a.png"],
                                              "solution": "1"}, "<|vision_start|>"),
+    "native mp3 data URI": ("mmrl", "jsonl", None, AUDIO,
+                            lambda m: {"prompt": "What is it?", "audio": "data:audio/mpeg;base64,"
+                                       + m.b64["tone.mp3"], "solution": "a tone"},
+                            {"audios": 1}),
     "native options column": ("MMBench-style", "jsonl", None, VL,
                               lambda m: {"prompt": "Which colour is the square?", "images":
                                          ["a.png"], "options": ["red", "blue"], "solution": "A"},
@@ -222,6 +238,10 @@ LAYOUTS = {
                                   "options": ["A. left", "B. right"],
                                   "solution": "<answer>B</answer>", "path": "clip.mp4",
                                   "data_type": "video"}, {"videos": 1}),
+    "Video-R1 mkv": ("Video-R1", "json", None, VL,
+                     lambda m: {"problem_type": "numerical", "problem": "How many squares?",
+                                "solution": "<answer>1</answer>", "path": "clip.mkv",
+                                "data_type": "video"}, {"videos": 1}),
     "Video-R1 image": ("Video-R1", "json", None, VL,
                        lambda m: {"problem_type": "numerical", "problem": Q,
                                   "solution": "<answer>1</answer>", "path": "a.png",
