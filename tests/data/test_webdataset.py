@@ -231,3 +231,23 @@ def test_two_steps_train_from_a_folder_of_shards(tmp_path, tiny_config, embedded
                             for r in rollouts)
     assert {Path(r["images"][0]).name.rsplit("-", 1)[1] for r in rollouts} == {
         "000000.png", "000002.png", "000003.png", "000004.png"}
+
+
+@pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
+def test_the_header_reader_agrees_with_tarfile(tmp_path, fmt):
+    """Pax records (webdataset's TarWriter: a float mtime gives every member one), GNU long
+    names and ustar prefixes: the fast header reader finds what tarfile finds."""
+    from mmrl.data.webdataset import ShardTable, _tarfile_members
+
+    path = tmp_path / "f.tar"
+    names = [f"d/{'x' * 120}/k1.json", f"d/{'x' * 120}/k1.png", "k2.json", "k2.jpg"]
+    names += ["k\u00e9.json"] if fmt != tarfile.USTAR_FORMAT else []
+    with tarfile.open(path, "w", format=fmt) as tf:
+        for k, name in enumerate(names):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = 300 * k, 1.7e9 + 0.25
+            tf.addfile(info, io.BytesIO(b"x" * info.size))
+    table = ShardTable([path])
+    found = [(f"{table.keys[i]}.{ext}", *at) for i in range(len(table))
+             for ext, at in table.members(i).items()]
+    assert found == _tarfile_members(path) and [f[0] for f in found] == names
