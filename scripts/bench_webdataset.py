@@ -125,7 +125,8 @@ def main() -> int:
         folder = Path(tmp) / "shards"
         size = write_shards(folder, args.samples, args.shards)
         for what in args.what.split(","):
-            env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+            path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+            env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1",
                    "MMRL_EMBEDDED_DIR": str(Path(tmp) / f"embedded_{what}")}
             proc = subprocess.run([sys.executable, __file__, "--_child", what, str(folder)],
                                   capture_output=True, text=True, env=env, cwd=tmp)

@@ -81,8 +81,9 @@ def test_records_of_other_formats_name_their_members(tmp_path):
     caption = shard(tmp_path / "cap.tar", [{"__key__": "c", "json": {"prompt": "Describe.",
                                                                         "solution": "x"},
                                               "txt": "a red square", "png": png()}])
-    assert load_samples(vlm).format == "vlm_r1" and load_samples(vlm)[0].images[0].endswith("-a.png")
-    assert load_samples(easy).format == "easyr1" and load_samples(easy)[0].images[0].endswith("-b.png")
+    for path, fmt, name in ((vlm, "vlm_r1", "-a.png"), (easy, "easyr1", "-b.png")):
+        samples = load_samples(path)
+        assert samples.format == fmt and samples[0].images[0].endswith(name)
     assert load_samples(caption)[0].fields["txt"] == "a red square"  # a text member: a field
 
 
@@ -212,10 +213,11 @@ def test_two_steps_train_from_a_folder_of_shards(tmp_path, tiny_config, embedded
     from mmrl.train.run import train
 
     GENERATORS.get("counting")(tmp_path / "gen", n_train=8, n_eval=0)
-    rows = [json.loads(line) for line in (tmp_path / "gen" / "train.jsonl").read_text().splitlines()]
+    lines = (tmp_path / "gen" / "train.jsonl").read_text().splitlines()
     samples = [{"__key__": f"{k:06d}", "json": {"task": r["task"], "prompt": r["prompt"],
                                                  "solution": r["solution"]},
-                "png": (tmp_path / "gen" / r["images"][0]).read_bytes()} for k, r in enumerate(rows)]
+                "png": (tmp_path / "gen" / r["images"][0]).read_bytes()}
+               for k, r in enumerate(map(json.loads, lines))]
     samples[1]["png"] = b"not an image"
     shard(tmp_path / "wds" / "train" / "shard-000000.tar", samples[:4])
     shard(tmp_path / "wds" / "train" / "shard-000001.tar", samples[4:])
