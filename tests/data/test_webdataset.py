@@ -81,9 +81,18 @@ def test_records_of_other_formats_name_their_members(tmp_path):
     caption = shard(tmp_path / "cap.tar", [{"__key__": "c", "json": {"prompt": "Describe.",
                                                                         "solution": "x"},
                                               "txt": "a red square", "png": png()}])
-    for path, fmt, name in ((vlm, "vlm_r1", "-a.png"), (easy, "easyr1", "-b.png")):
+    video_r1 = shard(tmp_path / "vr1.tar", [{"__key__": "v", "json": {
+        "problem_type": "multiple choice", "problem": "Which way?", "options": ["left", "right"],
+        "solution": "<answer>B</answer>", "data_type": "video", "path": "mp4"}, "mp4": b"..."}])
+    aqa = shard(tmp_path / "aqa.tar", [{"__key__": "w", "json": {
+        "audio_path": "wav", "question_text": "Which sound?", "multi_choice": ["dog", "cat"],
+        "answer": 1}, "wav": b"..."}])
+    for path, fmt, kind, name in ((vlm, "vlm_r1", "images", "-a.png"),
+                                  (easy, "easyr1", "images", "-b.png"),
+                                  (video_r1, "video_r1", "videos", "-v.mp4"),
+                                  (aqa, "r1_aqa", "audios", "-w.wav")):
         samples = load_samples(path)
-        assert samples.format == fmt and samples[0].images[0].endswith(name)
+        assert samples.format == fmt and getattr(samples[0], kind)[0].endswith(name)
     assert load_samples(caption)[0].fields["txt"] == "a red square"  # a text member: a field
 
 
