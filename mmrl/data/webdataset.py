@@ -286,8 +286,9 @@ def _text_field(record: dict, ext: str, data: bytes, source: str) -> None:
 
 
 def _embed(data: bytes, name: str) -> str:
-    """The member's bytes in the embedded-media folder, as `<sha256>-<member name>`."""
-    folder = embedded_dir()
+    """The member's bytes in the embedded-media folder, as `<sha256>-<member name>`; an absolute
+    path, which the adapters take as it is (`convert` names a relative folder)."""
+    folder = embedded_dir().absolute()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{hashlib.sha256(data).hexdigest()[:32]}-{name}"
     if not path.exists():

@@ -262,3 +262,14 @@ def test_the_header_reader_agrees_with_tarfile(tmp_path, fmt):
     found = [(f"{table.keys[i]}.{ext}", *at) for i in range(len(table))
              for ext, at in table.members(i).items()]
     assert found == _tarfile_members(path) and [f[0] for f in found] == names
+
+
+def test_convert_writes_a_shards_media_beside_its_output(tmp_path, monkeypatch):
+    from mmrl.data.formats import convert
+
+    path = shard(tmp_path / "in" / "shard-0.tar", counting(2))
+    monkeypatch.chdir(tmp_path)  # a relative output, as typed on a command line
+    assert convert(None, path, "out/train.jsonl")["records"] == 2
+    record = json.loads((tmp_path / "out" / "train.jsonl").read_text().splitlines()[1])
+    assert record["images"] == [f"train_media/{Path(record['images'][0]).name}"]
+    assert (tmp_path / "out" / record["images"][0]).read_bytes() == png((50, 0, 0))
