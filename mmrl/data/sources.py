@@ -131,7 +131,6 @@ def open_table(path: str | Path, default_split: str | None = None,
     `default_split` (data.train asks for "train") where the folder holds several. `bad_lines`:
     see file_table."""
     from mmrl.data.hub import split_selector
-
     from mmrl.data.webdataset import ShardTable, expand_pattern, is_shard
 
     path, split = split_selector(str(path))
