@@ -9,10 +9,10 @@ As the webdataset library groups them: a member's key is its path up to the firs
 file name, its extension the rest (lower-cased), and the members of a sample are consecutive.
 Other members (`.npy`, `.pth`, names without a dot) are not read.
 
-Opening a shard reads its tar headers only (the standard library's tarfile; the webdataset
-package streams shards in order, while the prompt sampler draws any sample at any time and
-resumes at an index), keeping per sample its shard, key and each member's extension, offset
-and size: ~100 bytes a sample. A record is read when drawn: its JSON, and its media members'
+Opening a shard reads its tar headers only (`_ustar_members`; tarfile for header kinds it leaves;
+the webdataset package streams shards in order, while the prompt sampler draws any sample at
+any time and resumes at an index), keeping per sample its shard, key and each member's
+extension, offset and size: ~200 bytes a sample (20 MB for 100k, docs/data.md). A record is read when drawn: its JSON, and its media members'
 bytes, which are written to the embedded-media folder (record_parts.embedded_dir: content-
 addressed, the member's name kept) and reach the model as any embedded bytes do, through the
 media loaders, their guards (header size check before decode), the media cache and the
@@ -24,8 +24,8 @@ How a record's media reach its members (`resolve_media`):
   ["mp4"]`), or the member's name (`"image": "000123.jpg"`, also as a chat part's own media);
   a value that names a member the sample lacks is an error naming shard, key and the members;
 - a media member the record names nowhere fills the plural key of its kind (`images`, `videos`,
-  `audios`: what the native, easyr1/r1v, vlm_r1, r1_aqa and time_r1 adapters read) when the
-  record names no media of that kind; when it does name some, the unnamed member is an error
+  `audios`: the native adapter's, which easyr1/r1v, vlm_r1, r1_aqa and time_r1 read for the
+  kinds they take) when the record names no media of that kind; when it does name some, the unnamed member is an error
   (never a silent drop). Video-R1 records name theirs in `path` (`"path": "mp4"`);
 - any other value is what it always is: a path relative to the shard's folder.
 """
