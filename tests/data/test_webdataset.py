@@ -273,3 +273,18 @@ def test_convert_writes_a_shards_media_beside_its_output(tmp_path, monkeypatch):
     record = json.loads((tmp_path / "out" / "train.jsonl").read_text().splitlines()[1])
     assert record["images"] == [f"train_media/{Path(record['images'][0]).name}"]
     assert (tmp_path / "out" / record["images"][0]).read_bytes() == png((50, 0, 0))
+
+
+def test_mmrl_data_inspect_reads_shards(tmp_path, capsys):
+    from mmrl import cli
+
+    shard(tmp_path / "wds" / "shard-train-000.tar", counting(3))
+    shard(tmp_path / "wds" / "shard-val-000.tar", counting(2))
+    assert cli.main(["data", "inspect", f"{tmp_path}/wds:validation", "--show", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "(format mmrl): 2 records" in text and "by modality: image=2" in text
+    assert "media that fail to open: 0" in text
+    assert cli.main(["data", "inspect", f"{tmp_path}/wds/shard-{{train,val}}-000.tar"]) == 0
+    assert "(format mmrl): 5 records" in capsys.readouterr().out
+    cli.main(["data", "inspect", f"{tmp_path}/wds"])
+    assert "holds several splits: train (1 file), validation (1 file)" in capsys.readouterr().out
