@@ -111,7 +111,7 @@ def test_cli_prints_the_prediction_and_exits_1_when_it_does_not_fit(capsys):
                          ids=lambda p: p.parent.name)
 def test_recipe_readme_states_the_current_prediction(config):
     text = (config.parent / "README.md").read_text()
-    section = plan_report.readme_section(config)
+    section = plan_report.readme_section(config, text)
     assert section in text, (f"{config.parent / 'README.md'} is stale: run "
                              f"python -m mmrl.bench.plan_report --readmes")
 
