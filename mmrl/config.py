@@ -355,7 +355,7 @@ def _apply_preset(merged: DictConfig, explicit_keys: set[str]) -> None:
 
 
 # YAML 1.1 reads a bare `off` as false; these options have "off" among their legal values.
-_OFF_KEYS = ("log.progress",)
+_OFF_KEYS = ("log.progress", "train.memory_check")
 
 
 def _load_layer(path) -> DictConfig:

@@ -172,7 +172,8 @@ def readme_section(config_path: Path, readme_text: str = "") -> str:
         f"free; `mmrl train` runs the same plan before it loads the model and stops a run that "
         f"does not fit (`train.memory_check`).",
         "",
-        "The commands above (`bash scripts/train.sh N ...`; tests/test_docs.py holds each to a fit):",
+        "Every `bash scripts/train.sh N ...` command in this README (tests/test_docs_commands.py "
+        "holds each to a fit):",
         "",
         "| command | GPUs | strategy | peak GiB (phase) | fits |",
         "|---|---|---|---:|---|",
