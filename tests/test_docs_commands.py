@@ -40,3 +40,17 @@ def test_every_train_sh_command_fits_by_the_plan(where, gpus, args, monkeypatch)
     assert p.fits, (f"{where}: train.sh {gpus} {' '.join(args)} does not fit {gpus} x 80 GB "
                     f"({strategy}): {p.peak / plan.GIB:.1f} GiB in {p.phase}, usable "
                     f"{p.usable / plan.GIB:.1f}")
+
+
+def test_gpu_md_has_every_one_gpu_command_with_the_current_prediction(monkeypatch):
+    """docs/gpu.md's recipe section (rendered from docs/gpu.json) lists each README's 1-GPU
+    command at the plan's current peak; the measured column waits for a GPU run."""
+    import json
+
+    from mmrl.bench import gpu_report
+
+    monkeypatch.chdir(ROOT)
+    results = json.loads((ROOT / "docs" / "gpu.json").read_text())
+    shown = [(r["command"], r["predicted_gib"]) for r in results["stages"]["recipes"]["rows"]]
+    assert shown == [(r["command"], r["predicted_gib"]) for r in plan_report.one_gpu_rows()]
+    assert gpu_report.markdown(results).strip() == (ROOT / "docs" / "gpu.md").read_text().strip()

@@ -188,6 +188,20 @@ def readme_section(config_path: Path, readme_text: str = "") -> str:
         END])
 
 
+def one_gpu_rows(root: Path = RECIPES) -> list[dict]:
+    """Each recipe README's 1-GPU command with its predicted peak on one 80 GB GPU: the rows of
+    docs/gpu.md's recipe section, `measured_gib` None until a GPU run fills it in."""
+    rows = []
+    for readme in sorted(root.glob("*/README.md")):
+        for gpus, args in train_commands(readme.read_text()):
+            if gpus == 1:
+                p, strategy, _ = command_plan(gpus, args)
+                rows.append({"command": f"bash scripts/train.sh 1 {shlex.join(args)}",
+                             "strategy": strategy, "phase": p.phase,
+                             "predicted_gib": round(p.peak / plan.GIB, 1), "measured_gib": None})
+    return rows
+
+
 def write_readmes(root: Path = RECIPES) -> list[Path]:
     written = []
     for cfg_path in sorted(root.glob("*/config.yaml")):
