@@ -98,3 +98,12 @@ def test_off_and_cpu_make_no_plan_and_say_so(launched, monkeypatch, capsys):
     assert main("recipes/video_qa/config.yaml") == 0
     assert "memory check: none on CPU" in capsys.readouterr().err
     assert calls == [None, None]
+
+
+def test_a_config_the_plan_cannot_read_is_run_with_a_line_saying_why(launched, monkeypatch,
+                                                                       capsys):
+    main, calls = launched
+    _gpu(monkeypatch, 80.0)
+    assert main("recipes/vqa/config.yaml") == 0  # no image budget: the plan will not guess
+    assert "memory check: skipped (no media budget in the config" in capsys.readouterr().err
+    assert calls == [None]
