@@ -459,6 +459,14 @@ def media_budget(cfg, f: Facts, temporal_patch: int = 2) -> tuple[int, int, str]
     return vision, audio, ", ".join(said)
 
 
+def _completion_bound(cfg) -> int:
+    """Completion tokens a row may hold: rollout.max_new_tokens, or with tools a whole
+    trajectory's model and observation tokens (tools.max_tokens), if larger. Observation media
+    are counted as text tokens: their vision-encoder activations are not in the plan."""
+    r = cfg.rollout.max_new_tokens
+    return max(r, cfg.tools.max_tokens) if cfg.tools.enabled else r
+
+
 def config_workload(cfg, f: Facts, world: int, *, media_tokens: int | None = None,
                     audio_frames: int | None = None, prompt_tokens: int | None = None,
                     text_tokens: int = TEXT_TOKENS) -> tuple[Workload, str]:
@@ -482,7 +490,7 @@ def config_workload(cfg, f: Facts, world: int, *, media_tokens: int | None = Non
                          f"{world} processes")
     w = Workload(prompt_tokens=prompt_tokens or text_tokens + vision + audio_tokens,
                  media_tokens=vision,
-                 audio_frames=frames, completion=r.max_new_tokens, group=r.num_generations,
+                 audio_frames=frames, completion=_completion_bound(cfg), group=r.num_generations,
                  prompts=r.prompts_per_step // world,  # sequence parallel too: train/sp.py
                  sequence_parallel=max(1, cfg.train.sequence_parallel),
                  micro_batch=max(1, cfg.train.micro_batch_size),

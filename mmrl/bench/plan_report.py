@@ -36,6 +36,9 @@ def describe(p: plan.Prediction, facts: plan.Facts, what: str, media: str) -> st
              f"{'shared-prefix' if w.shared_prefix else 'naive'} layout"
              f"{f', sequence split over {w.sequence_parallel}' if w.sequence_parallel > 1 else ''}"
              f"{', checkpointing' if w.checkpointing else ''}"
+             f"{', shared prefill' if w.shared_prefill else ''}"
+             f"{f' in rounds of {w.rounds_of}' if w.shared_prefill and w.rounds_of else ''}"
+             f"{f', colocated vLLM ({w.engine_share:g} of the GPU)' if w.engine_share else ''}"
              f"{', KL reference' if w.reference and not w.lora_r else ''}", ""]
     width = max(len(k) for k in p.terms)
     lines += [f"  {k:{width}s} {gib(v):>8s} GiB" for k, v in p.terms.items()]

@@ -206,3 +206,16 @@ def test_the_plan_reads_the_strategy_the_run_would_use(overrides, strategy, monk
         monkeypatch.delenv(key, raising=False)
     cfg = config.load("recipes/vqa/config.yaml", overrides, world=8)
     assert plan.config_strategy(cfg, 8) == strategy
+
+
+def test_a_tool_row_is_planned_at_its_trajectory_bound():
+    from mmrl import config
+
+    cfg = config.load("recipes/visual_search/config.yaml", [], world=1)
+    assert (cfg.rollout.max_new_tokens, cfg.tools.max_tokens) == (1024, 8192)
+    w, _ = plan.config_workload(cfg, _facts(), 1)
+    assert w.completion == 8192  # model and observation tokens of a whole trajectory
+    assert w.engine_share == 0.3 and not w.shared_prefill  # colocated vLLM samples
+    single, _ = plan.config_workload(config.load("recipes/vqa/config.yaml", [], world=1),
+                                     _facts(), 1, media_tokens=1024)
+    assert single.completion == 512
