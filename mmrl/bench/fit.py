@@ -56,12 +56,14 @@ def memory_check(cfg, config_path: str | None, overrides: list[str], world: int)
         return Check("memory check: none on CPU (the plan is for CUDA devices); the run "
                      "summary gives the measured peak resident set per stage")
     try:
-        strategy = plan.config_strategy(cfg, world)
+        strategy = config_strategy(cfg, world)
         if strategy is None:
             return Check("memory check: skipped (the plan does not model ZeRO-1 or offload)")
         p, _ = _predict(cfg, plan.Cluster(gpu, world, strategy), world)
     except ValueError as e:  # no shape for the model, no media budget: say so and go on
         return Check(f"memory check: skipped ({e})")
+    except Exception as e:  # noqa: BLE001  a plan that breaks must not stop a run it only advises
+        return Check(f"memory check: skipped (the plan failed: {type(e).__name__}: {e})")
     predicted = {stage: max(p.phases[ph] for ph in phases)
                  for stage, phases in STAGE_PHASES.items()}
     where = f"{world} x {gpu:.1f} GiB, {strategy}"
@@ -157,7 +159,32 @@ def _variant(config_path, overrides: list[str], world: int, gpu: float,
     from mmrl import config
 
     cfg = config.load(config_path, overrides, world=world)
-    strategy = strategy or plan.config_strategy(cfg, world)
+    strategy = strategy or config_strategy(cfg, world)
     if strategy is None:
         raise ValueError("not modelled")
     return _predict(cfg, plan.Cluster(gpu, world, strategy), world)[0]
+
+
+def _deepspeed_strategy(cfg, world: int) -> str | None:
+    """zero2 / zero3 from the DeepSpeed JSON the run would use; None where the plan has no
+    model of it (ZeRO-1, ZeRO-Offload: optimizer state or parameters in host memory)."""
+    from mmrl.train.parallel import deepspeed_config
+
+    zero = deepspeed_config(cfg, world).get("zero_optimization", {})
+    offloaded = any(isinstance(zero.get(k), dict) and zero[k].get("device") in HOST_DEVICES
+                    for k in ("offload_optimizer", "offload_param"))
+    return None if offloaded else {2: "zero2", 3: "zero3"}.get(int(zero.get("stage", 0)))
+
+
+HOST_DEVICES = ("cpu", "nvme")  # DeepSpeed offload targets
+# train.parallel resolved (mmrl/train/parallel.py) -> the plan's strategy (None: not modelled)
+_RESOLVED = {"ddp": lambda cfg, world: "ddp", "fsdp2": lambda cfg, world: "fsdp2",
+             "deepspeed": _deepspeed_strategy}
+
+
+def config_strategy(cfg, world: int) -> str | None:
+    """The plan's strategy for a run of `cfg` on `world` processes: train.parallel, with auto
+    read from the launcher as the trainer reads it; None for a setting the plan cannot model."""
+    from mmrl.train.parallel import resolve
+
+    return _RESOLVED[resolve(cfg)](cfg, world)

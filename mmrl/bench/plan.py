@@ -503,27 +503,3 @@ def config_workload(cfg, f: Facts, world: int, *, media_tokens: int | None = Non
                  engine_share=r.vllm.gpu_memory_utilization if r.vllm_colocated else 0.0)
     return w, said or "no media"
 
-
-def _deepspeed_strategy(cfg, world: int) -> str | None:
-    """zero2 / zero3 from the DeepSpeed JSON the run would use; None where the plan has no
-    model of it (ZeRO-1, ZeRO-Offload: optimizer state or parameters in host memory)."""
-    from mmrl.train.parallel import deepspeed_config
-
-    zero = deepspeed_config(cfg, world).get("zero_optimization", {})
-    offloaded = any(isinstance(zero.get(k), dict) and zero[k].get("device") in HOST_DEVICES
-                    for k in ("offload_optimizer", "offload_param"))
-    return None if offloaded else {2: "zero2", 3: "zero3"}.get(int(zero.get("stage", 0)))
-
-
-HOST_DEVICES = ("cpu", "nvme")  # DeepSpeed offload targets
-# train.parallel resolved (mmrl/train/parallel.py) -> the plan's strategy (None: not modelled)
-_RESOLVED = {"ddp": lambda cfg, world: "ddp", "fsdp2": lambda cfg, world: "fsdp2",
-             "deepspeed": _deepspeed_strategy}
-
-
-def config_strategy(cfg, world: int) -> str | None:
-    """The plan's strategy for a run of `cfg` on `world` processes: train.parallel, with auto
-    read from the launcher as the trainer reads it; None for a setting the plan cannot model."""
-    from mmrl.train.parallel import resolve
-
-    return _RESOLVED[resolve(cfg)](cfg, world)

@@ -13,7 +13,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from mmrl.bench import plan
+from mmrl.bench import fit, plan
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 # Vision tokens assumed for a recipe whose config sets no image budget (its README says so).
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
         ap.error("a config is required (or --readmes)")
     cfg = config.load(args.config, args.overrides, world=args.gpus)
     cluster = plan.Cluster(args.gpu_gib, args.gpus,
-                           args.strategy or plan.config_strategy(cfg, args.gpus) or "ddp")
+                           args.strategy or fit.config_strategy(cfg, args.gpus) or "ddp")
     p, facts, what, media = analyse(cfg, cluster, shape=args.shape, media_tokens=args.media_tokens,
                                     text_tokens=args.text_tokens)
     best_mb = plan.largest_micro_batch(facts, p.workload, cluster)
@@ -125,7 +125,7 @@ def command_plan(gpus: int, args: list[str], gpu_gib: float = README_GPU_GIB):
     from mmrl import config
 
     cfg = config.load(args[0], args[1:], world=gpus)
-    strategy = plan.config_strategy(cfg, gpus)
+    strategy = fit.config_strategy(cfg, gpus)
     if strategy is None:
         raise ValueError(f"train.sh {gpus} {shlex.join(args)}: the plan has no model of this "
                          f"strategy (ZeRO-1 or offload)")

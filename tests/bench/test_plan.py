@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmrl.bench import plan, plan_report, probe
+from mmrl.bench import fit, plan, plan_report, probe
 
 GIB = 2 ** 30
 
@@ -205,7 +205,7 @@ def test_the_plan_reads_the_strategy_the_run_would_use(overrides, strategy, monk
     for key in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP"):
         monkeypatch.delenv(key, raising=False)
     cfg = config.load("recipes/vqa/config.yaml", overrides, world=8)
-    assert plan.config_strategy(cfg, 8) == strategy
+    assert fit.config_strategy(cfg, 8) == strategy
 
 
 def test_a_tool_row_is_planned_at_its_trajectory_bound():

@@ -107,3 +107,18 @@ def test_a_config_the_plan_cannot_read_is_run_with_a_line_saying_why(launched, m
     assert main("recipes/vqa/config.yaml") == 0  # no image budget: the plan will not guess
     assert "memory check: skipped (no media budget in the config" in capsys.readouterr().err
     assert calls == [None]
+
+
+def test_a_plan_that_breaks_is_a_stated_skip_not_a_stopped_run(monkeypatch):
+    from mmrl import config
+
+    monkeypatch.chdir(ROOT)
+    _gpu(monkeypatch, 80.0)
+    cfg = config.load("recipes/video_qa/config.yaml", [], world=1)
+
+    def broken(cfg):
+        raise KeyError("text")
+    monkeypatch.setattr(plan, "config_facts", broken)
+    check = fit.memory_check(cfg, "recipes/video_qa/config.yaml", [], world=1)
+    assert check.line == "memory check: skipped (the plan failed: KeyError: 'text')"
+    assert not check.refuses and check.predicted is None
