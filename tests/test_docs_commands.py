@@ -1,7 +1,7 @@
 """Every GPU command the docs show fits the GPUs it names: each `bash scripts/train.sh N ...` in
-README.md, every recipe README and the comments of every recipe YAML is run through the memory
-plan (mmrl/bench/plan.py, meta-device builds cached per shape) for N x 80 GB with the strategy
-the run would use, and must fit with the plan's 10% margin (docs/memory.md)."""
+README.md, docs/*.md, every recipe README and the comments of every recipe YAML is run through
+the memory plan (mmrl/bench/plan.py, meta-device builds cached per shape) for N x 80 GB with the
+strategy the run would use, and must fit with the plan's 10% margin (docs/memory.md)."""
 from pathlib import Path
 
 import pytest
@@ -9,7 +9,8 @@ import pytest
 from mmrl.bench import plan, plan_report
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = [ROOT / "README.md", *sorted((ROOT / "recipes").glob("*/README.md")),
+SOURCES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+           *sorted((ROOT / "recipes").glob("*/README.md")),
            *sorted((ROOT / "recipes").glob("*/*.yaml"))]
 
 
