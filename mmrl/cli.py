@@ -55,9 +55,22 @@ def cmd_train(args) -> int:
     problems = validate(cfg, world=int(os.environ.get("WORLD_SIZE", "1")))
     if problems:  # before building anything: a bad name fails in a second, not after model load
         sys.exit("config error: " + "\n  ".join(problems))
-    print(config_summary(cfg), file=sys.stderr)
-    train(cfg)
+    memory = _memory_check(cfg, args)
+    print(config_summary(cfg) + f"\n  {memory.line}", file=sys.stderr)
+    if memory.refuses:  # before any weight is loaded; every rank stops, rank 0 says why
+        sys.exit(memory.message if os.environ.get("RANK", "0") == "0" else 1)
+    if memory.message:
+        print(memory.message, file=sys.stderr)
+    train(cfg, predicted=memory.predicted)
     return 0
+
+
+def _memory_check(cfg, args):
+    """The memory plan for this device, process count and strategy (mmrl/bench/fit.py)."""
+    from mmrl.bench.fit import memory_check
+
+    return memory_check(cfg, args.config, list(args.overrides),
+                        world=int(os.environ.get("WORLD_SIZE", "1")))
 
 
 def config_summary(cfg) -> str:

@@ -33,6 +33,9 @@ Backend = Literal["hf", "vllm"]
 LRSchedule = Literal["constant", "linear", "cosine"]
 Parallel = Literal["auto", "ddp", "deepspeed", "fsdp2"]
 Progress = Literal["auto", "bar", "lines", "off"]
+# Before loading the model on CUDA, the memory plan (docs/memory.md) for the device, process
+# count and strategy: refuse (stop, with the fix) | warn (say so, go on) | off.
+MemoryCheck = Literal["refuse", "warn", "off"]
 # <tool_call>{"name", "arguments"}</tool_call> | MGPO's {"bbox_2d"} (crop) | {"span"} (frames)
 CallFormat = Literal["qwen", "json_box", "json_span"]
 
@@ -142,6 +145,16 @@ class RolloutConfig:
     shared_prefill: bool = False  # hf backend: prefill each prompt once for its G samples
     rounds_of: Optional[int] = None  # with shared_prefill: sample G in rounds of this many
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+
+    @property
+    def runs_hf_generate(self) -> bool:
+        """The training model's own generate samples (shared_prefill and rounds_of apply)."""
+        return self.backend == "hf"
+
+    @property
+    def vllm_colocated(self) -> bool:
+        """A vLLM engine on the training GPUs, holding vllm.gpu_memory_utilization of each."""
+        return self.backend == "vllm" and not self.vllm.server_url
 
 
 @dataclass
@@ -256,11 +269,24 @@ class TrainConfig:
     # launcher: accelerate's DeepSpeed / FSDP config, else ddp) | ddp | deepspeed | fsdp2.
     parallel: Parallel = "auto"
     deepspeed_config: Optional[str] = None  # DeepSpeed JSON (default: the accelerate config's)
+    # On CUDA, `mmrl train` predicts the run's peak memory per GPU before loading the model
+    # (docs/memory.md): refuse | warn | off. A no-op on CPU.
+    memory_check: MemoryCheck = "refuse"
 
     @property
     def starts_fresh(self) -> bool:
         """resume=none: a new run (a run dir holding one needs overwrite=true)."""
         return self.resume == "none"
+
+    @property
+    def checks_memory(self) -> bool:
+        """memory_check is warn or refuse: run the plan before loading the model."""
+        return self.memory_check != "off"
+
+    @property
+    def refuses_unfit(self) -> bool:
+        """memory_check=refuse: a predicted peak over the device's usable memory stops the run."""
+        return self.memory_check == "refuse"
 
     @property
     def resumes_latest(self) -> bool:
@@ -329,7 +355,7 @@ def _apply_preset(merged: DictConfig, explicit_keys: set[str]) -> None:
 
 
 # YAML 1.1 reads a bare `off` as false; these options have "off" among their legal values.
-_OFF_KEYS = ("log.progress",)
+_OFF_KEYS = ("log.progress", "train.memory_check")
 
 
 def _load_layer(path) -> DictConfig:
