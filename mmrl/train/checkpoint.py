@@ -136,16 +136,19 @@ WRITE_ERRORS = _write_errors()
 
 def write_failure(target: Path, error: BaseException) -> str:
     """One wording for every writer that fails (disk full, quota, a file size limit): what could
-    not be written, the free space, and the checkpoint a resume starts from."""
-    target = Path(target)
-    root = next((p for p in (target, *target.parents) if p.exists()), Path("."))
-    free = shutil.disk_usage(root).free
-    run_dir = next((p.parent for p in (target, *target.parents) if p.name == "checkpoints"), None)
+    not be written, the free space in the folder it was written to, and the checkpoint a resume
+    starts from."""
+    target = Path(target).absolute()
+    folder = next((p for p in (target, *target.parents) if p.is_dir()), Path("/"))
+    free = shutil.disk_usage(folder).free
+    run_dir = next((p.parent if p.name == "checkpoints" else p for p in (target, *target.parents)
+                    if p.name == "checkpoints" or (p / "checkpoints").is_dir()), None)
     prev = latest(run_dir) if run_dir is not None else None
     kept = (f"the previous checkpoint {prev} is intact: resume with train.resume=auto" if prev
             else "no checkpoint was written before it")
-    first = (str(error).splitlines() or [type(error).__name__])[0][:200]
-    return (f"could not write {target} ({first}); {free / 2**30:.2f} GiB free in {root}. Free "
+    first = (str(error.strerror if isinstance(error, OSError) and error.strerror else error)
+             .splitlines() or [type(error).__name__])[0][:200]
+    return (f"could not write {target} ({first}); {free / 2**30:.2f} GiB free in {folder}. Free "
             f"space (or set log.run_dir on a larger disk); {kept}")
 
 

@@ -61,7 +61,7 @@ def prepare(cfg: RunConfig) -> Path | None:
                 f"train.resume={resume} explicitly, or start fresh with train.overwrite=true")
         tc.run_id = theirs or mine
         changes = resume_config.check(state.get("extra", {}).get("config"), cfg, resume, _say)
-        resume_config.record(run_dir / "config.yaml", resume, changes)
+        resume_config.record(run_dir / "config.yaml", resume, changes, cfg)
     elif tc.resumes_latest:
         tc.run_id = tc.run_id or owner  # nothing saved yet: start over in the same run
         (run_dir / "config.yaml").unlink(missing_ok=True)  # the Trainer writes this start's
