@@ -224,6 +224,8 @@ def check_pickles(ckpt: Path) -> None:
     """Raise UnsafeCheckpoint naming the file when a shard of `ckpt` would build anything but
     tensors and plain data (or a library's own plain records, listed above)."""
     ckpt = Path(ckpt)
+    if (ckpt / "pytorch_model.bin").is_file():  # a replicated model saved as a pickle
+        _weights_only(ckpt / "pytorch_model.bin", str(ckpt / "pytorch_model.bin"))
     if (ckpt / "dcp").is_dir():
         _check_dcp(ckpt / "dcp")
     if (ckpt / "deepspeed").is_dir():

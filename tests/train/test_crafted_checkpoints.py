@@ -145,6 +145,26 @@ def test_a_crafted_deepspeed_checkpoint_is_refused_by_consolidate_and_resume(
     assert not marker.exists()
 
 
+def test_crafted_replicated_checkpoints_are_refused(tmp_path, marker):
+    """DDP's layout (HF weights, no shards): a linked weights file, a pickled one that runs code."""
+    run = tmp_path / "run"
+    ckpt = run / "checkpoints" / "step_000002"
+    ckpt.mkdir(parents=True)
+    torch.save({"step": 2, "run_id": "r"}, ckpt / checkpoint.STATE_FILE)
+    save_file({"w": torch.zeros(1)}, tmp_path / "elsewhere.safetensors")
+    (ckpt / "model.safetensors").symlink_to(tmp_path / "elsewhere.safetensors")
+    verify.write_manifest(ckpt)
+    assert "model.safetensors is a symbolic link to" in verify.problem(ckpt)
+    (ckpt / "model.safetensors").unlink()
+    torch.save({"w": _Exploit()}, ckpt / "pytorch_model.bin")
+    verify.write_manifest(ckpt)
+    assert f"refusing to load {ckpt}/pytorch_model.bin: Weights only load failed" in \
+        verify.problem(ckpt)
+    with pytest.raises(checkpoint.CheckpointError, match="pytorch_model.bin: Weights only"):
+        checkpoint.resolve_resume("auto", run, say=lambda line: None)
+    assert not marker.exists()
+
+
 def test_crafted_dcp_checkpoints_are_refused(tmp_path, marker):
     linked = _dcp_ckpt(tmp_path / "linked", where=tmp_path / "evil_dcp")
     (linked / "dcp").symlink_to(tmp_path / "evil_dcp", target_is_directory=True)
