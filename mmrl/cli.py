@@ -71,7 +71,8 @@ def config_summary(cfg) -> str:
     rewards = clip(", ".join(f"{s.name}" + (f" x{s.weight:g}" if s.weight != 1 else "")
                              for s in cfg.rewards), 500)
     tc = cfg.tools
-    tools = ([f"  tools: {clip(', '.join(s.name for s in tc.use), 500)} ({tc.call_format} calls, up to "
+    names = clip(", ".join(s.name for s in tc.use), 500)
+    tools = ([f"  tools: {names} ({tc.call_format} calls, up to "
               f"{tc.max_turns} turns and {tc.max_tokens} tokens a trajectory; "
               + ("the shared-prefix layout shares each group's initial prompt"
                  if t.shared_prefix else "train.shared_prefix=false: every row runs its prompt")

@@ -205,10 +205,10 @@ def test_a_symlinked_zero2_shards_folder_runs_no_code(setup, tmp_path):
     consolidate refuse, naming the link; the marker never appears; metrics stay."""
     from mmrl.train import verify
 
-    cfg = _config(tmp_path, setup, steps=2)
+    cfg = _config(tmp_path, setup, steps=1, save_every=1)  # one step: the checkpoint is all
     run = tmp_path / "run"
     _launch("zero2", ["-m", "mmrl.cli", "train", str(cfg), f"log.run_dir={run}"], setup, tmp_path)
-    ckpt = run / "checkpoints" / "step_000002"
+    ckpt = run / "checkpoints" / "step_000001"
     evil, _Exploit.marker = tmp_path / "evil", tmp_path / "pwned"
     shutil.move(ckpt / "deepspeed" / "shards", evil)
     for shard in evil.glob("*.pt"):
@@ -218,7 +218,7 @@ def test_a_symlinked_zero2_shards_folder_runs_no_code(setup, tmp_path):
     metrics = (run / "metrics.jsonl").read_text()
     says = f"deepspeed/shards is a symbolic link to {evil} (outside the checkpoint)"
     resume = ["-m", "mmrl.cli", "train", str(cfg), f"log.run_dir={run}", "train.resume=auto",
-              "train.steps=3"]
+              "train.steps=2"]
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
            str(ROOT / "scripts" / "accelerate" / "zero2.yaml"), "--num_processes", "2",
            "--main_process_port", str(_free_port()), *resume]
@@ -228,8 +228,8 @@ def test_a_symlinked_zero2_shards_folder_runs_no_code(setup, tmp_path):
                              text=True, timeout=300)
         assert out.returncode != 0 and "has held checkpoints" in out.stderr, out.stderr[-3000:]
         errors.append(out.stderr)
-    assert says in errors[0] and "set aside earlier: step_000002.damaged" in errors[1]
-    damaged = ckpt.with_name("step_000002.damaged")
+    assert says in errors[0] and "set aside earlier: step_000001.damaged" in errors[1]
+    damaged = ckpt.with_name("step_000001.damaged")
     cli = subprocess.run([sys.executable, "-m", "mmrl.cli", "checkpoint", "consolidate",
                           str(damaged)], env=setup["env"], capture_output=True, text=True,
                          timeout=300)
