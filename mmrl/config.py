@@ -458,7 +458,7 @@ def check(cfg: RunConfig, world: int = 1, where: str = "",
         named = [n for n in named if not n.startswith("override ")] + \
             ([f"override {', '.join(overrides)}"] if overrides else [])
         raise ConfigError(f"{clip(', '.join(named)) + ': ' if named else where}"
-                          f"{clip(found[0])}{more}")
+                          f"{clip(found[0], 1000)}{more}")
 
 
 def choices(literal) -> tuple[str, ...]:
