@@ -5,9 +5,9 @@
   or bit-flipped file is found before anything loads it. CRC-32 finds damage, not forgery: what
   a crafted file may do is bounded by the next point.
 - Nothing but tensors and plain data in its pickles. `trainer_state.pt` loads with
-  `torch.load(weights_only=True)` (checkpoint.py). Sharded weights are read by their libraries
-  with full pickle: torch DCP's `FileSystemReader` unpickles `dcp/.metadata` and its planner
-  `torch.load(weights_only=False)`s the non-tensor items, DeepSpeed's engine and `zero_to_fp32`
+  `torch.load(weights_only=True)` (checkpoint.py). Sharded weights are read by their
+  libraries, which ask for full pickle: torch DCP's `FileSystemReader` unpickles `dcp/.metadata`
+  and its planner `torch.load(weights_only=False)`s the non-tensor items, DeepSpeed's engine and `zero_to_fp32`
   `torch.load(weights_only=False)` every shard. So they are first read here the safe way: the
   metadata through an unpickler that builds only DCP's metadata records, torch.Size, dtypes and
   paths; every other pickle with `weights_only=True` (plus DeepSpeed's four plain record
