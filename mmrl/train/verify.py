@@ -7,8 +7,8 @@
 - Nothing but tensors and plain data in its pickles. `trainer_state.pt` loads with
   `torch.load(weights_only=True)` (checkpoint.py). Sharded weights are read by their
   libraries, which ask for full pickle: torch DCP's `FileSystemReader` unpickles `dcp/.metadata`
-  and its planner `torch.load(weights_only=False)`s the non-tensor items, DeepSpeed's engine and `zero_to_fp32`
-  `torch.load(weights_only=False)` every shard. So they are first read here the safe way: the
+  and its planner `torch.load(weights_only=False)`s the non-tensor items, DeepSpeed's engine
+  and `zero_to_fp32` `torch.load(weights_only=False)` every shard. So they are first read here the safe way: the
   metadata through an unpickler that builds only DCP's metadata records, torch.Size, dtypes and
   paths; every other pickle with `weights_only=True` (plus DeepSpeed's four plain record
   classes). A file that needs anything else is refused, naming it.
