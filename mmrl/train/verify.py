@@ -10,8 +10,8 @@
   and its planner `torch.load(weights_only=False)`s the non-tensor items, DeepSpeed's engine
   and `zero_to_fp32` `torch.load(weights_only=False)` every shard. So they are first read here
   the safe way: the metadata through an unpickler that builds only DCP's metadata records,
-  torch.Size, dtypes and paths; every other pickle with `weights_only=True` (plus DeepSpeed's four plain record
-  classes). A file that needs anything else is refused, naming it.
+  torch.Size, dtypes and paths; every other pickle with `weights_only=True` (plus DeepSpeed's
+  four plain record classes). A file that needs anything else is refused, naming it.
 - Its own files only. Every path is resolved: a symbolic link (to a file or a folder) is
   refused, since mmrl writes none and a link lets a checked name stand for an unchecked file
   (Python 3.11's `rglob` does not descend a linked folder that `is_dir()` follows); so is a file
