@@ -74,22 +74,29 @@ def _memory_check(cfg, args):
 
 
 def config_summary(cfg) -> str:
-    """A few lines on the terminal; the whole config goes to RUN_DIR/config.yaml."""
+    """A few lines on the terminal; the whole config goes to RUN_DIR/config.yaml. Every value
+    a user typed is clipped (a 10 MB name would otherwise print three times)."""
+    from mmrl.config import clip
+
     r, a, t = cfg.rollout, cfg.algo, cfg.train
-    rewards = ", ".join(f"{s.name}" + (f" x{s.weight:g}" if s.weight != 1 else "")
-                        for s in cfg.rewards)
+    name, run_dir = clip(cfg.name, 200), clip(str(cfg.run_dir), 200)
+    config_yaml = clip(str(cfg.run_dir / "config.yaml"), 200)
+    rewards = clip(", ".join(f"{s.name}" + (f" x{s.weight:g}" if s.weight != 1 else "")
+                             for s in cfg.rewards), 500)
     tc = cfg.tools
-    tools = ([f"  tools: {', '.join(s.name for s in tc.use)} ({tc.call_format} calls, up to "
+    names = clip(", ".join(s.name for s in tc.use), 500)
+    tools = ([f"  tools: {names} ({tc.call_format} calls, up to "
               f"{tc.max_turns} turns and {tc.max_tokens} tokens a trajectory; "
               + ("the shared-prefix layout shares each group's initial prompt"
                  if t.shared_prefix else "train.shared_prefix=false: every row runs its prompt")
               + ")"] if tc.use else [])
     return "\n".join([
-        f"run {cfg.name}: {cfg.model.family} ({cfg.model.path}), data {cfg.data.train}",
+        f"run {name}: {cfg.model.family} ({clip(str(cfg.model.path), 200)}), data "
+        f"{clip(str(cfg.data.train), 200)}",
         f"  {a.preset or a.advantage}: {t.steps} steps x {r.prompts_per_step} prompts x "
         f"{r.num_generations} completions (max {r.max_new_tokens} tokens), lr {t.lr:g}, "
         f"rollout {r.backend}, rewards: {rewards or 'none'}", *tools,
-        f"  run dir {cfg.run_dir}  (full config: {cfg.run_dir / 'config.yaml'})"])
+        f"  run dir {run_dir}  (full config: {config_yaml})"])
 
 
 def cmd_validate(args) -> int:
@@ -98,8 +105,10 @@ def cmd_validate(args) -> int:
     cfg = _load(args)
     # As `mmrl train` under a launcher reads it: WORLD_SIZE=8 checks a run on 8 processes.
     problems = validate(cfg, world=int(os.environ.get("WORLD_SIZE", "1")))
+    from mmrl.config import clip
+
     for w in data_warnings(cfg):
-        print(f"  {args.config}: warning: {w}", file=sys.stderr)
+        print(f"  {args.config}: warning: {clip(w, 1000)}", file=sys.stderr)
     for p in problems:
         print(f"  {args.config}: {p}", file=sys.stderr)
     print(f"{args.config}: {'OK' if not problems else f'{len(problems)} problem(s)'}")

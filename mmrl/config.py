@@ -417,7 +417,7 @@ def load(path: str | Path | None, overrides: list[str] | None = None,
     the YAML layer, or the override as typed (`override train.lr=abc: ...`). `world`: the
     process count the cross-field rules check against (default: the launcher's WORLD_SIZE)."""
     where = f"{path}: " if path else ""
-    set_by: dict[str, str] = {}  # key -> the override that set it last
+    set_by: dict[str, str] = {}  # key -> what set it last: an overlay file or "override k=v"
     merged = OmegaConf.structured(RunConfig)
     explicit: set[str] = set()
     items = [(str(path), True)] if path else []
@@ -428,11 +428,12 @@ def load(path: str | Path | None, overrides: list[str] | None = None,
                 layer = _load_layer(item)
                 explicit |= set((layer.get("algo") or {}).keys())
                 merged = OmegaConf.merge(merged, layer)
+                set_by.update(dict.fromkeys(_leaf_keys(layer), item))
                 continue
             key = _override(merged, item)
         except OmegaConfBaseException as e:  # unknown key / wrong type: the message has its path
             raise ConfigError(f"{culprit}{_short(e)}") from None
-        set_by[key] = item
+        set_by[key] = f"override {clip(item)}"
         if key.startswith("algo."):
             explicit.add(key.split(".")[1])
     try:
@@ -451,6 +452,19 @@ def load(path: str | Path | None, overrides: list[str] | None = None,
     return cfg
 
 
+def _leaf_keys(layer: DictConfig) -> list[str]:
+    """The dotted keys a YAML layer sets (a list or an empty mapping counts as one value)."""
+    out, todo = [], [("", OmegaConf.to_container(layer, resolve=False))]
+    while todo:
+        prefix, node = todo.pop()
+        for k, v in node.items():
+            if isinstance(v, dict) and v:
+                todo.append((f"{prefix}{k}.", v))
+            else:
+                out.append(f"{prefix}{k}")
+    return out
+
+
 def _is_layer(item: str) -> bool:
     return item.endswith((".yaml", ".yml")) and "=" not in item
 
@@ -458,15 +472,19 @@ def _is_layer(item: str) -> bool:
 def check(cfg: RunConfig, world: int = 1, where: str = "",
           set_by: dict[str, str] | None = None) -> None:
     """Raise ConfigError with one line naming the first key out of its legal range (ranges and
-    cross-field rules: mmrl/config_rules.py; legal values are the Literal types above), and the
-    override that set it (`set_by`: key -> override) where one did."""
+    cross-field rules: mmrl/config_rules.py; legal values are the Literal types above), and
+    what set it (`set_by`: key -> the YAML file or "override k=v" that set it last) where known,
+    else `where` (the base recipe)."""
     found = config_rules.problems(cfg, world)
     if found:
         more = f" (and {len(found) - 1} more: mmrl validate lists them)" if len(found) > 1 else ""
-        named = [item for key, item in (set_by or {}).items()
-                 if re.search(rf"(^|\s){re.escape(key)}=", found[0])]
-        raise ConfigError(f"{'override ' + clip(', '.join(named)) + ': ' if named else where}"
-                          f"{found[0]}{more}")
+        named = list(dict.fromkeys(label for key, label in (set_by or {}).items()
+                                   if re.search(rf"(^|\s){re.escape(key)}=", found[0])))
+        overrides = [n.removeprefix("override ") for n in named if n.startswith("override ")]
+        named = [n for n in named if not n.startswith("override ")] + \
+            ([f"override {', '.join(overrides)}"] if overrides else [])
+        raise ConfigError(f"{clip(', '.join(named)) + ': ' if named else where}"
+                          f"{clip(found[0], 1000)}{more}")
 
 
 def choices(literal) -> tuple[str, ...]:
