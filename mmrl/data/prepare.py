@@ -154,7 +154,16 @@ def check_datasets(cfg: RunConfig, train: Sequence[Sample], evals: Sequence[Samp
 
 def check_media_present(picked: list[Sample], media_kinds: tuple[str, ...], family: str) -> None:
     """Stop when a media model's training records carry no media at all: every step would train
-    the model text-only, which is never what a multimodal recipe means."""
+    the model text-only, which is never what a multimodal recipe means; and when a record carries
+    a kind of media the family cannot read (it would be dropped, or fail at its first draw)."""
+    alien = [(s, k) for s in picked for k in ("images", "videos", "audios")
+             if media_kinds and k not in media_kinds and getattr(s, k, None)]
+    if alien:
+        s, kind = alien[0]
+        raise ValueError(f"{s.source}: the record carries {kind}, which the model family {family} "
+                         f"does not read (it reads {' and '.join(media_kinds)}); "
+                         f"{len(alien)} of the {len(picked)} records checked do. Remove them, or "
+                         f"train a family that reads {kind} (docs/models.md)")
     if not media_kinds or not picked or any(getattr(s, k) for s in picked for k in media_kinds):
         return
     keys = sorted({k for s in picked for k in s.fields})[:12]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import tarfile
 import types
 from pathlib import Path
 
@@ -276,6 +277,25 @@ LAYOUTS = {
     "Common Voice": ("Common Voice (HF)", "jsonl", None, AUDIO,
                      lambda m: {"path": "tone.wav", "audio": "tone.wav",
                                 "sentence": "a tone"}, {"audios": 1}),
+    # WebDataset shards: key.json beside its media members (`__members__`: ext -> bytes)
+    "WebDataset unnamed png": ("WebDataset", "tar", None, VL,
+                               lambda m: {"prompt": Q, "solution": "1",
+                                          "__members__": {"png": m.png}}, {"images": 1}),
+    "WebDataset singular image names member": (
+        "WebDataset", "tar", None, VL,
+        lambda m: {"prompt": Q, "image": "png", "solution": "1",
+                   "__members__": {"png": m.png}}, {"images": 1}),
+    "WebDataset VLM-R1 shard": ("WebDataset", "tar", None, VL,
+                                lambda m: _chat("<image>" + Q, "1", image="png",
+                                                __members__={"png": m.png}), {"images": 1}),
+    "WebDataset wav in an image format": (
+        "WebDataset", "tar", None, VL,
+        lambda m: _chat("<image>" + Q, "1", image="png",
+                        __members__={"png": m.png, "wav": m.wav}), "does not read (it reads images and videos)"),
+    "WebDataset flac for an audio model": (
+        "WebDataset", "tar", None, AUDIO,
+        lambda m: {"prompt": "What is it?", "solution": "a tone",
+                   "__members__": {"flac": m.flac}}, {"audios": 1}),
 }
 
 
@@ -287,7 +307,16 @@ def write_layout(name: str, media, folder: Path) -> Path:
     for f in media.dir.iterdir():
         (folder / f.name).write_bytes(f.read_bytes())
     path = folder / f"train.{kind}"
-    if kind == "parquet":
+    if kind == "tar":  # one sample per record: key.json and its members, as TarWriter writes
+        with tarfile.open(path, "w") as tf:
+            for k, row in enumerate(rows):
+                extra = row.pop("__members__")
+                members = {"json": json.dumps(row).encode(), **extra}
+                for ext, data in members.items():
+                    info = tarfile.TarInfo(f"{k:06d}.{ext}")
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+    elif kind == "parquet":
         pq.write_table(pa.Table.from_pylist(rows), path)
     elif kind == "json":
         path.write_text(json.dumps(rows))
