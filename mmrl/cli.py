@@ -55,28 +55,48 @@ def cmd_train(args) -> int:
     problems = validate(cfg, world=int(os.environ.get("WORLD_SIZE", "1")))
     if problems:  # before building anything: a bad name fails in a second, not after model load
         sys.exit("config error: " + "\n  ".join(problems))
-    print(config_summary(cfg), file=sys.stderr)
-    train(cfg)
+    memory = _memory_check(cfg, args)
+    print(config_summary(cfg) + f"\n  {memory.line}", file=sys.stderr)
+    if memory.refuses:  # before any weight is loaded; every rank stops, rank 0 says why
+        sys.exit(memory.message if os.environ.get("RANK", "0") == "0" else 1)
+    if memory.message:
+        print(memory.message, file=sys.stderr)
+    train(cfg, predicted=memory.predicted)
     return 0
 
 
+def _memory_check(cfg, args):
+    """The memory plan for this device, process count and strategy (mmrl/bench/fit.py)."""
+    from mmrl.bench.fit import memory_check
+
+    return memory_check(cfg, args.config, list(args.overrides),
+                        world=int(os.environ.get("WORLD_SIZE", "1")))
+
+
 def config_summary(cfg) -> str:
-    """A few lines on the terminal; the whole config goes to RUN_DIR/config.yaml."""
+    """A few lines on the terminal; the whole config goes to RUN_DIR/config.yaml. Every value
+    a user typed is clipped (a 10 MB name would otherwise print three times)."""
+    from mmrl.config import clip
+
     r, a, t = cfg.rollout, cfg.algo, cfg.train
-    rewards = ", ".join(f"{s.name}" + (f" x{s.weight:g}" if s.weight != 1 else "")
-                        for s in cfg.rewards)
+    name, run_dir = clip(cfg.name, 200), clip(str(cfg.run_dir), 200)
+    config_yaml = clip(str(cfg.run_dir / "config.yaml"), 200)
+    rewards = clip(", ".join(f"{s.name}" + (f" x{s.weight:g}" if s.weight != 1 else "")
+                             for s in cfg.rewards), 500)
     tc = cfg.tools
-    tools = ([f"  tools: {', '.join(s.name for s in tc.use)} ({tc.call_format} calls, up to "
+    names = clip(", ".join(s.name for s in tc.use), 500)
+    tools = ([f"  tools: {names} ({tc.call_format} calls, up to "
               f"{tc.max_turns} turns and {tc.max_tokens} tokens a trajectory; "
               + ("the shared-prefix layout shares each group's initial prompt"
                  if t.shared_prefix else "train.shared_prefix=false: every row runs its prompt")
               + ")"] if tc.use else [])
     return "\n".join([
-        f"run {cfg.name}: {cfg.model.family} ({cfg.model.path}), data {cfg.data.train}",
+        f"run {name}: {cfg.model.family} ({clip(str(cfg.model.path), 200)}), data "
+        f"{clip(str(cfg.data.train), 200)}",
         f"  {a.preset or a.advantage}: {t.steps} steps x {r.prompts_per_step} prompts x "
         f"{r.num_generations} completions (max {r.max_new_tokens} tokens), lr {t.lr:g}, "
         f"rollout {r.backend}, rewards: {rewards or 'none'}", *tools,
-        f"  run dir {cfg.run_dir}  (full config: {cfg.run_dir / 'config.yaml'})"])
+        f"  run dir {run_dir}  (full config: {config_yaml})"])
 
 
 def cmd_validate(args) -> int:
@@ -85,8 +105,10 @@ def cmd_validate(args) -> int:
     cfg = _load(args)
     # As `mmrl train` under a launcher reads it: WORLD_SIZE=8 checks a run on 8 processes.
     problems = validate(cfg, world=int(os.environ.get("WORLD_SIZE", "1")))
+    from mmrl.config import clip
+
     for w in data_warnings(cfg):
-        print(f"  {args.config}: warning: {w}", file=sys.stderr)
+        print(f"  {args.config}: warning: {clip(w, 1000)}", file=sys.stderr)
     for p in problems:
         print(f"  {args.config}: {p}", file=sys.stderr)
     print(f"{args.config}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
@@ -215,6 +237,7 @@ def _config_checks(args, fmt, cfg) -> tuple[list[str], list[str], list[dict], li
     prepared as training prepares them."""
     from mmrl.data.inspect import reward_scorability
     from mmrl.data.prepare import check_datasets, prepare_samples
+    from mmrl.data.media_errors import MediaError
     from mmrl.data.schema import RecordError, load_samples
     from mmrl.models import get_adapter
 
@@ -226,11 +249,12 @@ def _config_checks(args, fmt, cfg) -> tuple[list[str], list[str], list[dict], li
     for i in range(len(lazy)):
         try:
             samples.append(lazy[i])
-        except (RecordError, ValueError):  # listed in the report already
+        except (RecordError, MediaError, ValueError):  # listed in the report already
             continue
     rows = reward_scorability(cfg.rewards, samples, cfg.rollout.max_new_tokens)
     try:
-        return [], check_datasets(cfg, samples, samples), rows, samples
+        kinds = get_adapter(cfg.model.family).media_kinds
+        return [], check_datasets(cfg, samples, samples, kinds), rows, samples
     except ValueError as e:
         return [str(e)], [], rows, samples
 
@@ -331,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     gp.set_defaults(fn=cmd_data)
     cp = dsub.add_parser("convert", help="rewrite an anchor project's data file as native JSONL")
     cp.add_argument("--from", dest="fmt", default=None,
-                    help="vlm_r1 | r1v | easyr1 | video_r1 | r1_aqa | time_r1 | sharegpt "
+                    help="vlm_r1 | r1v | easyr1 | video_r1 | r1_aqa | time_r1 | asr | sharegpt "
                          "(default: detected from the file, as `mmrl train` does)")
     cp.add_argument("--config", default=None,
                     help="the recipe you will train with: named in the printed next command")

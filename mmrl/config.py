@@ -33,6 +33,9 @@ Backend = Literal["hf", "vllm"]
 LRSchedule = Literal["constant", "linear", "cosine"]
 Parallel = Literal["auto", "ddp", "deepspeed", "fsdp2"]
 Progress = Literal["auto", "bar", "lines", "off"]
+# Before loading the model on CUDA, the memory plan (docs/memory.md) for the device, process
+# count and strategy: refuse (stop, with the fix) | warn (say so, go on) | off.
+MemoryCheck = Literal["refuse", "warn", "off"]
 # <tool_call>{"name", "arguments"}</tool_call> | MGPO's {"bbox_2d"} (crop) | {"span"} (frames)
 CallFormat = Literal["qwen", "json_box", "json_span"]
 
@@ -41,8 +44,8 @@ CallFormat = Literal["qwen", "json_box", "json_span"]
 class DataConfig:
     train: str = MISSING  # JSONL / JSON / Parquet / HF dataset dir
     eval: Optional[str] = None  # held-out set for before/after and in-loop evaluation
-    # record adapter: mmrl | vlm_r1 | r1v | easyr1 | video_r1 | r1_aqa | time_r1; null: mmrl for
-    # JSONL/JSON, detected from the column names for Parquet / Arrow (mmrl/data/detect.py)
+    # record adapter: mmrl | vlm_r1 | r1v | easyr1 | video_r1 | r1_aqa | time_r1 | asr; null:
+    # detected from the column names (Parquet / Arrow) or first record's keys (mmrl/data/detect.py)
     format: Optional[str] = None
     generate: Optional[str] = None  # synthetic generator that writes `train`/`eval` if missing
     generate_kwargs: dict[str, Any] = field(default_factory=dict)  # the generator's arguments
@@ -142,6 +145,16 @@ class RolloutConfig:
     shared_prefill: bool = False  # hf backend: prefill each prompt once for its G samples
     rounds_of: Optional[int] = None  # with shared_prefill: sample G in rounds of this many
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+
+    @property
+    def runs_hf_generate(self) -> bool:
+        """The training model's own generate samples (shared_prefill and rounds_of apply)."""
+        return self.backend == "hf"
+
+    @property
+    def vllm_colocated(self) -> bool:
+        """A vLLM engine on the training GPUs, holding vllm.gpu_memory_utilization of each."""
+        return self.backend == "vllm" and not self.vllm.server_url
 
 
 @dataclass
@@ -256,11 +269,24 @@ class TrainConfig:
     # launcher: accelerate's DeepSpeed / FSDP config, else ddp) | ddp | deepspeed | fsdp2.
     parallel: Parallel = "auto"
     deepspeed_config: Optional[str] = None  # DeepSpeed JSON (default: the accelerate config's)
+    # On CUDA, `mmrl train` predicts the run's peak memory per GPU before loading the model
+    # (docs/memory.md): refuse | warn | off. A no-op on CPU.
+    memory_check: MemoryCheck = "refuse"
 
     @property
     def starts_fresh(self) -> bool:
         """resume=none: a new run (a run dir holding one needs overwrite=true)."""
         return self.resume == "none"
+
+    @property
+    def checks_memory(self) -> bool:
+        """memory_check is warn or refuse: run the plan before loading the model."""
+        return self.memory_check != "off"
+
+    @property
+    def refuses_unfit(self) -> bool:
+        """memory_check=refuse: a predicted peak over the device's usable memory stops the run."""
+        return self.memory_check == "refuse"
 
     @property
     def resumes_latest(self) -> bool:
@@ -351,7 +377,7 @@ def _apply_preset(merged: DictConfig, explicit_keys: set[str]) -> None:
 
 
 # YAML 1.1 reads a bare `off` as false; these options have "off" among their legal values.
-_OFF_KEYS = ("log.progress",)
+_OFF_KEYS = ("log.progress", "train.memory_check")
 
 
 def _load_layer(path) -> DictConfig:
@@ -413,7 +439,7 @@ def load(path: str | Path | None, overrides: list[str] | None = None,
     the YAML layer, or the override as typed (`override train.lr=abc: ...`). `world`: the
     process count the cross-field rules check against (default: the launcher's WORLD_SIZE)."""
     where = f"{path}: " if path else ""
-    set_by: dict[str, str] = {}  # key -> the override that set it last
+    set_by: dict[str, str] = {}  # key -> what set it last: an overlay file or "override k=v"
     merged = OmegaConf.structured(RunConfig)
     explicit: set[str] = set()
     items = [(str(path), True)] if path else []
@@ -424,11 +450,12 @@ def load(path: str | Path | None, overrides: list[str] | None = None,
                 layer = _load_layer(item)
                 explicit |= set((layer.get("algo") or {}).keys())
                 merged = OmegaConf.merge(merged, layer)
+                set_by.update(dict.fromkeys(_leaf_keys(layer), item))
                 continue
             key = _override(merged, item)
         except OmegaConfBaseException as e:  # unknown key / wrong type: the message has its path
             raise ConfigError(f"{culprit}{_short(e)}") from None
-        set_by[key] = item
+        set_by[key] = f"override {clip(item)}"
         if key.startswith("algo."):
             explicit.add(key.split(".")[1])
     try:
@@ -447,6 +474,19 @@ def load(path: str | Path | None, overrides: list[str] | None = None,
     return cfg
 
 
+def _leaf_keys(layer: DictConfig) -> list[str]:
+    """The dotted keys a YAML layer sets (a list or an empty mapping counts as one value)."""
+    out, todo = [], [("", OmegaConf.to_container(layer, resolve=False))]
+    while todo:
+        prefix, node = todo.pop()
+        for k, v in node.items():
+            if isinstance(v, dict) and v:
+                todo.append((f"{prefix}{k}.", v))
+            else:
+                out.append(f"{prefix}{k}")
+    return out
+
+
 def _is_layer(item: str) -> bool:
     return item.endswith((".yaml", ".yml")) and "=" not in item
 
@@ -454,15 +494,19 @@ def _is_layer(item: str) -> bool:
 def check(cfg: RunConfig, world: int = 1, where: str = "",
           set_by: dict[str, str] | None = None) -> None:
     """Raise ConfigError with one line naming the first key out of its legal range (ranges and
-    cross-field rules: mmrl/config_rules.py; legal values are the Literal types above), and the
-    override that set it (`set_by`: key -> override) where one did."""
+    cross-field rules: mmrl/config_rules.py; legal values are the Literal types above), and
+    what set it (`set_by`: key -> the YAML file or "override k=v" that set it last) where known,
+    else `where` (the base recipe)."""
     found = config_rules.problems(cfg, world)
     if found:
         more = f" (and {len(found) - 1} more: mmrl validate lists them)" if len(found) > 1 else ""
-        named = [item for key, item in (set_by or {}).items()
-                 if re.search(rf"(^|\s){re.escape(key)}=", found[0])]
-        raise ConfigError(f"{'override ' + clip(', '.join(named)) + ': ' if named else where}"
-                          f"{found[0]}{more}")
+        named = list(dict.fromkeys(label for key, label in (set_by or {}).items()
+                                   if re.search(rf"(^|\s){re.escape(key)}=", found[0])))
+        overrides = [n.removeprefix("override ") for n in named if n.startswith("override ")]
+        named = [n for n in named if not n.startswith("override ")] + \
+            ([f"override {', '.join(overrides)}"] if overrides else [])
+        raise ConfigError(f"{clip(', '.join(named)) + ': ' if named else where}"
+                          f"{clip(found[0], 1000)}{more}")
 
 
 def choices(literal) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ import importlib.util
 from pathlib import Path
 
 from mmrl import config_rules
+from mmrl.config import clip
 
 
 def validate(cfg, world: int = 1) -> list[str]:
@@ -46,7 +47,7 @@ def validate(cfg, world: int = 1) -> list[str]:
         from mmrl.tools import Toolbox
         check("tools.use", lambda: Toolbox.from_config(cfg.tools))
     check("train.parallel", lambda: problems.extend(missing_packages(cfg)))
-    return problems
+    return [clip(p, 1000) for p in problems]  # a line may echo a value: never 10 MB of it
 
 
 def missing_packages(cfg) -> list[str]:

@@ -17,7 +17,8 @@ def markdown(r: dict) -> str:
                 "the tokenizer is a tiny one, the vocabulary size the real one."), ""]
     for name, fn in (("environment", _environment), ("correctness", _correctness),
                      ("update", _update), ("generation", _generation),
-                     ("grpo step", _grpo), ("trl", _trl), ("benchmark", _benchmark)):
+                     ("grpo step", _grpo), ("trl", _trl), ("recipes", _recipes),
+                     ("benchmark", _benchmark)):
         part = s.get(name, {"skipped": "not yet measured" if name == "benchmark" else "not run"})
         lines += [f"## {_TITLES[name]}", ""]
         if "failure" in part:
@@ -46,6 +47,7 @@ _TITLES = {"environment": "Environment", "correctness": "Correctness on the devi
            "update": "Update phase: naive vs shared prefix",
            "generation": "Generation: HF generate vs prefill once",
            "grpo step": "One full GRPO step", "trl": "TRL's GRPOTrainer on the same step",
+           "recipes": "The recipes' 1-GPU commands: predicted and measured peak",
            "benchmark": "A field benchmark end to end (`mmrl eval --benchmark`)"}
 
 
@@ -156,6 +158,22 @@ def _trl(t: dict, r: dict) -> list[str]:
             *[f"| {side} | {best(side):.2f} | "
               f"{(t[side].get('peak_cuda_mb') or 0) / 1024:.1f} |" for side in ("mmrl", "trl")],
             "", f"TRL / mmrl step time: {t['ratio']:.2f}x."]
+
+
+def _recipes(part: dict, r: dict) -> list[str]:
+    """Each recipe README's `train.sh 1` command: the plan's peak (plan_report.one_gpu_rows)
+    beside the peak a run at the real shape measured, where one has."""
+    lines = ["The plan's peak per GPU (docs/memory.md) of every recipe README's one-GPU command, "
+             "and `torch.cuda.max_memory_allocated` over a few steps of that command at the real "
+             "shape (random weights).", "",
+             "| command | predicted GiB (phase) | measured GiB | measured / predicted |",
+             "|---|---:|---:|---:|"]
+    for row in part["rows"]:
+        measured = row.get("measured_gib")
+        lines.append(f"| `{row['command']}` | {row['predicted_gib']:.1f} ({row['phase']}) | "
+                     + ("not yet measured | - |" if measured is None else
+                        f"{measured:.1f} | {measured / row['predicted_gib']:.2f} |"))
+    return lines
 
 
 def _benchmark(b: dict, r: dict) -> list[str]:

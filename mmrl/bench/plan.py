@@ -11,6 +11,7 @@ counted by autograd on the meta device (probe.py), not written by hand.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -60,6 +61,13 @@ class Workload:
     # packed groups), whole on every rank under sequence parallelism; the varlen kernels take
     # sequence lengths instead.
     dense_mask: bool = False
+    # rollout.shared_prefill (HF): each prompt prefilled once, its G samples decoded from copies
+    # of that cache in rounds of `rounds_of` rows per prompt (0: all G at once).
+    shared_prefill: bool = False
+    rounds_of: int = 0
+    # A colocated vLLM engine holds this share of the GPU (rollout.vllm.gpu_memory_utilization)
+    # for its own weights and KV cache; the rollout runs there, not through HF generate.
+    engine_share: float = 0.0
 
 
 @dataclass
@@ -82,10 +90,12 @@ class Facts:
     blocks: dict = field(default_factory=dict)  # probe.BlockCost per kind
 
 
+@functools.lru_cache(maxsize=64)  # a meta build takes ~0.5 s; the docs test asks per command
 def facts(shape: str, *, dtype: torch.dtype = torch.bfloat16, lora_r: int = 0,
           lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                         "down_proj")) -> Facts:
-    """Facts of `shape` (a mmrl.models.shapes name, optionally NAME:LAYERS)."""
+    """Facts of `shape` (a mmrl.models.shapes name, optionally NAME:LAYERS); cached per
+    argument set, so callers must not change the Facts they get."""
     from mmrl.models import shapes
 
     name, layers = shapes.parse(shape)
@@ -208,6 +218,8 @@ def static_terms(f: Facts, w: Workload, c: Cluster) -> dict:
         terms["weights gathered"] = s.gathered(f) * b
     if w.reference and not w.lora_r:
         terms["KL reference"] = n * b / shard
+    if w.engine_share:
+        terms["vLLM engine (colocated)"] = w.engine_share * c.gpu_gib * GIB
     if s.master:  # no separate master copy when the weights are float32 already
         terms["optimizer (fp32 master, m, v)"] = (8 + (4 if b < 4 else 0)) * nt / world
     else:  # torch AdamW: m and v in the parameters' dtype
@@ -290,12 +302,22 @@ def rollout_terms(f: Facts, w: Workload, shared_prefill: bool = False) -> dict:
     """HF generate: the KV cache of every row at full length; the prefill's working set (one
     layer's no-grad intermediates over every prompt token of every row: generate expands the
     prompt to G rows before prefilling it, but encodes each prompt's media once); per decoding
-    step a few [rows, V] float32 tensors."""
-    rows = w.prompts * w.group
-    b = f.dtype_bytes
-    out = {"KV cache": rows * (w.prompt_tokens + w.completion) * f.kv_per_token,
-           "prefill working set": (w.prompts if shared_prefill else rows) * w.prompt_tokens *
-           f.blocks["text"].nograd_per_token(b),
+    step a few [rows, V] float32 tensors. With the shared prefill (models/shared_generate.py)
+    each prompt is prefilled once and its cache kept, copied (and, briefly, its copy before the
+    rows are repeated) for each round of `rounds_of` rows per prompt, which decodes to P + C.
+    A colocated vLLM engine samples inside its own share (a static term): nothing here."""
+    if w.engine_share:
+        return {}
+    shared = shared_prefill or w.shared_prefill
+    live = min(w.rounds_of or w.group, w.group) if shared else w.group
+    rows = w.prompts * live
+    b, kv = f.dtype_bytes, f.kv_per_token
+    cache = rows * (w.prompt_tokens + w.completion) * kv
+    if shared:
+        cache += 2 * w.prompts * w.prompt_tokens * kv
+    out = {"KV cache": cache,
+           "prefill working set": (w.prompts if shared else w.prompts * w.group) *
+           w.prompt_tokens * f.blocks["text"].nograd_per_token(b),
            "sampling logits": 4 * rows * f.vocab * 4}
     media = {"vision": w.media_tokens * f.merge ** 2, "audio": w.audio_frames}
     for kind, n in media.items():
@@ -437,6 +459,14 @@ def media_budget(cfg, f: Facts, temporal_patch: int = 2) -> tuple[int, int, str]
     return vision, audio, ", ".join(said)
 
 
+def _completion_bound(cfg) -> int:
+    """Completion tokens a row may hold: rollout.max_new_tokens, or with tools a whole
+    trajectory's model and observation tokens (tools.max_tokens), if larger. Observation media
+    are counted as text tokens: their vision-encoder activations are not in the plan."""
+    r = cfg.rollout.max_new_tokens
+    return max(r, cfg.tools.max_tokens) if cfg.tools.enabled else r
+
+
 def config_workload(cfg, f: Facts, world: int, *, media_tokens: int | None = None,
                     audio_frames: int | None = None, prompt_tokens: int | None = None,
                     text_tokens: int = TEXT_TOKENS) -> tuple[Workload, str]:
@@ -460,12 +490,16 @@ def config_workload(cfg, f: Facts, world: int, *, media_tokens: int | None = Non
                          f"{world} processes")
     w = Workload(prompt_tokens=prompt_tokens or text_tokens + vision + audio_tokens,
                  media_tokens=vision,
-                 audio_frames=frames, completion=r.max_new_tokens, group=r.num_generations,
+                 audio_frames=frames, completion=_completion_bound(cfg), group=r.num_generations,
                  prompts=r.prompts_per_step // world,  # sequence parallel too: train/sp.py
                  sequence_parallel=max(1, cfg.train.sequence_parallel),
                  micro_batch=max(1, cfg.train.micro_batch_size),
                  shared_prefix=cfg.train.shared_prefix,
                  dense_mask=cfg.model.dense_mask,
                  checkpointing=cfg.model.gradient_checkpointing,
-                 reference=cfg.algo.uses_reference, lora_r=cfg.model.lora.r)
+                 reference=cfg.algo.uses_reference, lora_r=cfg.model.lora.r,
+                 shared_prefill=r.shared_prefill and r.runs_hf_generate,
+                 rounds_of=r.rounds_of or 0,
+                 engine_share=r.vllm.gpu_memory_utilization if r.vllm_colocated else 0.0)
     return w, said or "no media"
+

@@ -19,6 +19,8 @@ from mmrl.data.media_errors import RecordError
 from mmrl.data.record_parts import ANSWER_TAG, PLACEHOLDER, media_ref, unwrap
 
 KINDS = ("image", "video", "audio")
+URL_PARTS = {"image_url": "image", "video_url": "video", "audio_url": "audio",
+             "input_audio": "audio"}
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
          "model": "assistant", "bot": "assistant", "system": "system"}
 
@@ -45,7 +47,11 @@ def read_chat(record: dict, source: str, base: Path,
         carried = [media_ref(p.get(kind) or p.get("path") or p.get("url"), base, source, kind)
                    for m in messages for p in m["content"]
                    if p["type"] == kind and (p.get(kind) or p.get("path") or p.get("url"))]
-        if carried and not media.get(kind + "s"):
+        listed = media.get(kind + "s")
+        if carried and listed and carried != listed:  # two sources: one would be dropped
+            raise RecordError(f"{source}: the messages' {kind} parts name {len(carried)} "
+                              f"{kind}(s) and '{kind}s' lists {len(listed)} others; keep one")
+        if carried:
             media[kind + "s"] = carried
     _place_media(messages, {k: len(media.get(k + "s", [])) for k in KINDS}, source)
     return messages, answer, media
@@ -67,16 +73,24 @@ def _message(turn: dict, i: int, source: str) -> dict:
                 parts += _split(p["text"])
             elif kind in KINDS:
                 parts.append({k: v for k, v in p.items() if v is not None})  # HF rows: None keys
-            elif kind == "image_url":  # OpenAI style
-                url = p.get("image_url")
-                parts.append({"type": "image", "path": url.get("url") if isinstance(url, dict)
-                              else url})
+            elif kind in URL_PARTS:  # OpenAI style: image_url {"url": ...}, input_audio {"data"}
+                parts.append(_url_part(p, kind))
             else:
                 raise RecordError(f"{source}: message {i} has a content part of type {kind!r}; "
-                                  f"expected text, image, video or audio")
+                                  f"expected text, image, video, audio or one of "
+                                  f"{sorted(URL_PARTS)}")
     else:
         raise RecordError(f"{source}: message {i} content must be a string or a list of parts")
     return {"role": ROLES[role], "content": parts}
+
+
+def _url_part(part: dict, kind: str) -> dict:
+    """An OpenAI-style media part as {"type": image|video|audio, "path": reference}."""
+    value = part.get(kind)
+    if kind == "input_audio" and isinstance(value, dict) and value.get("data"):
+        return {"type": "audio",
+                "path": f"data:audio/{value.get('format') or 'wav'};base64,{value['data']}"}
+    return {"type": URL_PARTS[kind], "path": value.get("url") if isinstance(value, dict) else value}
 
 
 def _split(text: str) -> list[dict]:

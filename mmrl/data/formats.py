@@ -37,11 +37,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mmrl.data.chat import read_chat
 from mmrl.data.record_parts import (answer_letter, check_dict, embedding_into, fail,
                                       is_boxes, lettered_options, make_sample, media_ref,
                                       media_refs, numbers, passthrough, text_of, unwrap,
                                       with_hint, with_image_size)
-from mmrl.data.schema import FORMATS, MEDIA_KINDS, load_samples
+from mmrl.data.schema import FORMATS, MEDIA_KINDS, load_samples, with_options
 from mmrl.types import Sample
 
 # VLM-R1 accu_reward_method -> task (others, e.g. "math", "yes_no", are the task as they are;
@@ -64,29 +65,32 @@ TIME_HINT = "Answer with <answer>start to end</answer> in seconds."
 
 @FORMATS.register("vlm_r1")
 def vlm_r1(record: Any, source: str, base_dir: Path) -> Sample:
-    """LLaVA conversations: the first human turn is the question, the next gpt turn the answer.
-    A 4-number answer is a box (task "detection"), anything else stays text (task "vqa")."""
+    """LLaVA / InternVL conversations, by the chats' one rule (mmrl/data/chat.py): the last gpt
+    turn is the answer, earlier rounds are the prompt's history. A 4-number answer is a box
+    (task "detection"), anything else stays text (task "vqa")."""
     record = check_dict(record, source)
     turns = record.get("conversations")
     if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
         raise fail(source, "'conversations' must be a list of {from, value} turns")
-    human = next((i for i, t in enumerate(turns) if t.get("from") in ("human", "user")), None)
-    if human is None or not isinstance(turns[human].get("value"), str):
+    if not any(t.get("from") in ("human", "user") and isinstance(t.get("value"), str)
+               for t in turns):
         raise fail(source, "no human turn with a 'value' string in 'conversations'")
-    gpt = next((t for t in turns[human + 1:] if t.get("from") in ("gpt", "assistant")), None)
-    if gpt is None or gpt.get("value") in (None, ""):
-        raise fail(source, "no gpt turn (the answer) after the question in 'conversations'")
-    box = numbers(gpt["value"], None, source, "box")
-    solution = box if box is not None and len(box) == 4 else unwrap(str(gpt["value"]))
+    if turns[-1].get("from") not in ("gpt", "assistant") or turns[-1].get("value") in (None, ""):
+        raise fail(source, "no gpt turn (the answer) at the end of 'conversations'")
     media = {"images": media_refs(record, ("image", "images"), base_dir, source),
-             "videos": media_refs(record, ("video", "videos"), base_dir, source)}
+             "videos": media_refs(record, ("video", "videos"), base_dir, source), "audios": []}
+    messages, answer, media = read_chat({"conversations": turns}, source, base_dir, media)
+    box = numbers(answer, None, source, "box")
+    solution = box if box is not None and len(box) == 4 else answer
     fields = passthrough(record, {"id", "task", "conversations", "image", "images", "video",
                                    "videos"})
     # VLM-R1's per-record reward choice is the task that `rewards[].tasks` routes on.
     route = ACCU_METHOD_TASKS.get(record.get("accu_reward_method"), record.get("accu_reward_method"))
     task = str(route) if route else ("detection" if isinstance(solution, list) else "vqa")
-    return make_sample(record, source, text=turns[human]["value"], media=media, solution=solution,
-                   task=task, fields=with_image_size(fields, solution, media["images"]))
+    return Sample(id=str(record.get("id") or source), messages=messages, solution=solution,
+                  task=str(record.get("task") or task), images=media["images"],
+                  videos=media["videos"], audios=[], source=source,
+                  fields=with_image_size(fields, solution, media["images"]))
 
 
 def _r1v_like(record: Any, source: str, base_dir: Path) -> Sample:
@@ -94,7 +98,8 @@ def _r1v_like(record: Any, source: str, base_dir: Path) -> Sample:
     where images go), answer in 'answer' or 'solution' (<answer> tags stripped; a 4-number answer
     is a box), media in 'images'/'image', 'videos'/'video', 'audios'/'audio'."""
     record = check_dict(record, source)
-    text = text_of(record, ("problem", "prompt", "question"), source, "question")
+    text = with_options(text_of(record, ("problem", "prompt", "question"), source, "question"),
+                        record, source)
     if record.get("answer") is not None:
         raw = record["answer"]
     elif record.get("solution") is not None:
@@ -182,6 +187,28 @@ def r1_aqa(record: Any, source: str, base_dir: Path) -> Sample:
     return make_sample(record, source, text=with_hint(text, HINTS["multiple choice"]),
                    media={"audios": audios}, solution=solution, task="audio_qa", fields=fields,
                    record_task=False)
+
+
+ASR_PROMPT = "Transcribe the audio. Answer with the transcript in <answer></answer>."
+ASR_AUDIO = ("audio", "audios", "audio_path", "audio_filepath", "path")
+ASR_TEXT = ("transcript", "text", "sentence")
+
+
+@FORMATS.register("asr")
+def asr(record: Any, source: str, base_dir: Path) -> Sample:
+    """Speech recognition rows as LibriSpeech / Common Voice (HF Audio column + text or
+    sentence) and NeMo manifests (audio_filepath + text) ship them: the transcript is the
+    solution; the question is the record's prompt, else ASR_PROMPT."""
+    record = check_dict(record, source)
+    audios = media_refs(record, ASR_AUDIO, base_dir, source)
+    if not audios:
+        raise fail(source, f"missing the audio (one of {', '.join(map(repr, ASR_AUDIO))})")
+    transcript = text_of(record, ASR_TEXT, source, "transcript")
+    question = record.get("prompt") or record.get("question") or ASR_PROMPT
+    fields = passthrough(record, {"id", "task", "prompt", "question", "file", *ASR_AUDIO,
+                                   *ASR_TEXT})
+    return make_sample(record, source, text=str(question), media={"audios": audios},
+                       solution=unwrap(transcript).strip(), task="asr", fields=fields)
 
 
 @FORMATS.register("time_r1")

@@ -1,7 +1,8 @@
 """Splits of a dataset folder laid out as a Hub dataset repository is downloaded: `README.md` and
 `data/train-00000-of-00002.parquet`, `data/validation-*`, `data/test-*` (or `train/0000.parquet`,
 or the data files the README's `configs:` front matter lists), and `datasets.save_to_disk`
-folders of a DatasetDict (`dataset_dict.json` + one folder per split).
+folders of a DatasetDict (`dataset_dict.json` + one folder per split). WebDataset shards split
+the same way: `train/shard-000.tar`, `shard-train-000.tar`, `shard-val-000.tar`.
 
 A split is chosen, never merged with another: `DIR:validation` names one; without a name a
 folder with one split gives it, and a folder with several gives the caller's default split
@@ -14,12 +15,14 @@ from pathlib import Path
 
 from mmrl.data.media_errors import RecordError
 
-DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
+DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".tar")
 # File-name keywords of each split, as `datasets` reads a repository without a loading script.
 SPLIT_WORDS = {"train": ("train", "training"), "validation": ("validation", "valid", "val", "dev"),
                "test": ("test", "testing", "eval", "evaluation")}
 _SPLIT_OF = {word: split for split, words in SPLIT_WORDS.items() for word in words}
-_NAME = re.compile(r"([A-Za-z]+)(?:$|[-_.]\d)")  # "train-00000-of-00002", "test", "dev_0"
+# A split keyword is a word between separators, as `datasets` matches it: "train-00000-of-00002",
+# "test", "dev_0", "shard-train-000"; not "pretrain" or "interval".
+_WORD = re.compile(r"(?:^|(?<=[-._ 0-9]))([A-Za-z]+)(?=$|[-._ 0-9])")
 
 
 def split_selector(path: str) -> tuple[str, str | None]:
@@ -54,7 +57,7 @@ def choose_split(folder: Path, splits: dict[str, list[Path]], named: str | None,
     listing = ", ".join(f"{s} ({len(f)} file{'s' * (len(f) != 1)})" for s, f in splits.items())
     if not splits:
         raise RecordError(f"{where}: a dataset folder with no data files (*.parquet, *.jsonl, "
-                          f"*.json) under it")
+                          f"*.json, *.tar) under it")
     want = _SPLIT_OF.get(named, named) if named else None
     if want is None and len(splits) == 1:
         return next(iter(splits.values()))
@@ -77,9 +80,9 @@ def _data_files(folder: Path) -> list[Path]:
 def _split_of(file: Path, folder: Path) -> str | None:
     """The split a file belongs to by its name, or by the name of a folder it is in."""
     for name in (file.stem, *reversed(file.relative_to(folder).parent.parts)):
-        m = _NAME.match(name)
-        if m and m.group(1).lower() in _SPLIT_OF:
-            return _SPLIT_OF[m.group(1).lower()]
+        for m in _WORD.finditer(name):
+            if m.group(1).lower() in _SPLIT_OF:
+                return _SPLIT_OF[m.group(1).lower()]
     return None
 
 

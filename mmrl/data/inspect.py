@@ -146,6 +146,10 @@ def inspect_file(path: str | Path, fmt: str | None = None, n_show: int = 3, *, c
         except RecordError as e:
             bad_records.append(str(e))
             continue
+        except MediaError as e:  # an embedded item that does not decode, a URL not fetched
+            bad_media.append({"source": str(e).split(": ", 1)[0], "kind": "media", "path": "",
+                              "error": str(e)})
+            continue
         source = sample.source
         by_task[sample.task] += 1
         kinds = [k for k in ("images", "videos", "audios") if getattr(sample, k)]
@@ -270,8 +274,18 @@ def spread(samples, sample_size: int = 256) -> list[Sample]:
     (Parquet, Arrow), its first LAZY_CHECK_ROWS rows: one row group read and a few embedded
     images written, not every one."""
     if isinstance(samples, list) or getattr(samples, "cheap_rows", False):
-        return list(samples[::max(1, len(samples) // sample_size)][:sample_size])
-    return list(samples[:min(len(samples), LAZY_CHECK_ROWS)])
+        picks = range(0, len(samples), max(1, len(samples) // sample_size))[:sample_size]
+    else:
+        picks = range(min(len(samples), LAZY_CHECK_ROWS))
+    out, bad = [], None
+    for i in picks:
+        try:
+            out.append(samples[i])
+        except MediaError as e:  # a bad embedded item: the skip policy's, when it is drawn
+            bad = bad or e
+    if bad is not None and not out:
+        raise bad
+    return out
 
 
 def check_scorable(specs, samples, max_new_tokens: int = 1024, sample_size: int = 256) -> None:

@@ -34,7 +34,7 @@ def utf8(data: bytes, path: Path, lineno: int | None = None) -> str:
                           f"`iconv -f latin1 -t utf-8`") from None
 
 
-class _Rows(Sequence):
+class Rows(Sequence):
     """Indexing of a table: slices, negative indices and bounds; `_row(i)` reads row i."""
 
     def __getitem__(self, i):
@@ -48,7 +48,7 @@ class _Rows(Sequence):
         raise NotImplementedError
 
 
-class _OffsetTable(_Rows):
+class _OffsetTable(Rows):
     """Records at (offset, length) in one file; sources are "file:line" or "file[i]"."""
 
     columns = None  # records may differ in their keys
@@ -184,7 +184,7 @@ class JsonListTable(_OffsetTable):
         return f"{self.path}[{i}]"
 
 
-class ConcatTable(_Rows):
+class ConcatTable(Rows):
     """Several tables read as one (the files of one split)."""
 
     columns = None

@@ -124,12 +124,13 @@ def media_loader(cfg: RunConfig, image_factor: int, stats: dict | None = None):
 
 
 # ------------------------------------------------------------------------- start checks ----
-def check_datasets(cfg: RunConfig, train: Sequence[Sample],
-                   evals: Sequence[Sample] | None) -> list[str]:
+def check_datasets(cfg: RunConfig, train: Sequence[Sample], evals: Sequence[Sample] | None,
+                   media_kinds: tuple[str, ...] = ()) -> list[str]:
     """What `mmrl train` checks at its start, and `mmrl data inspect --config` on a file, so an
     inspect that passes means training loads. Raises ValueError where the run would learn or
     measure nothing: a reward that can score none of its records, an eval set the main metric
-    cannot score. Returns warnings: how a file was read (a configured format that did not fit),
+    cannot score, training records that carry none of the media the model family reads
+    (`media_kinds`: its adapter's; the run would train text-only). Returns warnings: how a file was read (a configured format that did not fit),
     records whose prompt holds their own answer. Checked on a spread of the records
     (mmrl/data/inspect.py `spread`)."""
     from mmrl.data.chat import answer_in_prompt
@@ -140,6 +141,7 @@ def check_datasets(cfg: RunConfig, train: Sequence[Sample],
     if evals:
         check_metric(cfg, evals)
     picked = spread(train)
+    check_media_present(picked, media_kinds, cfg.model.family)
     leaked = [s for s in picked if answer_in_prompt(s.messages, s.solution)]
     if leaked:
         first = leaked[0]
@@ -148,6 +150,28 @@ def check_datasets(cfg: RunConfig, train: Sequence[Sample],
                         f"model would read it there. Remove it from the prompt, or keep the "
                         f"answer only as the chat's last assistant turn or the 'solution' field")
     return warnings
+
+
+def check_media_present(picked: list[Sample], media_kinds: tuple[str, ...], family: str) -> None:
+    """Stop when a media model's training records carry no media at all: every step would train
+    the model text-only, which is never what a multimodal recipe means; and when a record carries
+    a kind of media the family cannot read (it would be dropped, or fail at its first draw)."""
+    alien = [(s, k) for s in picked for k in ("images", "videos", "audios")
+             if media_kinds and k not in media_kinds and getattr(s, k, None)]
+    if alien:
+        s, kind = alien[0]
+        raise ValueError(f"{s.source}: the record carries {kind}, which the model family {family} "
+                         f"does not read (it reads {' and '.join(media_kinds)}); "
+                         f"{len(alien)} of the {len(picked)} records checked do. Remove them, or "
+                         f"train a family that reads {kind} (docs/models.md)")
+    if not media_kinds or not picked or any(getattr(s, k) for s in picked for k in media_kinds):
+        return
+    keys = sorted({k for s in picked for k in s.fields})[:12]
+    raise ValueError(f"none of the {len(picked)} training records checked carry "
+                     f"{' or '.join(media_kinds)}, which the model family {family} reads: the run would train text-only "
+                     f"(first record: {picked[0].source}; its other fields: {keys}). Give each "
+                     f"record its media ('images' / 'videos' / 'audios', docs/data.md \"Media in "
+                     f"a record\")")
 
 
 def check_metric(cfg: RunConfig, evals: Sequence[Sample]) -> None:

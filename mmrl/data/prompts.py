@@ -15,6 +15,8 @@ import dataclasses
 import string
 from typing import Any
 
+from mmrl.config import clip
+
 from mmrl.data.formats import HINTS, TIME_HINT
 from mmrl.types import Sample
 
@@ -70,7 +72,7 @@ def resolve(template: str) -> str:
     if template in TEMPLATES:
         return TEMPLATES[template]
     if "{question}" not in template:
-        raise ValueError(f"data.prompt_template: {template!r} is neither a template name "
+        raise ValueError(f"data.prompt_template: {clip(repr(template))} is neither a template name "
                          f"({', '.join(TEMPLATES)}) nor a string containing {{question}}")
     return template
 

@@ -8,23 +8,23 @@ Malformed parts raise RecordError naming file:line.
 """
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import io
 import json
-import os
 import re
-from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from mmrl.data.media_errors import RecordError
+from mmrl.data.media_sources import embedded_dir, embedding_into, resolve  # noqa: F401
 from mmrl.types import Sample
 
-_EMBED_INTO: ContextVar[Path | None] = ContextVar("mmrl_embedded_dir", default=None)
 PLACEHOLDER = re.compile(r"<(image|video|audio)>")
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 LETTER = re.compile(r"[\(\[]?\s*([A-Za-z])\s*[\)\]]?\s*[.:]?")
+# A Qwen processor's own media tokens: it writes (and counts media by) these itself, so in a
+# record's text they break its media count deep inside the processor.
+MODEL_TOKENS = re.compile(r"<\|(?:vision_start|vision_end|vision_pad|image_pad|video_pad|"
+                          r"audio_bos|audio_eos|audio_start|audio_end|audio_pad|"
+                          r"AUDIO|IMAGE|VIDEO)\|>")
 OPTION_PREFIX = re.compile(r"\s*[\(\[]?([A-Z])[\)\].:]\s*")
 BOX_KEY = re.compile(r"[\"'](?:Position|bbox_2d|bbox)[\"']\s*:\s*\[")  # Visual-RFT / Qwen JSON boxes
 # Keys that load_media reads as decode overrides: an anchor's same-named column may mean something
@@ -47,52 +47,10 @@ def text_of(record: dict, keys: tuple[str, ...], source: str, what: str) -> str:
     raise fail(source, f"missing {what} (one of {', '.join(map(repr, keys))})")
 
 
-def embedded_dir() -> Path:
-    """Where embedded media are written: `embedding_into`'s folder, else $MMRL_EMBEDDED_DIR, else
-    ~/.cache/mmrl/embedded."""
-    into = _EMBED_INTO.get()
-    if into is not None:
-        return into
-    return Path(os.environ.get("MMRL_EMBEDDED_DIR") or Path.home() / ".cache" / "mmrl" / "embedded")
-
-
-@contextlib.contextmanager
-def embedding_into(folder: str | Path) -> Iterator[Path]:
-    """Write embedded media under `folder` inside the block (this thread/context only)."""
-    token = _EMBED_INTO.set(Path(folder))
-    try:
-        yield Path(folder)
-    finally:
-        _EMBED_INTO.reset(token)
-
-
-def _embedded(data: bytes, suffix: str) -> str:
-    folder = embedded_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{hashlib.sha256(data).hexdigest()[:32]}{suffix}"
-    if not path.exists():
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    return str(path)
-
-
 def media_ref(value: Any, base: Path, source: str, key: str) -> str:
-    """A path (relative to the data file), {"path", "bytes"} (HF / parquet) or a PIL image."""
-    if isinstance(value, str) and value.strip():
-        return value if Path(value).is_absolute() else str(base / value)
-    if isinstance(value, dict):
-        if value.get("bytes"):
-            return _embedded(bytes(value["bytes"]), Path(value.get("path") or "x.png").suffix or ".png")
-        if isinstance(value.get("path"), str):
-            return media_ref(value["path"], base, source, key)
-    if isinstance(value, (bytes, bytearray)):
-        return _embedded(bytes(value), ".png")
-    if hasattr(value, "save") and hasattr(value, "size"):  # PIL image from `datasets`
-        buf = io.BytesIO()
-        value.save(buf, format="PNG")
-        return _embedded(buf.getvalue(), ".png")
-    raise fail(source, f"{key!r}: expected a path, {{'bytes'|'path'}} or an image, got {value!r:.80}")
+    """One media item in any accepted form (a path, file:// or http(s) URL, data: URI, base64,
+    {"bytes"|"path"}, an audio array, a PIL image) -> a local path (mmrl/data/media_sources.py)."""
+    return resolve(value, base, source, key)
 
 
 def media_refs(record: dict, keys: tuple[str, ...], base: Path, source: str) -> list[str]:
@@ -105,7 +63,7 @@ def media_refs(record: dict, keys: tuple[str, ...], base: Path, source: str) -> 
     return []
 
 
-def _content(text: str, counts: dict[str, int], source: str) -> list[dict]:
+def media_content(text: str, counts: dict[str, int], source: str) -> list[dict]:
     """Chat content with media items where the text has placeholders; the rest go first."""
     found = {kind: 0 for kind in ("image", "video", "audio")}
     parts: list[dict] = []
@@ -219,7 +177,7 @@ def passthrough(record: dict, used: set[str]) -> dict:
 def make_sample(record: dict, source: str, *, text: str, media: dict[str, list[str]], solution: Any,
             task: str, fields: dict, id_keys: tuple[str, ...] = ("id",),
             record_task: bool = True) -> Sample:
-    content = _content(text, {k: len(v) for k, v in media.items()}, source)
+    content = media_content(text, {k: len(v) for k, v in media.items()}, source)
     ident = next((record[k] for k in id_keys if record.get(k) not in (None, "")), source)
     return Sample(id=str(ident), messages=[{"role": "user", "content": content}],
                   solution=solution,
@@ -262,3 +220,20 @@ def check_dict(record: Any, source: str) -> dict:
     if not isinstance(record, dict):
         raise fail(source, f"a record must be a JSON object, got {type(record).__name__}")
     return record
+
+
+def check_model_tokens(sample: Sample) -> None:
+    """RecordError naming a Qwen media token written in a sample's text (MODEL_TOKENS)."""
+    for m in sample.messages:
+        content = m.get("content")
+        texts = [content] if isinstance(content, str) else [
+            p.get("text", "") for p in content or [] if isinstance(p, dict)]
+        for text in texts:
+            found = MODEL_TOKENS.search(text or "")
+            if found:
+                raise fail(sample.source, f"the {m.get('role')} text holds {found.group(0)}, a "
+                                          f"token the model's processor writes itself for each "
+                                          f"media item: written in a record it breaks the media "
+                                          f"count. Write <image>, <video> or <audio> where the "
+                                          f"item goes instead (the whole "
+                                          f"<|vision_start|>...<|vision_end|> span)")

@@ -17,11 +17,14 @@ Every malformed record raises `RecordError` naming the file and line, never a si
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from mmrl.data.chat import read_chat
+from mmrl.data.record_parts import (OPTION_PREFIX, check_model_tokens, lettered_options,
+                                    media_content, media_ref, unwrap)
 from mmrl.data.sources import RecordError, open_table, per_video  # noqa: F401  (re-exported)
 from mmrl.registry import Registry
 from mmrl.types import Sample
@@ -29,29 +32,68 @@ from mmrl.types import Sample
 FORMATS: Registry = Registry("data format")
 MEDIA_KINDS = ("images", "videos", "audios")
 FULL_MEDIA = {f"full_{kind}": kind for kind in MEDIA_KINDS}  # originals for tools, per media kind
+SINGULAR = {"images": "image", "videos": "video", "audios": "audio"}  # aliases the schema reads
+OPTION_KEYS = ("options", "choices")
+TRANSCRIPT_KEYS = ("transcript", "text")  # an audio record's answer when it has no 'solution'
 RESERVED = {"id", "task", "prompt", "messages", "conversations", "solution", "system",
-            *MEDIA_KINDS}
+            *MEDIA_KINDS, *SINGULAR.values()}
 
 
 def _media_list(record: dict, key: str, source: str, base: Path) -> list[str]:
-    value = record.get(key) or []
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise RecordError(f"{source}: '{key}' must be a path or a list of paths, got {value!r:.80}")
-    return [v if Path(v).is_absolute() else str(base / v) for v in value]
+    """The items of a media list (or of its singular alias: "image" for "images"), each in any
+    form media_sources.py accepts (paths, URLs, data: URIs, base64, HF dicts)."""
+    value = record.get(key)
+    alias = SINGULAR.get(key)
+    if alias is not None and record.get(alias) not in (None, "", []):
+        if value not in (None, "", []):
+            raise RecordError(f"{source}: both {alias!r} and {key!r} hold media; keep one list")
+        key, value = alias, record[alias]
+    if value in (None, "", []):
+        return []
+    items = value if isinstance(value, list) else [value]
+    return [media_ref(v, base, source, key) for v in items]
 
 
-def _messages(record: dict, source: str, n_media: dict[str, int]) -> list[dict]:
+def _messages(record: dict, source: str, media: dict[str, list[str]]) -> list[dict]:
+    """A native prompt as one user turn: `<image>` / `<video>` / `<audio>` marks in it place the
+    media there (their count must match the record's items); without marks, media go first."""
     prompt = record.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise RecordError(f"{source}: needs a non-empty 'prompt' string or 'messages'")
-    content = [{"type": kind[:-1]} for kind in MEDIA_KINDS for _ in range(n_media[kind])]
-    content.append({"type": "text", "text": prompt})
+    for kind in MEDIA_KINDS:
+        marks = len(re.findall(f"<{kind[:-1]}>", prompt))
+        if marks and marks != len(media[kind]):
+            raise RecordError(f"{source}: the prompt has {marks} <{kind[:-1]}> mark(s) but the "
+                              f"record lists {len(media[kind])} in {kind!r}; give one item per "
+                              f"mark (or no marks: the media then go first)")
+    content = media_content(with_options(prompt, record, source),
+                           {k: len(v) for k, v in media.items()}, source)
     msgs = [{"role": "user", "content": content}]
     if record.get("system"):
         msgs.insert(0, {"role": "system", "content": [{"type": "text", "text": record["system"]}]})
     return msgs
+
+
+def with_options(prompt: str, record: dict, source: str) -> str:
+    """The prompt with the record's `options` / `choices` under it as the anchors render them
+    ("Options:" and "A. text" lines), unless the prompt already shows every option."""
+    key = next((k for k in OPTION_KEYS if isinstance(record.get(k), (list, dict)) and record[k]),
+               None)
+    if key is None:  # none, or a string the prompt author formatted: left as it is
+        return prompt
+    options = lettered_options(record[key], f"{source}: {key!r}")
+    if all(_shown(i, o, prompt) for i, o in enumerate(options)):
+        return prompt
+    return f"{prompt.rstrip()}\nOptions:\n" + "\n".join(options)
+
+
+def _shown(i: int, option: str, prompt: str) -> bool:
+    """Whether the prompt lists this option already: as "B. text" / "(B) text", or its text alone
+    when that is too long to appear by chance (a bare "2" is in many questions)."""
+    body = OPTION_PREFIX.sub("", option, count=1).strip()
+    lettered = rf"[\(\[]?{chr(65 + i)}[\)\].:]\s*{re.escape(body)}"
+    return bool(re.search(lettered, prompt, re.I)) or (len(body) > 3 and body.lower() in
+                                                       prompt.lower())
 
 
 @FORMATS.register("mmrl")
@@ -63,11 +105,13 @@ def to_sample(record: Any, source: str, base_dir: Path) -> Sample:
         raise RecordError(f"{source}: a record must be a JSON object, got {type(record).__name__}")
     media = {k: _media_list(record, k, source, base_dir) for k in MEDIA_KINDS}
     solution = record.get("solution")
+    if solution is None and media["audios"]:  # ASR columns (LibriSpeech's text, a transcript)
+        solution = next((record[k] for k in TRANSCRIPT_KEYS if record.get(k) is not None), None)
     if record.get("messages") or record.get("conversations"):
         messages, answer, media = read_chat(record, source, base_dir, media)
         solution = answer if solution is None else solution
     else:
-        messages = _messages(record, source, {k: len(v) for k, v in media.items()})
+        messages = _messages(record, source, media)
     if solution is None:
         raise RecordError(f"{source}: missing 'solution' (or, in a chat, a last assistant turn "
                           f"holding the answer)")
@@ -76,7 +120,7 @@ def to_sample(record: Any, source: str, base_dir: Path) -> Sample:
     return Sample(
         id=str(record.get("id", source)),
         messages=messages,
-        solution=solution,
+        solution=unwrap(solution),  # "<answer>B</answer>": unwrapped once, never wrapped twice
         task=str(record.get("task") or "default"),
         images=media["images"], videos=media["videos"], audios=media["audios"],
         fields=fields,
@@ -146,7 +190,22 @@ def load_samples(path: str | Path, fmt: str | None = None, max_samples: int | No
     if n == 0:
         raise RecordError(f"{path}: no records")
     fmt, note = resolve_format(table, str(path), base, FORMATS, flag=fmt, configured=configured)
-    return LazySamples(table, FORMATS.get(fmt), base, n, fmt, [note] if note else [])
+    return LazySamples(table, checked(FORMATS.get(fmt), fmt), base, n, fmt,
+                       [note] if note else [])
+
+
+def checked(adapt, fmt: str):
+    """The adapter with the rules every format shares: no media under a key the format does not
+    read (detect.py `check_media_keys`), no model media tokens in the text."""
+    from mmrl.data.detect import check_media_keys
+
+    def convert(record: Any, source: str, base: Path) -> Sample:
+        check_media_keys(record, fmt, source)
+        sample = adapt(record, source, base)
+        check_model_tokens(sample)
+        return sample
+
+    return convert
 
 
 def write_jsonl(path: str | Path, records: list[dict]) -> None:

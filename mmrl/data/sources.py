@@ -1,7 +1,8 @@
 """Where records come from, read lazily: Parquet files or directories of shards by row group,
 Arrow datasets (`datasets.save_to_disk` dirs, `datasets` names in the local cache) by row through
 their memory map, JSONL files and JSON lists by byte offset (json_tables.py), dataset folders as
-a Hub repository is downloaded split by split (hub.py).
+a Hub repository is downloaded split by split (hub.py), WebDataset `.tar` shards by byte offset
+(webdataset.py: one shard, a folder of them, or a brace pattern `shard-{000..009}.tar`).
 
 A table is a Sequence of (record, "file[row]") with `columns` (None where records may differ)
 and `blocks`: row counts of consecutive runs that are cheap to read together (Parquet row groups),
@@ -130,9 +131,12 @@ def open_table(path: str | Path, default_split: str | None = None,
     `default_split` (data.train asks for "train") where the folder holds several. `bad_lines`:
     see file_table."""
     from mmrl.data.hub import split_selector
+    from mmrl.data.webdataset import ShardTable, expand_pattern, is_shard
 
     path, split = split_selector(str(path))
     p = Path(path)
+    if not p.exists() and is_shard(path) and any(c in str(path) for c in "{*?["):
+        return ShardTable(expand_pattern(str(path)))
     if not p.exists():
         if "/" in str(path) and not str(path).startswith((".", "/")) and p.suffix == "":
             return _cached_dataset(str(path))
@@ -148,9 +152,12 @@ def file_table(p: Path, bad_lines: list[str] | None = None) -> Sequence:
     Charades-style JSON dict of videos whole (such files are small). A JSONL line that is not
     JSON raises, or with `bad_lines` (a list) is described there and left out."""
     from mmrl.data.json_tables import JsonListTable, JsonlTable, utf8
+    from mmrl.data.webdataset import ShardTable, is_shard
 
     if p.suffix == ".parquet":
         return ParquetTable([p])
+    if is_shard(p):
+        return ShardTable([p])
     if p.suffix != ".json":
         return JsonlTable(p, bad_lines)
     with p.open("rb") as f:
@@ -169,6 +176,7 @@ def file_table(p: Path, bad_lines: list[str] | None = None) -> Sequence:
 def _folder_table(p: Path, split: str | None, default_split: str | None) -> Sequence:
     from mmrl.data.hub import choose_split, folder_splits
     from mmrl.data.json_tables import ConcatTable
+    from mmrl.data.webdataset import ShardTable
 
     if (p / "state.json").is_file():  # datasets.save_to_disk of one Dataset
         import datasets
@@ -179,11 +187,12 @@ def _folder_table(p: Path, split: str | None, default_split: str | None) -> Sequ
         import datasets
 
         return ArrowTable(datasets.load_from_disk(str(files[0])), str(files[0]))
-    if all(f.suffix == ".parquet" for f in files):
-        return ParquetTable(files)
-    if any(f.suffix == ".parquet" for f in files):
-        raise RecordError(f"{p}: one split mixes Parquet and JSON files ({files[0].name}, ...); "
-                          f"point at one kind")
+    for kind, table in ((".parquet", ParquetTable), (".tar", ShardTable)):
+        if all(f.suffix == kind for f in files):
+            return table(files)
+        if any(f.suffix == kind for f in files):
+            raise RecordError(f"{p}: one split mixes {kind} files with others ({files[0].name}, "
+                              f"...); point at one kind")
     tables = [file_table(f) for f in files]
     return tables[0] if len(tables) == 1 else ConcatTable(tables)
 

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 STATE_FILE = "trainer_state.pt"
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
+# Written beside the checkpoints once the first one is in place: this run folder has held one,
+# so finding none that verifies later is a loss to report, never a reason to start over.
+HELD = ".held"
 
 
 class CheckpointError(RuntimeError):
@@ -94,6 +97,7 @@ def save(run_dir: Path, step: int, model, processor, trainer_state: dict[str, An
         if final.exists():  # re-saving the same step (e.g. after resume): replace it whole
             shutil.rmtree(final)
         os.replace(tmp, final)
+        (root / HELD).touch()
         _fsync_dir(root)
         if keep > 0:
             for old in all_checkpoints(run_dir)[:-keep]:
@@ -132,16 +136,19 @@ WRITE_ERRORS = _write_errors()
 
 def write_failure(target: Path, error: BaseException) -> str:
     """One wording for every writer that fails (disk full, quota, a file size limit): what could
-    not be written, the free space, and the checkpoint a resume starts from."""
-    target = Path(target)
-    root = next((p for p in (target, *target.parents) if p.exists()), Path("."))
-    free = shutil.disk_usage(root).free
-    run_dir = next((p.parent for p in (target, *target.parents) if p.name == "checkpoints"), None)
+    not be written, the free space in the folder it was written to, and the checkpoint a resume
+    starts from."""
+    target = Path(target).absolute()
+    folder = next((p for p in (target, *target.parents) if p.is_dir()), Path("/"))
+    free = shutil.disk_usage(folder).free
+    run_dir = next((p.parent if p.name == "checkpoints" else p for p in (target, *target.parents)
+                    if p.name == "checkpoints" or (p / "checkpoints").is_dir()), None)
     prev = latest(run_dir) if run_dir is not None else None
     kept = (f"the previous checkpoint {prev} is intact: resume with train.resume=auto" if prev
             else "no checkpoint was written before it")
-    first = (str(error).splitlines() or [type(error).__name__])[0][:200]
-    return (f"could not write {target} ({first}); {free / 2**30:.2f} GiB free in {root}. Free "
+    first = (str(error.strerror if isinstance(error, OSError) and error.strerror else error)
+             .splitlines() or [type(error).__name__])[0][:200]
+    return (f"could not write {target} ({first}); {free / 2**30:.2f} GiB free in {folder}. Free "
             f"space (or set log.run_dir on a larger disk); {kept}")
 
 
@@ -194,13 +201,15 @@ def load_state(ckpt: Path, rank: int = 0, world: int = 1) -> dict[str, Any]:
     return state
 
 
-def resolve_resume(resume: str, run_dir: Path, say=print) -> Path | None:
+def resolve_resume(resume: str, run_dir: Path, say=print, start_over: bool = False
+                   ) -> Path | None:
     """`none` -> None; `auto` -> the newest checkpoint in run_dir that verifies (or None; each
-    one skipped is named, with why, through `say`); else a path, which must verify."""
+    one skipped is named, with why, through `say`); else a path, which must verify.
+    `start_over` (train.overwrite): `auto` may give None where checkpoints were and none verify."""
     if resume is None:
         return None
     if resume in RESUME_KEYWORDS:
-        return RESUME_KEYWORDS[resume](run_dir, say)
+        return RESUME_KEYWORDS[resume](run_dir, say, start_over)
     path = Path(resume)
     if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"train.resume={resume}: no {STATE_FILE} there; point it at a "
@@ -212,9 +221,12 @@ def resolve_resume(resume: str, run_dir: Path, say=print) -> Path | None:
     return path
 
 
-def latest_intact(run_dir: Path, say=print) -> Path | None:
+def latest_intact(run_dir: Path, say=print, start_over: bool = False) -> Path | None:
     """The newest checkpoint that verifies (mmrl.train.verify); an older one when the newest is
-    damaged (a node crash, a full disk, a copy cut short), each skipped one named."""
+    damaged (a node crash, a full disk, a copy cut short), each skipped one named. A run folder
+    that has held checkpoints (HELD, or `*.damaged` ones set aside by an earlier try) and has
+    none that verify is refused on every try, unless `start_over`: a requeue never silently
+    restarts from step 0."""
     root = Path(run_dir) / "checkpoints"
     found = sorted((p for p in root.iterdir() if _STEP_DIR.match(p.name)),
                    key=lambda p: int(_STEP_DIR.match(p.name).group(1))) if root.is_dir() else []
@@ -228,17 +240,19 @@ def latest_intact(run_dir: Path, say=print) -> Path | None:
         shutil.rmtree(aside, ignore_errors=True)
         ckpt.rename(aside)
         say(f"skipping checkpoint {ckpt}: {why} (moved to {aside.name})")
-    if skipped:
+    aside = sorted(p.name for p in root.glob("step_*.damaged")) if root.is_dir() else []
+    if (skipped or aside or (root / HELD).exists()) and not start_over:
+        said = "; ".join(skipped) or f"set aside earlier: {', '.join(aside) or 'none left'}"
         raise CheckpointError(
-            f"no checkpoint in {root} verifies ({'; '.join(skipped)}); resume one of them "
-            f"explicitly with train.resume=PATH only if you trust it, or start over with "
-            f"train.overwrite=true")
+            f"no checkpoint in {root} verifies ({said}); this run folder has held checkpoints, "
+            f"so train.resume=auto will not start it over. Resume one of them explicitly with "
+            f"train.resume=PATH only if you trust it, or start over with train.overwrite=true")
     return None
 
 
 # train.resume's keywords -> the checkpoint they resume from (None: start fresh); else a path.
-RESUME_KEYWORDS = {"none": lambda run_dir, say: None, "": lambda run_dir, say: None,
-                   "auto": latest_intact}
+RESUME_KEYWORDS = {"none": lambda run_dir, say, start_over: None,
+                   "": lambda run_dir, say, start_over: None, "auto": latest_intact}
 
 
 def _fsync_dir(path: Path) -> None:

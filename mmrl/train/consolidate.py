@@ -1,13 +1,14 @@
 """`mmrl checkpoint consolidate`: a sharded ZeRO / FSDP2 checkpoint -> one Hugging Face model.
 
 Runs in one process on CPU, without the processes that wrote the shards: DeepSpeed's own
-`zero_to_fp32` merges ZeRO partitions, torch's `dcp_to_torch_save` merges FSDP2's DCP shards.
+`zero_to_fp32` merges ZeRO partitions, torch DCP's loader (as `dcp_to_torch_save` calls it)
+merges FSDP2's DCP shards. The checkpoint verifies first (mmrl/train/verify.py), and both
+readers run inside `verify.only_weights()`: no pickle in it is loaded in full.
 The result loads with `from_pretrained` (and as `model.path` of a new run, or `mmrl eval`).
 """
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -28,14 +29,21 @@ def sharded_kind(ckpt: Path) -> str | None:
 
 def _from_zero(ckpt: Path) -> dict[str, torch.Tensor]:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    return get_fp32_state_dict_from_zero_checkpoint(str(ckpt / "deepspeed"), tag="shards")
+    with verify.only_weights():  # zero_to_fp32 asks torch.load for weights_only=False
+        return get_fp32_state_dict_from_zero_checkpoint(str(ckpt / "deepspeed"), tag="shards")
 
 
 def _from_dcp(ckpt: Path) -> dict[str, torch.Tensor]:
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-    with tempfile.TemporaryDirectory() as tmp:
-        dcp_to_torch_save(str(ckpt / "dcp"), f"{tmp}/full.pt")
-        return torch.load(f"{tmp}/full.pt", map_location="cpu", weights_only=True)["model"]
+    # What dcp_to_torch_save does, with the safe metadata reader and without the round trip
+    # through a torch.save file.
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    state: dict = {}
+    with verify.only_weights():
+        _load_state_dict(state, storage_reader=verify.safe_dcp_reader(ckpt / "dcp"),
+                         planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    return state["model"]
 
 
 # The whole state dict per sharded layout (sharded_kind: the checkpoint's sub-directory)
@@ -46,12 +54,10 @@ def full_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
     """The model's whole state dict (float32 for ZeRO, the saved dtype for FSDP2)."""
     kind = sharded_kind(ckpt)
     if kind in _FULL_STATE:
-        try:  # the libraries' readers unpickle whatever is there: check it first
-            verify.check_pickles(Path(ckpt))
-        except verify.UnsafeCheckpoint as e:
-            raise CheckpointError(f"refusing to load {e}: it holds objects other than tensors "
-                                  f"and plain data. Only load checkpoints you wrote "
-                                  f"yourself.") from None
+        why = verify.problem(Path(ckpt), need_state=False)  # every file, before any is read
+        if why:
+            raise CheckpointError(f"{ckpt} cannot be read: {why}. Only load checkpoints you "
+                                  f"wrote yourself.")
         return _FULL_STATE[kind](Path(ckpt))
     raise ValueError(f"{ckpt} has no sharded weights (no deepspeed/ or dcp/ inside); it is "
                      f"already a Hugging Face model directory")

@@ -6,7 +6,9 @@ import json
 import math
 import os
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,38 @@ PROGRESS_SHOWS = {"bar": (True, False, True), "lines": (False, True, True),
                   "off": (False, False, True), "silent": (False, False, False)}
 
 
+@contextmanager
+def _writing(path: Path):
+    """An OSError raised inside names `path`: a full disk's error carries no file name, and
+    the one-line error (cli.py, checkpoint.write_failure) names the file and its folder's free
+    space from it."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename:
+            raise
+        raise OSError(e.errno, e.strerror or str(e), str(Path(path).absolute())) from None
+
+
+def _quiet_tensorboard_thread() -> None:
+    """TensorBoard writes events in a thread that dies printing its traceback on a full disk,
+    then re-raises the error at the next `add_scalar`: that second raise is the one reported
+    (named by `_writing`), so the thread's own traceback is not printed."""
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+
+    previous = threading.excepthook
+    if getattr(previous, "mmrl_quiet_tensorboard", False):
+        return
+
+    def hook(args):
+        if not (isinstance(args.thread, _AsyncWriterThread) and
+                issubclass(args.exc_type, OSError)):
+            previous(args)
+
+    hook.mmrl_quiet_tensorboard = True
+    threading.excepthook = hook
+
+
 class RunLogger:
     def __init__(self, run_dir: Path, *, tensorboard: bool = True, wandb: bool = False,
                  progress: str = "auto", log_every: int = 10, config: dict | None = None):
@@ -75,6 +109,7 @@ class RunLogger:
             # A resumed run (its metrics.jsonl already cut back to the checkpoint) hides the
             # events the interrupted run wrote past that step, so each step shows once.
             purge = None if resumed_at is None else resumed_at + 1
+            _quiet_tensorboard_thread()
             self._tb = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=purge)
         if wandb:
             self._wandb = _start_wandb(self.run_dir, config)
@@ -122,7 +157,8 @@ class RunLogger:
 
     def warn(self, msg: str) -> None:
         """A warning shown above the progress bar (or in the log lines), also in warnings.txt."""
-        with (self.run_dir / "warnings.txt").open("a") as f:
+        with _writing(self.run_dir / "warnings.txt"), \
+                (self.run_dir / "warnings.txt").open("a") as f:
             f.write(msg + "\n")
         self._say(Text.assemble(("warning: ", "bold yellow"), msg))
 
@@ -141,20 +177,25 @@ class RunLogger:
     def log(self, step: int, metrics: dict[str, Any], total: int | None = None) -> None:
         row = {"step": step, "time": time.time(), **{k: _jsonable(v) for k, v in metrics.items()}}
         self.history.append(row)
-        self._metrics.write(json.dumps(row) + "\n")
-        self._metrics.flush()
-        for k, v in row.items():
-            if self._tb is not None and k not in ("step", "time") and isinstance(v, (int, float)):
-                self._tb.add_scalar(k, v, step)
+        with _writing(self.run_dir / "metrics.jsonl"):
+            self._metrics.write(json.dumps(row) + "\n")
+            self._metrics.flush()
+        with _writing(self.run_dir / "tensorboard"):
+            for k, v in row.items():
+                if self._tb is not None and k not in ("step", "time") and \
+                        isinstance(v, (int, float)):
+                    self._tb.add_scalar(k, v, step)
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in row.items() if v is not None}, step=step)
         self.advance(step, total, self._headline(row))
 
     def log_rollouts(self, step: int, rows: list[dict]) -> None:
-        for r in rows:
-            self._rollouts.write(json.dumps({"step": step, **{k: _jsonable(v) if not isinstance(
-                v, (list, dict, str)) else v for k, v in r.items()}}) + "\n")
-        self._rollouts.flush()
+        with _writing(self.run_dir / "rollouts.jsonl"):
+            for r in rows:
+                self._rollouts.write(json.dumps({"step": step, **{
+                    k: _jsonable(v) if not isinstance(v, (list, dict, str)) else v
+                    for k, v in r.items()}}) + "\n")
+            self._rollouts.flush()
 
     def summary_table(self, title: str, rows: list[tuple[str, str]]) -> None:
         if not self.shows_messages:
@@ -172,7 +213,8 @@ class RunLogger:
         self._metrics.close()
         self._rollouts.close()
         if self._tb is not None:
-            self._tb.close()
+            with _writing(self.run_dir / "tensorboard"):
+                self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
 

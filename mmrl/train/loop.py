@@ -56,7 +56,7 @@ class Trainer:
     # What other files may read (tests/train/test_structure.py checks it).
     PUBLIC = ("cfg", "run_dir", "info", "layout", "policy", "prompts", "scorer", "rollout", "log",
               "eval_set", "step", "state_extra", "train_step", "sample_batch", "learn",
-              "check_finite", "sync_engine", "save", "rewind", "stop", "close")
+              "check_finite", "sync_engine", "save", "rewind", "stop", "memory", "close")
 
     def __init__(self, cfg: RunConfig, logger: RunLogger | None = None, resume=FROM_CONFIG):
         """Setup: every part built explicitly, in an order that keeps the RNG streams (and so a
@@ -74,7 +74,8 @@ class Trainer:
         adapter = get_adapter(cfg.model.family)
         train_set, self.eval_set = build_datasets(cfg, adapter.image_factor)
         with rewards_at("at start, asking each reward which records it can score"):
-            data_warnings = check_datasets(cfg, train_set, self.eval_set)
+            data_warnings = check_datasets(cfg, train_set, self.eval_set,
+                                           adapter.media_kinds)
         if resume is FROM_CONFIG:
             resume = (checkpoint.resolve_resume(cfg.train.resume, self.run_dir)
                       if self.info.main else None)
@@ -108,13 +109,14 @@ class Trainer:
         # algorithms' carried values (the adaptive KL-in-reward coefficient).
         self.step, self.state_extra = 0, {}
         self.stop, self._step_start = None, None  # set by run.py (signals.StopSignals)
+        self.memory = None  # run.py's memory.PhasePeaks: measured peak memory per stage
         if resume is not None:
             self.step, self.state_extra = self.checkpointer.restore(resume, self.learner,
                                                                     self.prompts)
 
     # ---------------------------------------------------------------- one step -----------------
     def train_step(self) -> dict[str, float]:
-        timer = StageTimer()
+        timer = StageTimer(self.memory)
         stop = self.stop  # run.py's StopSignals: a signal may abandon the rollout (signals.py)
         self._step_start = self._resumable_state() if stop is not None else None
         with timer("rollout"), rewards_at(f"step {self.step + 1}"), \
@@ -161,7 +163,8 @@ class Trainer:
               guided: torch.Tensor | None = None) -> dict[str, float]:
         """Everything after sampling: advantages, old/ref logprobs, update, sync, metrics.
         `guided` flags the ground-truth rows (methods.inject_ground_truth)."""
-        ac, timer, extra, policy = self.cfg.algo, timer or StageTimer(), extra or {}, self.policy
+        ac, timer, extra, policy = (self.cfg.algo, timer or StageTimer(self.memory), extra or {},
+                                     self.policy)
         sb = ScoredBatch(rollout=batch, scores=scores, per_reward=per_reward, advantages=scores)
         with timer("logprob"):
             policy.begin_step(batch)  # frozen encoders: once per prompt, here
@@ -239,13 +242,15 @@ class Trainer:
 
 
 class StageTimer:
-    def __init__(self):
+    def __init__(self, memory=None):
         self.times: dict[str, float] = {}
+        self.memory = memory  # memory.PhasePeaks: each stage's peak memory too
 
     @contextmanager
     def __call__(self, name: str):
         t = time.perf_counter()
-        yield
+        with self.memory(name) if self.memory is not None else nullcontext():
+            yield
         self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t
 
     @property
@@ -253,4 +258,6 @@ class StageTimer:
         return sum(self.times.values())
 
     def metrics(self) -> dict[str, float]:
-        return {**{f"time/{k}": v for k, v in self.times.items()}, "time/step": self.total}
+        memory = self.memory.metrics() if self.memory is not None else {}
+        return {**{f"time/{k}": v for k, v in self.times.items()}, "time/step": self.total,
+                **memory}

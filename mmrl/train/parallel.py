@@ -26,7 +26,7 @@ import torch
 
 from mmrl.config import RunConfig
 from mmrl.models import source
-from mmrl.train import build_locks, dist
+from mmrl.train import build_locks, dist, verify
 from mmrl.train.optim import build_optimizer
 
 REPO = Path(__file__).resolve().parents[2]  # scripts/deepspeed/*.json live here
@@ -293,8 +293,12 @@ class DeepSpeed:
                                     save_latest=False)
 
     def load_shards(self, path: Path, model, optimizer) -> None:
-        self.engine.load_checkpoint(str(path / "deepspeed"), tag="shards",
-                                    load_optimizer_states=True, load_lr_scheduler_states=False)
+        # The checkpoint verified (rank 0, rundir.prepare); the engine asks for full pickle
+        # loads anyway, so they run as weights_only (verify.only_weights).
+        with verify.only_weights():
+            self.engine.load_checkpoint(str(path / "deepspeed"), tag="shards",
+                                        load_optimizer_states=True,
+                                        load_lr_scheduler_states=False)
 
 
 def deepspeed_config(cfg: RunConfig, world: int, hidden_size: int | None = None) -> dict:
@@ -428,7 +432,8 @@ class FSDP2:
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optimizer": optim_sd}
-        dcp.load(state, checkpoint_id=str(path / "dcp"))
+        with verify.only_weights():  # DCP's planner torch.loads its non-tensor items in full
+            dcp.load(state, storage_reader=verify.safe_dcp_reader(path / "dcp"))
         set_state_dict(model, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
 

@@ -75,9 +75,9 @@ class PromptSource:
         want, out, in_a_row = len(todo), [], 0
         while len(out) < want:
             idx = todo.pop(0) if todo else self.sampler.next()
-            if self.history is not None and self.history.skips(self.dataset[idx]):
-                continue
-            try:
+            try:  # a record's embedded media decode when it is read: the history reads it too
+                if self.history is not None and self.history.skips(self.dataset[idx]):
+                    continue
                 out.append(self._features_of(idx))
                 self.bad.tried(self.sampler.epoch, ok=True)
                 in_a_row = 0

@@ -10,8 +10,9 @@ it key by key:
 - every other key (the model, the data and its order, the seed, G and prompts per step, the
   algorithm and its preset, the rewards, the warm-up) is refused with the list of differences,
   unless `train.allow_config_change=true`;
-- config.yaml keeps the run's original config and gains a comment block per resume with changes,
-  so it records the history and is never overwritten.
+- config.yaml shows the effective config: a resume with changes rewrites it with the values the
+  run now uses, and a comment block per such resume at its top names each key's value before
+  (`key: before -> now`), so the history stays in the file and the file still loads.
 """
 from __future__ import annotations
 
@@ -93,16 +94,22 @@ def check(saved: dict | None, cfg: RunConfig, ckpt: Path, say) -> list[str]:
     return _lines(diffs)
 
 
-def record(config_yaml: Path, ckpt: Path, lines: list[str]) -> None:
-    """Append the changes to config.yaml as comments: the original stays as it was, loadable.
-    (A checkpoint copied into a new run dir has no config.yaml: the Trainer writes one.)"""
+def record(config_yaml: Path, ckpt: Path, lines: list[str], cfg: RunConfig) -> None:
+    """Rewrite config.yaml with `cfg`, the config this resume runs, under the earlier resumes'
+    comment blocks and one more for this resume's changes (`key: before -> now`). (A checkpoint
+    copied into a new run dir has no config.yaml: the Trainer writes one.)"""
     if not lines or not config_yaml.is_file():
         return
+    from mmrl.config import to_yaml
+
+    history = [ln for ln in config_yaml.read_text().splitlines() if ln.startswith("#")]
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    block = [f"# resumed from {ckpt.parent.name}/{ckpt.name} at {stamp} with these changes:"]
+    block = [f"# resumed from {ckpt.parent.name}/{ckpt.name} at {stamp} with these changes "
+             f"(before -> after; the config below holds the after values):"]
     block += [f"#   {line}" for line in lines]
-    with config_yaml.open("a") as f:
-        f.write("\n".join(block) + "\n")
+    tmp = config_yaml.with_name(config_yaml.name + ".tmp")
+    tmp.write_text("\n".join(history + block) + "\n" + to_yaml(cfg))
+    tmp.replace(config_yaml)
 
 
 class ConfigChangeError(ValueError):

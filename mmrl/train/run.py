@@ -16,7 +16,7 @@ import torch
 
 from mmrl.benchmarks.runner import check_copies, run_due, summary_rows
 from mmrl.config import RunConfig
-from mmrl.train import dist, lora, rundir
+from mmrl.train import dist, lora, memory, rundir
 from mmrl.train.evaluate import evaluate, majority_baseline
 from mmrl.train.logging import RunLogger, json_safe
 from mmrl.train.loop import FROM_CONFIG, Trainer
@@ -56,23 +56,26 @@ def _eval(policy: Policy, eval_set: list[Sample], cfg: RunConfig, out_dir: Path,
                         out_file=out_dir / "eval" / f"{name}.jsonl", info=policy.info, **kw)
 
 
-def train(cfg: RunConfig) -> dict:
-    """One run in `cfg.run_dir`, which rank 0 holds locked while it runs."""
+def train(cfg: RunConfig, predicted: dict | None = None) -> dict:
+    """One run in `cfg.run_dir`, which rank 0 holds locked while it runs. `predicted`: the memory
+    plan's peak bytes per stage (`mmrl train` makes it on CUDA), reported beside the measured."""
     if int(os.environ.get("RANK", "0")) != 0:
-        return _train(cfg, FROM_CONFIG)  # the checkpoint rank 0 chose, broadcast
+        return _train(cfg, FROM_CONFIG, predicted)  # the checkpoint rank 0 chose, broadcast
     with rundir.locked(cfg.run_dir):  # the run dir is rank 0's to check and write
-        return _train(cfg, rundir.prepare(cfg))
+        return _train(cfg, rundir.prepare(cfg), predicted)
 
 
-def _train(cfg: RunConfig, resume) -> dict:
+def _train(cfg: RunConfig, resume, predicted: dict | None = None) -> dict:
     started = time.perf_counter()
     # One process may stop anywhere; ranks stop together at step boundaries (signals.py).
     single = int(os.environ.get("WORLD_SIZE", "1")) == 1
     with StopSignals(cfg.train.stop_timeout, can_abandon=single) as stop:
         trainer = Trainer(cfg, resume=resume)
         trainer.stop = stop if single else None
+        trainer.memory = memory.PhasePeaks(torch.cuda.is_available())
         try:
             summary = _stages(trainer, stop, started, single)
+            summary["memory"] = memory.summary(trainer.memory, predicted)
         except torch.OutOfMemoryError as e:
             raise RuntimeError(
                 f"out of memory at step {trainer.step + 1}: lower train.micro_batch_size (rows "
@@ -234,6 +237,7 @@ def _print_table(log: RunLogger, run_dir: Path, summary: dict) -> None:
     skipped = (summary.get("skipped_records") or {}).get("count")
     if skipped:
         rows.append(("skipped records", f"{skipped} (summary.json: skipped_records)"))
+    rows += memory.summary_rows(summary.get("memory") or {})
     rows.append(("wall time", f"{summary.get('wall_seconds', 0.0) / 60:.1f} min"))
     rows.append(("run dir", str(run_dir)))
     log.summary_table("mmrl run summary", rows)

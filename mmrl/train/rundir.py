@@ -39,9 +39,10 @@ def prepare(cfg: RunConfig) -> Path | None:
     if removed:
         print(f"removed {len(removed)} unfinished checkpoint write(s): "
               f"{', '.join(p.name for p in removed)}")
-    resume = checkpoint.resolve_resume(tc.resume, run_dir, say=_say)
+    resume = checkpoint.resolve_resume(tc.resume, run_dir, say=_say, start_over=tc.overwrite)
     owner = _stored_run_id(run_dir)
-    if tc.starts_fresh and _used(run_dir):
+    # resume=auto with overwrite=true and nothing to resume: the user chose to start over
+    if (tc.starts_fresh or (resume is None and tc.overwrite)) and _used(run_dir):
         if not tc.overwrite:
             raise RunDirError(
                 f"{run_dir} already holds a run; continue it with train.resume=auto, start a new "
@@ -60,7 +61,7 @@ def prepare(cfg: RunConfig) -> Path | None:
                 f"train.resume={resume} explicitly, or start fresh with train.overwrite=true")
         tc.run_id = theirs or mine
         changes = resume_config.check(state.get("extra", {}).get("config"), cfg, resume, _say)
-        resume_config.record(run_dir / "config.yaml", resume, changes)
+        resume_config.record(run_dir / "config.yaml", resume, changes, cfg)
     elif tc.resumes_latest:
         tc.run_id = tc.run_id or owner  # nothing saved yet: start over in the same run
         (run_dir / "config.yaml").unlink(missing_ok=True)  # the Trainer writes this start's

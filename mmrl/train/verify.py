@@ -5,18 +5,27 @@
   or bit-flipped file is found before anything loads it. CRC-32 finds damage, not forgery: what
   a crafted file may do is bounded by the next point.
 - Nothing but tensors and plain data in its pickles. `trainer_state.pt` loads with
-  `torch.load(weights_only=True)` (checkpoint.py). Sharded weights are read by their libraries
-  with full pickle: torch DCP's `FileSystemReader` unpickles `dcp/.metadata` and its planner
-  `torch.load(weights_only=False)`s the non-tensor items, DeepSpeed's engine and `zero_to_fp32`
-  `torch.load(weights_only=False)` every shard. So they are first read here the safe way: the
-  metadata through an unpickler that builds only DCP's metadata records, torch.Size, dtypes and
-  paths; every other pickle with `weights_only=True` (plus DeepSpeed's four plain record
-  classes). A file that needs anything else is refused, naming it.
+  `torch.load(weights_only=True)` (checkpoint.py). Sharded weights are read by their
+  libraries, which ask for full pickle: torch DCP's `FileSystemReader` unpickles `dcp/.metadata`
+  and its planner `torch.load(weights_only=False)`s the non-tensor items, DeepSpeed's engine
+  and `zero_to_fp32` `torch.load(weights_only=False)` every shard. So they are first read here
+  the safe way: the metadata through an unpickler that builds only DCP's metadata records,
+  torch.Size, dtypes and paths; every other pickle with `weights_only=True` (plus DeepSpeed's
+  four plain record classes). A file that needs anything else is refused, naming it.
+- Its own files only. Every path is resolved: a symbolic link (to a file or a folder) is
+  refused, since mmrl writes none and a link lets a checked name stand for an unchecked file
+  (Python 3.11's `rglob` does not descend a linked folder that `is_dir()` follows); so is a file
+  with more than one hard link (another name could change it after the check), a file the
+  manifest does not list (an extra or renamed shard) and a DCP item whose path leaves `dcp/`.
+- Pickles read the safe way even past this check: `only_weights()` makes every `torch.load`
+  inside it (DeepSpeed's engine and `zero_to_fp32`, DCP's planner) `weights_only=True`, and
+  `SafeDcpReader` reads DCP metadata through the unpickler below; the loaders run inside them.
 - Weights present: a checkpoint without `model.safetensors` (or a LoRA adapter, or shards) would
   resume the base model under step N's optimizer state.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -40,8 +49,41 @@ class UnsafeCheckpoint(Exception):
 
 # ------------------------------------------------------------------ files as written ----------
 
+def _entries(folder: Path) -> list[Path]:
+    """Every file, folder and link under `folder`, links listed but never followed."""
+    found = []
+    for top, dirs, files in os.walk(folder, followlinks=False):
+        found += [Path(top) / n for n in (*dirs, *files)]
+    return sorted(found)
+
+
 def _files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+    return [p for p in _entries(folder) if p.is_file() and not p.is_symlink()
+            and p.name != MANIFEST]
+
+
+def _check_paths(ckpt: Path) -> str | None:
+    """A link, a hard-linked file, or (with a manifest) a file it does not list -> why."""
+    real = ckpt.resolve()
+    try:
+        listed = set(json.loads((ckpt / MANIFEST).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        listed = None  # no manifest (an old checkpoint) or a broken one (_check_manifest says)
+    for path in _entries(ckpt):
+        name = path.relative_to(ckpt).as_posix()
+        if path.is_symlink():
+            target = path.resolve()
+            where = "outside the checkpoint" if not target.is_relative_to(real) else "inside it"
+            return f"{name} is a symbolic link to {target} ({where}); a checkpoint holds its " \
+                   f"own files only: copy the files in (cp -rL) to load it"
+        info = path.lstat()
+        if path.is_file() and info.st_nlink > 1:
+            return f"{name} has {info.st_nlink} hard links (another name can change it after " \
+                   f"it is checked); copy the checkpoint (cp -r) to load it"
+        if listed is not None and path.is_file() and name != MANIFEST and name not in listed:
+            return f"{name} is not in {MANIFEST} (an extra or renamed file); remove it, or " \
+                   f"resume another checkpoint"
+    return None
 
 
 def _crc32(path: Path) -> str:
@@ -85,6 +127,8 @@ def _check_manifest(ckpt: Path) -> str | None:
         return f"{MANIFEST} cannot be read ({e})"
     for name, want in entries.items():
         path = ckpt / name
+        if not path.resolve().is_relative_to(ckpt.resolve()):
+            return f"{MANIFEST} lists {name}, outside the checkpoint"
         if not path.is_file():
             return f"{name} is missing"
         size = path.stat().st_size
@@ -141,16 +185,12 @@ class _MetadataUnpickler(pickle.Unpickler):
 def _check_dcp(folder: Path) -> None:
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-    _MetadataUnpickler.allowed = _MetadataUnpickler.allowed or _dcp_classes()
     meta_path = folder / ".metadata"
-    try:
-        with meta_path.open("rb") as f:
-            meta = _MetadataUnpickler(f).load()
-    except UnsafeCheckpoint as e:
-        raise UnsafeCheckpoint(f"{meta_path}: {e}") from None
-    except Exception as e:
-        raise UnsafeCheckpoint(f"{meta_path}: not DCP metadata ({type(e).__name__}: {e})") from None
+    meta = _read_metadata(meta_path)
     for index, info in meta.storage_data.items():  # the non-tensor items, torch.save'd
+        if not (folder / info.relative_path).resolve().is_relative_to(folder.resolve()):
+            raise UnsafeCheckpoint(f"{meta_path}: item {index.fqn} is stored at "
+                                   f"{info.relative_path}, outside {folder}")
         if not isinstance(meta.state_dict_metadata.get(index.fqn), BytesStorageMetadata):
             continue
         where = folder / info.relative_path
@@ -184,21 +224,79 @@ def check_pickles(ckpt: Path) -> None:
     """Raise UnsafeCheckpoint naming the file when a shard of `ckpt` would build anything but
     tensors and plain data (or a library's own plain records, listed above)."""
     ckpt = Path(ckpt)
+    if (ckpt / "pytorch_model.bin").is_file():  # a replicated model saved as a pickle
+        _weights_only(ckpt / "pytorch_model.bin", str(ckpt / "pytorch_model.bin"))
     if (ckpt / "dcp").is_dir():
         _check_dcp(ckpt / "dcp")
     if (ckpt / "deepspeed").is_dir():
         extra = _deepspeed_classes()
-        for path in sorted((ckpt / "deepspeed").rglob("*.pt")):
-            _weights_only(path, str(path), extra)
+        for path in _files(ckpt / "deepspeed"):  # DeepSpeed opens its shards by name (*.pt)
+            if path.suffix == ".pt":
+                _weights_only(path, str(path), extra)
+
+
+def _read_metadata(path: Path):
+    _MetadataUnpickler.allowed = _MetadataUnpickler.allowed or _dcp_classes()
+    try:
+        with path.open("rb") as f:
+            return _MetadataUnpickler(f).load()
+    except UnsafeCheckpoint as e:
+        raise UnsafeCheckpoint(f"{path}: {e}") from None
+    except Exception as e:
+        raise UnsafeCheckpoint(f"{path}: not DCP metadata ({type(e).__name__}: {e})") from None
+
+
+def safe_dcp_reader(folder: Path):
+    """torch DCP's FileSystemReader, its metadata read through the unpickler above (torch reads
+    it with plain `pickle.load`)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeDcpReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            meta = _read_metadata(Path(self._get_metadata_path(kwargs.get("rank"))))
+            if getattr(meta, "storage_meta", None) is None:
+                meta.storage_meta = StorageMeta()
+            meta.storage_meta.load_id = self.load_id
+            return meta
+
+    return SafeDcpReader(str(folder))
+
+
+@contextlib.contextmanager
+def only_weights():
+    """Inside: every `torch.load` (DeepSpeed's, DCP's, anyone's) is `weights_only=True`, with
+    DeepSpeed's plain records allowed, whatever its caller asked for; a pickle that builds
+    anything else raises `pickle.UnpicklingError` instead of running."""
+    try:
+        extra = _deepspeed_classes()
+    except ImportError:
+        extra = []
+    original = torch.load
+
+    def load(*args, **kwargs):
+        kwargs["weights_only"] = True
+        with torch.serialization.safe_globals(extra):
+            return original(*args, **kwargs)
+
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = original
 
 
 # ------------------------------------------------------------------ the verdict ---------------
 
-def problem(ckpt: Path) -> str | None:
-    """Why `ckpt` must not be resumed from or read (one line), or None when it is intact."""
+def problem(ckpt: Path, need_state: bool = True) -> str | None:
+    """Why `ckpt` must not be resumed from or read (one line), or None when it is intact.
+    `need_state=False`: a checkpoint read for its weights only (consolidate)."""
     ckpt = Path(ckpt)
-    if not (ckpt / "trainer_state.pt").is_file():
+    if need_state and not (ckpt / "trainer_state.pt").is_file():
         return "trainer_state.pt is missing"
+    found = _check_paths(ckpt)
+    if found:
+        return found
     if (ckpt / MANIFEST).is_file():
         found = _check_manifest(ckpt)
     else:  # written before manifests: what can be checked without one

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmrl.bench import plan, plan_report, probe
+from mmrl.bench import fit, plan, plan_report, probe
 
 GIB = 2 ** 30
 
@@ -111,7 +111,7 @@ def test_cli_prints_the_prediction_and_exits_1_when_it_does_not_fit(capsys):
                          ids=lambda p: p.parent.name)
 def test_recipe_readme_states_the_current_prediction(config):
     text = (config.parent / "README.md").read_text()
-    section = plan_report.readme_section(config)
+    section = plan_report.readme_section(config, text)
     assert section in text, (f"{config.parent / 'README.md'} is stale: run "
                              f"python -m mmrl.bench.plan_report --readmes")
 
@@ -151,3 +151,71 @@ def test_config_workload_gives_each_process_its_share_of_the_prompts():
         plan.config_workload(config.load("recipes/video_qa/config.yaml",
                                          ["recipes/video_qa/long.yaml", "rollout.prompts_per_step=12"],
                                          world=4), f, 8)
+
+
+def test_shared_prefill_in_rounds_holds_the_cache_the_plan_counts():
+    """A real tiny Qwen2.5-VL samples G = 8 in rounds of 2 from one prefill per prompt: the KV
+    cache it holds at its peak (generate_shared's own count) is the plan's, less the prefill
+    copy the plan adds for the moment a round's cache is made (and one token: the last sampled
+    token is never fed back)."""
+    from PIL import Image
+
+    from mmrl.models import get_adapter
+    from mmrl.models.shared_generate import generate_shared
+    from mmrl.types import Sample, SamplingParams
+
+    adapter = get_adapter("qwen2_5_vl")
+    model, processor = adapter.tiny(seed=0, num_hidden_layers=2)
+    sample = Sample(id="a", messages=[{"role": "user", "content": [
+        {"type": "image"}, {"type": "text", "text": "How many?"}]}])
+    prompts = [adapter.prompt_features(processor, sample, [Image.new("RGB", (56, 84), c)])
+               for c in ("white", "red")]
+    stats = {}
+    generate_shared(model, processor, prompts, SamplingParams(
+        num_generations=8, max_new_tokens=6, seed=0, eos_ids=[]), rounds_of=2, stats=stats)
+    f = plan.model_facts(model, torch.float32)
+    p = prompts[0].input_ids.shape[0]
+    w = _work(prompt_tokens=p, completion=6, group=8, prompts=2, shared_prefill=True, rounds_of=2)
+    counted = plan.rollout_terms(f, w)["KV cache"] - 2 * p * f.kv_per_token  # less the copy
+    assert stats["peak_cache_bytes"] == counted - 2 * 2 * f.kv_per_token
+    whole = plan.rollout_terms(f, _work(prompt_tokens=p, completion=6, group=8, prompts=2))
+    assert whole["KV cache"] == 2 * 8 * (p + 6) * f.kv_per_token  # HF generate: every row
+    assert whole["prefill working set"] == 8 * plan.rollout_terms(f, w)["prefill working set"]
+
+
+def test_a_colocated_vllm_engine_holds_its_share_and_samples_inside_it():
+    f, w = _facts(), _work(engine_share=0.3)
+    p = plan.predict(f, w, plan.Cluster(80, 1, "ddp"))
+    assert p.terms["vLLM engine (colocated)"] == 0.3 * 80 * plan.GIB
+    assert plan.rollout_terms(f, w) == {}
+    assert p.phases["rollout"] == sum(plan.static_terms(f, w, p.cluster).values())
+
+
+@pytest.mark.parametrize("overrides, strategy", [
+    ([], "ddp"), (["train.parallel=fsdp2"], "fsdp2"),
+    (["train.parallel=deepspeed", "train.deepspeed_config=scripts/deepspeed/zero2.json"], "zero2"),
+    (["train.deepspeed_config=scripts/deepspeed/zero3.json"], "zero3"),  # auto reads it
+    (["train.parallel=deepspeed", "train.deepspeed_config=scripts/deepspeed/zero2_offload.json"],
+     None),  # offload: not modelled
+])
+def test_the_plan_reads_the_strategy_the_run_would_use(overrides, strategy, monkeypatch):
+    from mmrl import config
+
+    monkeypatch.chdir(Path(plan_report.RECIPES).parent)
+    for key in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP"):
+        monkeypatch.delenv(key, raising=False)
+    cfg = config.load("recipes/vqa/config.yaml", overrides, world=8)
+    assert fit.config_strategy(cfg, 8) == strategy
+
+
+def test_a_tool_row_is_planned_at_its_trajectory_bound():
+    from mmrl import config
+
+    cfg = config.load("recipes/visual_search/config.yaml", [], world=1)
+    assert (cfg.rollout.max_new_tokens, cfg.tools.max_tokens) == (1024, 8192)
+    w, _ = plan.config_workload(cfg, _facts(), 1)
+    assert w.completion == 8192  # model and observation tokens of a whole trajectory
+    assert w.engine_share == 0.3 and not w.shared_prefill  # colocated vLLM samples
+    single, _ = plan.config_workload(config.load("recipes/vqa/config.yaml", [], world=1),
+                                     _facts(), 1, media_tokens=1024)
+    assert single.completion == 512

@@ -94,3 +94,15 @@ def test_a_prompt_holding_its_own_answer_is_warned_about_with_a_count(images):
     (warning,) = check_datasets(cfg, train, None)
     assert warning.startswith("3 of 4 records checked hold their own answer in the prompt")
     assert f"{path}:1" in warning
+
+
+def test_media_parts_and_a_media_list_naming_different_items_is_an_error(images):
+    """One of the two would be dropped without a word; the same items twice is one source."""
+    record = {"messages": [{"role": "user", "content": [{"type": "image", "image": "b.png"},
+                                                        {"type": "text", "text": "Q?"}]},
+                           {"role": "assistant", "content": "1"}], "images": ["a.png"]}
+    with pytest.raises(RecordError, match=r"^x.jsonl:3: the messages' image parts name 1 "
+                                          r"image\(s\) and 'images' lists 1 others; keep one"):
+        FORMATS.get("mmrl")(record, "x.jsonl:3", images)
+    same = {**record, "images": ["b.png"]}
+    assert FORMATS.get("mmrl")(same, "x.jsonl:3", images).images == [str(images / "b.png")]

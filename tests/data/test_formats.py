@@ -162,7 +162,7 @@ def test_time_r1_timestamps_variant():
     ("vlm_r1", {"image": "a.png", "conversations": [{"from": "human", "value": "<image>Q"}]}, "no gpt turn"),
     ("vlm_r1", {"image": "a.png", "conversations": "Q"}, "conversations"),
     ("vlm_r1", {"conversations": [{"from": "human", "value": "<image>Q"}, {"from": "gpt", "value": "1"}]},
-     "placeholder"),
+     "mark 1 image"),
     ("r1v", {"problem": "Q", "image": "a.png"}, "answer"),
     ("r1v", {"solution": "1", "image": "a.png"}, "question"),
     ("easyr1", {"problem": "Q", "answer": "1", "images": [3]}, "images"),
@@ -290,3 +290,18 @@ def test_render_prompt_string_content():
     s = Sample(id="x", messages=[{"role": "system", "content": "Be brief."},
                                  {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "Go"}]}])
     assert render_prompt(s) == "system: Be brief.\nuser: <video> Go"
+
+
+@pytest.mark.parametrize("prompt,options,shown", [
+    ("How many in 2 rows?", ["1", "2", "3"], False),  # a bare "2" in the question is no listing
+    ("How many?\nA. 1\nB. 2", ["1", "2"], True),
+    ("Colour? (A) red (B) blue", ["red", "blue"], True),
+    ("Which animal is it: the brown horse or the cat?", ["brown horse", "black cat"], False),
+])
+def test_options_reach_the_prompt_unless_it_lists_them(prompt, options, shown):
+    from mmrl.data.schema import with_options
+
+    out = with_options(prompt, {"choices": options}, "x.jsonl:1")
+    expected = prompt if shown else prompt + "\nOptions:\n" + "\n".join(
+        f"{chr(65 + i)}. {o}" for i, o in enumerate(options))
+    assert out == expected

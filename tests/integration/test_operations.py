@@ -126,9 +126,10 @@ def test_sigterm_saves_a_locked_run_that_resumes_with_its_config_checked(tiny, t
     assert [r["step"] for r in rows] == list(range(1, steps + 1))  # each step logged once
     assert {r["lr"] for r in rows[:done]} == {1e-3} and {r["lr"] for r in rows[done:]} == {5e-3}
     text = (run_dir / "config.yaml").read_text()
-    assert config.load(run_dir / "config.yaml").train.lr == 1e-3  # the original, kept
-    assert f"with these changes:\n#   train.lr: 0.001 -> 0.005\n#   train.steps: 200 -> {steps}" \
-           in text
+    saved = config.load(run_dir / "config.yaml")  # the effective config, the originals noted
+    assert (saved.train.lr, saved.train.steps) == (5e-3, steps)
+    assert f"holds the after values):\n#   train.lr: 0.001 -> 0.005\n#   train.steps: 200 -> " \
+           f"{steps}" in text
 
 
 def test_sigterm_abandons_a_slow_rollout_and_the_resumed_run_equals_an_uninterrupted_one(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -191,3 +192,47 @@ def test_lora_under_zero2_resumes_bit_for_bit(setup, tmp_path):
     assert a.keys() == b.keys() and any("lora_B" in k for k in a)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert any(bool(v.any()) for k, v in a.items() if "lora_B" in k)  # B starts at 0: it trained
+
+
+class _Exploit:
+    def __reduce__(self):  # the command is baked into the pickle: no environment needed
+        return (os.system, (f"touch {_Exploit.marker}",))
+
+
+def test_a_symlinked_zero2_shards_folder_runs_no_code(setup, tmp_path):
+    """Issue #56's attack on a 2-process ZeRO-2 run: `deepspeed/shards` replaced by a symlink to
+    shards that reach `os.system`, manifest rewritten. Resume (2 processes, then a requeue) and
+    consolidate refuse, naming the link; the marker never appears; metrics stay."""
+    from mmrl.train import verify
+
+    cfg = _config(tmp_path, setup, steps=1, save_every=1)  # one step: the checkpoint is all
+    run = tmp_path / "run"
+    _launch("zero2", ["-m", "mmrl.cli", "train", str(cfg), f"log.run_dir={run}"], setup, tmp_path)
+    ckpt = run / "checkpoints" / "step_000001"
+    evil, _Exploit.marker = tmp_path / "evil", tmp_path / "pwned"
+    shutil.move(ckpt / "deepspeed" / "shards", evil)
+    for shard in evil.glob("*.pt"):
+        torch.save({"hook": _Exploit()}, shard)
+    (ckpt / "deepspeed" / "shards").symlink_to(evil, target_is_directory=True)
+    verify.write_manifest(ckpt)
+    metrics = (run / "metrics.jsonl").read_text()
+    says = f"deepspeed/shards is a symbolic link to {evil} (outside the checkpoint)"
+    resume = ["-m", "mmrl.cli", "train", str(cfg), f"log.run_dir={run}", "train.resume=auto",
+              "train.steps=2"]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(ROOT / "scripts" / "accelerate" / "zero2.yaml"), "--num_processes", "2",
+           "--main_process_port", str(_free_port()), *resume]
+    errors = []
+    for argv in (cmd, [sys.executable, *resume]):  # then as a requeue runs it, one process
+        out = subprocess.run(argv, cwd=tmp_path, env=setup["env"], capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode != 0 and "has held checkpoints" in out.stderr, out.stderr[-3000:]
+        errors.append(out.stderr)
+    assert says in errors[0] and "set aside earlier: step_000001.damaged" in errors[1]
+    damaged = ckpt.with_name("step_000001.damaged")
+    cli = subprocess.run([sys.executable, "-m", "mmrl.cli", "checkpoint", "consolidate",
+                          str(damaged)], env=setup["env"], capture_output=True, text=True,
+                         timeout=300)
+    assert cli.returncode == 1 and says in cli.stderr, cli.stderr[-3000:]
+    assert not _Exploit.marker.exists()
+    assert (run / "metrics.jsonl").read_text() == metrics

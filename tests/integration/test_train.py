@@ -169,8 +169,17 @@ def test_sigkill_during_checkpoint_write_keeps_previous(tiny_yaml, tmp_path):
 
 
 def test_summary_and_rollouts_written(tiny_yaml, tmp_path):
-    summary = train(_cfg(tiny_yaml, tmp_path, "eval.before_rl=true", "eval.shuffled_images=true"))
+    summary = train(_cfg(tiny_yaml, tmp_path, "eval.before_rl=true", "eval.shuffled_images=true"),
+                    predicted={"update": 2 ** 30})  # what `mmrl train` passes on CUDA
     on_disk = json.loads((tmp_path / "summary.json").read_text())
+    # measured peak per stage beside the plan's (train/memory.py); on CPU the resident set
+    stages = on_disk["memory"]["stages"]
+    assert {"rollout", "logprob", "advantage", "update", "sync"} <= set(stages)
+    assert all(v["measured_gib"] > 0 for v in stages.values())
+    assert stages["update"]["predicted_gib"] == 1.0 and stages["rollout"]["predicted_gib"] is None
+    metrics = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["memory/update_gib"] > 0 for m in metrics if "memory/rollout_gib" in m)
+    assert sum("memory/rollout_gib" in m for m in metrics) == 2
     for key in ("accuracy_before_rl", "accuracy_after_rl", "accuracy_shuffled_images", "chance"):
         assert key in on_disk and 0.0 <= on_disk[key] <= 1.0
     assert on_disk["steps"] == summary["steps"] == 2

@@ -153,4 +153,4 @@ def test_a_failed_safetensors_write_is_worded_like_every_writer(tmp_path):
     assert "File too large" in msg and f"GiB free in {ckpts}. Free space (or set log.run_dir on " \
         f"a larger disk); the previous checkpoint {ckpts / 'step_000001'} is intact: resume with " \
         f"train.resume=auto" in msg
-    assert sorted(p.name for p in ckpts.iterdir()) == ["step_000001"]
+    assert sorted(p.name for p in ckpts.iterdir()) == [checkpoint.HELD, "step_000001"]
