@@ -280,8 +280,8 @@ def cmd_eval(args) -> int:
 
         specs = [parse_arg(b, args.limit, args.max_new_tokens) for b in args.benchmark]
         result = run_benchmarks(cfg, args.checkpoint, specs, out_dir=args.out)
-        print(json.dumps({k: {m: v[m] for m in ("score", "n", "failed")} for k, v in result.items()},
-                         indent=2))
+        short = {k: {m: v[m] for m in ("score", "n", "failed")} for k, v in result.items()}
+        print(json.dumps(short, indent=2))
         return 0
     result = evaluate_checkpoint(cfg, args.checkpoint, out_dir=args.out)
     print(json.dumps(result, indent=2))
@@ -319,7 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("config")
     sp.add_argument("overrides", nargs="*")
     sp.add_argument("--checkpoint", required=True,
-                    help="a run dir (its latest checkpoint), checkpoints/step_NNNNNN or an HF model dir")
+                    help="a run dir (its latest checkpoint), checkpoints/step_NNNNNN or an HF "
+                         "model dir")
     sp.add_argument("--out", default=None, help="output dir (default: CHECKPOINT/eval)")
     sp.add_argument("--benchmark", action="append", default=[], metavar="NAME[=PATH]",
                     help="a field benchmark from its local copy, scored as lmms-eval scores it "

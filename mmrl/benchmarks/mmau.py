@@ -42,7 +42,8 @@ def score(row: dict, text: str, ctx: Context) -> dict:
 def aggregate(rows: list[dict]) -> dict:
     out = {"accuracy": round(percent([r["overall"] for r in rows]), 5) if rows else float("nan")}
     for task in sorted({r["task"] for r in rows}):
-        out[f"accuracy/{task}"] = round(percent([r["overall"] for r in rows if r["task"] == task]), 5)
+        sub = [r["overall"] for r in rows if r["task"] == task]
+        out[f"accuracy/{task}"] = round(percent(sub), 5)
     return out
 
 

@@ -96,7 +96,8 @@ PHRASES = ["the answer is", "answer is", "the correct answer is", "correct answe
            "the best answer is", "best answer is", "the correct option is", "correct option is",
            "the best option is", "best option is", "the choice is", "choice is",
            "the correct choice is", "correct choice is", "i choose", "i select", "i pick",
-           "my answer is", "my choice is", "옵션", "정답은", "답은", "답:", "答案是", "答案为", "选",
+           "my answer is", "my choice is", "옵션", "정답은", "답은", "답:",
+           "答案是", "答案为", "选",
            "答えは"]
 PRIORITY = {"start": 10, "end": 9, "phrase": 7, "parentheses": 6, "period": 5, "colon": 4,
             "right_paren": 3, "space": 2, "fallback": 0}

@@ -55,6 +55,7 @@ def write_fixture(root: Path, n: int, seed: int) -> None:
 
 
 BENCHMARK = Benchmark(
-    name="vstar", title="V* Bench, high-resolution visual search", hub="lmms-lab-encoder/vstar-bench",
+    name="vstar", title="V* Bench, high-resolution visual search",
+    hub="lmms-lab-encoder/vstar-bench",
     lmms_task="vstar_bench", files="data/test-*.parquet", metric="accuracy", to_sample=to_sample,
     score=score, aggregate=aggregate, write_fixture=write_fixture, max_new_tokens=16)

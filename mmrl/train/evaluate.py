@@ -165,7 +165,8 @@ def draw_texts(model, processor, adapter: ModelAdapter, samples: list[Sample], c
     """One greedy completion per sample on the held-out evaluation's path (its batches, media
     loader, tools when configured); None for a sample whose media failed to load (a counted skip
     under data.on_bad_sample=skip). The field benchmarks (mmrl/benchmarks) score these."""
-    suppress, load = adapter.placeholder_token_ids(processor), media_loader(cfg, adapter.image_factor)
+    suppress = adapter.placeholder_token_ids(processor)
+    load = media_loader(cfg, adapter.image_factor)
     loop = (TrajectoryRollout.from_config(cfg.tools, HFEngine(model, processor), processor,
                                           adapter, evaluation=True)
             if cfg.tools.enabled else None)

@@ -14,7 +14,8 @@ def test_mmrl_eval_runs_every_benchmark_on_fixtures(tmp_path, capsys):
     model.save_pretrained(ckpt)
     processor.save_pretrained(ckpt)
     config = tmp_path / "eval.yaml"
-    config.write_text("data: {train: unused.jsonl, image_max_pixels: 3136, video_fps: null, video_nframes: 4}\n"
+    config.write_text("data: {train: unused.jsonl, image_max_pixels: 3136, video_fps: null,\n"
+                      "       video_nframes: 4}\n"
                       "model: {family: qwen2_5_omni, dtype: float32}\n")
     args = ["eval", str(config), "--checkpoint", str(ckpt), "--limit", "2",
             "--max-new-tokens", "8"]

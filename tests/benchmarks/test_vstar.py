@@ -24,7 +24,8 @@ def test_prompt_and_scores_equal_lmms_eval(tmp_path):
         row = rows[i % len(rows)]
         wrong = "ABCD"[("ABCD".index(row["label"]) + 1) % 4]
         text = FORMS[i % len(FORMS)].format(a=row["label"], w=wrong)
-        m, t = vstar.score(row, text, ctx), lm.vstar_process_results(row, [text])["vstar_overall_acc"]
+        m = vstar.score(row, text, ctx)
+        t = lm.vstar_process_results(row, [text])["vstar_overall_acc"]
         assert (m["prediction"], m["score"]) == (t["prediction"], t["score"]), text
         mine.append(m)
         theirs.append(t)
