@@ -79,7 +79,7 @@ def run_benchmark(model, processor, adapter, cfg: RunConfig, spec: BenchmarkSpec
     ctx = Context(box_coords=adapter.box_coords if spec.family_coords else "norm1",
                   min_pixels=cfg.data.image_min_pixels, max_pixels=cfg.data.image_max_pixels,
                   rng=random.Random(cfg.train.seed))
-    samples = [bench.to_sample(row, root, f"{spec.name}:{i}", ctx) for i, row in enumerate(rows)]
+    samples = [_sample(bench, row, root, i, ctx) for i, row in enumerate(rows)]
     n = len(samples)
     mine = samples[n * info.rank // info.world:n * (info.rank + 1) // info.world]
     max_new = spec.max_new_tokens or bench.max_new_tokens
@@ -98,6 +98,16 @@ def run_benchmark(model, processor, adapter, cfg: RunConfig, spec: BenchmarkSpec
                       for s, t, r in zip(samples, texts, results)]
         _write(out_file, bench, spec, root, cfg, out, max_new, stage, step, per_sample)
     return out
+
+
+def _sample(bench, row: dict, root: Path, i: int, ctx: Context):
+    """A row as a Sample; a row outside the benchmark's Hub schema is one line naming it."""
+    try:
+        return bench.to_sample(row, root, f"{bench.name}:{i}", ctx)
+    except (KeyError, TypeError, ValueError, SyntaxError) as e:
+        raise SystemExit(f"benchmark {bench.name!r}: row {i} of {root / bench.files} is not in "
+                         f"{bench.hub}'s layout ({type(e).__name__}: {e}); columns: "
+                         f"{', '.join(sorted(row))}") from e
 
 
 def _text(sample) -> str:

@@ -74,3 +74,15 @@ def test_periodic_runs_respect_every(tmp_path):
                                    info=DistInfo(), full_params=contextlib.nullcontext)
     got = run_due(policy, cfg, tmp_path, "step_000002", 2)
     assert set(got) == {"bench/vstar", "time/benchmarks"} and got["time/benchmarks"] > 0
+
+
+def test_a_row_outside_the_schema_is_one_line_naming_it(tmp_path):
+    from mmrl.benchmarks.base import write_parquet
+
+    write_parquet(tmp_path / "data" / "test-00000-of-00001.parquet",
+                  [{"question_id": "1", "text": "Which? (A) x (B) y"}])  # no image, no label
+    cfg = load(None, ["data.train=x"])
+    why = r"row 0 of .* layout \(KeyError: 'label'\); columns: question_id, text"
+    with pytest.raises(SystemExit, match=why):
+        run_benchmark(None, None, get_adapter("qwen2_5_vl"), cfg,
+                      BenchmarkSpec(name="vstar", path=str(tmp_path)), tmp_path)
