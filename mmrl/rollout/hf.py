@@ -44,7 +44,7 @@ class HFEngine:
         # prefilled once (shared_prefill) or once per row; CUDA graphs on a GPU.
         self.decoder = (CompiledDecoder(model, mode="reduce-overhead" if cuda else None)
                         if compiled else None)
-        self.timing: dict = {}  # the last call's prefill / decode seconds and counts
+        self.timing: dict = {}  # prefill / decode seconds and counts summed since take_timing
         log.info(self.decode_path)
 
     @classmethod
@@ -59,16 +59,24 @@ class HFEngine:
         self.model.eval()
         if sampling.eos_ids is None and self.eos_ids is not None:
             sampling = dataclasses.replace(sampling, eos_ids=self.eos_ids)
-        self.timing = {}
+        stats: dict = {}
         try:
             if self.shared_prefill or self.decoder is not None:
                 return generate_shared(self.model, self.processor, prompts, sampling,
-                                       rounds_of=self.rounds_of, stats=self.timing,
+                                       rounds_of=self.rounds_of, stats=stats,
                                        prefill="shared" if self.shared_prefill else "per_row",
                                        decoder=self.decoder)
-            return generate(self.model, self.processor, prompts, sampling, stats=self.timing)
+            return generate(self.model, self.processor, prompts, sampling, stats=stats)
         finally:
             self.model.train(was_training)
+            for k in ("prefill_s", "decode_s", "decode_forwards", "kv_read_bytes"):
+                self.timing[k] = self.timing.get(k, 0) + stats.get(k, 0)
+
+    def take_timing(self) -> dict:
+        """Prefill / decode seconds, decode forwards and KV bytes read, summed over the calls
+        since the last take (a step's calls: several with tools), plus the compile counts."""
+        out, self.timing = {**self.timing, **self.decode_stats()}, {}
+        return out
 
     def decode_stats(self) -> dict[str, float]:
         """The compiled step's compile counts and seconds so far (empty when eager)."""
