@@ -30,9 +30,10 @@ DType = Literal["float32", "bfloat16", "float16"]
 AttnImplementation = Literal["sdpa", "eager", "flash_attention_2", "mmrl_prefix_varlen"]
 WeightTransfer = Literal["auto", "bytes", "direct", "http", "nccl", "store"]
 Backend = Literal["hf", "vllm"]
-# hf backend: decode on a static KV cache with a compiled step (docs/performance.md). auto: on
-# CUDA where the family compiles; on: always (an error where it cannot); off: eager.
-CompileDecode = Literal["auto", "on", "off"]
+# hf backend: decode on a static KV cache with a compiled step (docs/performance.md). auto:
+# compiled on CUDA where the family compiles, else eager; compiled: always (a config error where
+# the family cannot compile); eager: the model's own forward per token.
+CompileDecode = Literal["auto", "compiled", "eager"]
 LRSchedule = Literal["constant", "linear", "cosine"]
 Parallel = Literal["auto", "ddp", "deepspeed", "fsdp2"]
 Progress = Literal["auto", "bar", "lines", "off"]
@@ -146,6 +147,11 @@ class RolloutConfig:
     rounds_of: Optional[int] = None  # with shared_prefill: sample G in rounds of this many
     compile_decode: CompileDecode = "auto"  # hf backend: static cache + torch.compile'd step
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+
+    @property
+    def decodes_with_hf(self) -> bool:
+        """The training model decodes (hf backend): rollout.compile_decode applies."""
+        return self.backend == "hf"
 
 
 @dataclass

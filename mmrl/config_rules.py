@@ -48,20 +48,20 @@ def resolve_compile_decode(value: str, blocker: str | None, cuda: bool) -> tuple
     """(whether the HF engine decodes compiled, why) for rollout.compile_decode `value`;
     `blocker`: why the model family cannot compile (None: it can); `cuda`: the model runs on a
     GPU. auto compiles on CUDA only: on CPU each shape's compile costs tens of seconds, worth it
-    for long runs only (rollout.compile_decode=on). `on` with a blocker is a config error
-    (validate reports it first); never a silent fallback."""
-    if value == "off":
-        return False, "rollout.compile_decode=off"
+    for long runs only (rollout.compile_decode=compiled). `compiled` with a blocker is a config
+    error (validate reports it first); never a silent fallback."""
+    if value == "eager":
+        return False, "rollout.compile_decode=eager"
     if blocker is not None:
-        if value == "on":
-            raise ValueError(f"rollout.compile_decode=on: {blocker}; use auto or off")
+        if value == "compiled":
+            raise ValueError(f"rollout.compile_decode=compiled: {blocker}; use auto or eager")
         return False, f"rollout.compile_decode=auto: {blocker}"
-    if value == "on":
-        return True, "rollout.compile_decode=on"
+    if value == "compiled":
+        return True, "rollout.compile_decode=compiled"
     if cuda:
         return True, "rollout.compile_decode=auto on CUDA (CUDA graphs: mode reduce-overhead)"
-    return False, ("rollout.compile_decode=auto on CPU: eager (compile costs tens of seconds a "
-                   "shape there; set on for long runs)")
+    return False, ("rollout.compile_decode=auto on CPU: eager (a compile costs tens of seconds a "
+                   "shape there; set compiled for long runs)")
 
 
 def resolve_progress(value: str, tty: bool) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 
 import torch
 
@@ -42,6 +43,28 @@ def compile_blocker(model_class) -> str | None:
         return (f"{cls.__name__} sets _can_compile_fullgraph = False (transformers cannot "
                 f"capture its forward whole)")
     return None
+
+
+def _gqa_with_mask(attention_mask, key, value) -> bool:
+    """transformers' sdpa path repeats a grouped-query layer's K/V heads (a copy of the whole
+    cache per layer and step) whenever a mask is given, for CUDA's kernels' sake; torch's CPU
+    sdpa takes `enable_gqa` with a mask, reading the cache in place (same values, tested)."""
+    return True
+
+
+@contextmanager
+def _cpu_gqa(device: torch.device):
+    """While decoding compiled on CPU: sdpa with enable_gqa and the mask (see _gqa_with_mask)."""
+    if device.type != "cpu":
+        yield
+        return
+    from transformers.integrations import sdpa_attention
+
+    saved, sdpa_attention.use_gqa_in_sdpa = sdpa_attention.use_gqa_in_sdpa, _gqa_with_mask
+    try:
+        yield
+    finally:
+        sdpa_attention.use_gqa_in_sdpa = saved
 
 
 def _step(decoder, head, ids, positions, mask, cache):
@@ -121,10 +144,12 @@ class CompiledDecoder:
                 log.warning("compiled decode: %d shapes compiled already (max_compiles); shape "
                             "%s decodes uncompiled", self.compiles, key[:2])
             self.eager_steps += 1
-            return _step(self.decoder, self.head, ids, positions, mask, cache)
+            with _cpu_gqa(ids.device):
+                return _step(self.decoder, self.head, ids, positions, mask, cache)
         graphs = dynamo_utils.counters["stats"]["unique_graphs"]
         t = time.perf_counter()
-        with torch._dynamo.config.patch(recompile_limit=self.max_compiles + 1):
+        with torch._dynamo.config.patch(recompile_limit=self.max_compiles + 1), \
+                _cpu_gqa(ids.device):
             logits = self.compiled(self.decoder, self.head, ids, positions, mask, cache)
         if new:
             self.shapes.add(key)

@@ -26,13 +26,25 @@ def decode_path(model_class, compile_decode: str, cuda: bool) -> tuple[bool, str
     return compiled, f"decode: {what} ({why})"
 
 
+def family_decode_path(family: str, compile_decode: str) -> str:
+    """The config summary's line for a model family before any model is built: which decode
+    runs and why (the model is placed on CUDA when there is one). Raises ValueError for
+    compile_decode=compiled where the family cannot compile (validate reports it)."""
+    import transformers
+
+    from mmrl.models import get_adapter
+
+    cls = getattr(transformers, get_adapter(family).model_class)
+    return decode_path(cls, compile_decode, torch.cuda.is_available())[1]
+
+
 class HFEngine:
     """Samples with the training model itself, so there are never weights to sync."""
     samples_from_training_model = True
 
     def __init__(self, model, processor, eos_ids: Sequence[int] | None = None, *,
                  shared_prefill: bool = False, rounds_of: int | None = None,
-                 compile_decode: str = "off"):
+                 compile_decode: str = "eager"):
         self.model, self.processor = model, processor
         self.eos_ids = None if eos_ids is None else list(eos_ids)
         # shared_prefill: prefill each prompt once and decode its G samples from that cache (in

@@ -142,11 +142,30 @@ def test_the_engine_says_which_decode_runs_and_why(vl):
     assert "_can_compile_fullgraph = False" in compile_blocker(audio_class)
     compiled, line = decode_path(audio_class, "auto", cuda=True)
     assert not compiled and "Qwen2AudioForConditionalGeneration" in line and "eager" in line
-    with pytest.raises(ValueError, match="compile_decode=on"):
-        decode_path(audio_class, "on", cuda=False)
+    with pytest.raises(ValueError, match="compile_decode=compiled"):
+        decode_path(audio_class, "compiled", cuda=False)
     _, model, processor, _ = vl
     assert decode_path(model, "auto", cuda=False)[0] is False  # CPU: eager unless asked
     assert decode_path(model, "auto", cuda=True)[0] is True
-    engine = HFEngine(model, processor, compile_decode="on")
+    engine = HFEngine(model, processor, compile_decode="compiled")
     assert engine.decoder is not None and "compiled" in engine.decode_path
     assert HFEngine(model, processor).decoder is None
+
+
+def test_the_config_summary_and_validate_name_the_decode_path():
+    from mmrl import config
+    from mmrl.cli import config_summary
+    from mmrl.validate import validate
+
+    base = ["data.train=x.jsonl", "rewards=[{name: accuracy}]"]
+    cfg = config.load(None, [*base, "model.family=qwen2_audio", "rollout.compile_decode=compiled"])
+    assert [p for p in validate(cfg) if p.startswith("rollout.compile_decode")
+            and "Qwen2AudioForConditionalGeneration sets _can_compile_fullgraph = False" in p]
+    audio = config.load(None, [*base, "model.family=qwen2_audio"])
+    assert "decode: eager (rollout.compile_decode=auto: Qwen2Audio" in config_summary(audio)
+    cfg = config.load(None, [*base, "model.family=qwen2_5_vl"])
+    expected = ("decode: compiled static-cache step" if torch.cuda.is_available()
+                else "decode: eager (rollout.compile_decode=auto on CPU")
+    assert expected in config_summary(cfg)
+    with pytest.raises(Exception, match="compile_decode"):
+        config.load(None, [*base, "rollout.compile_decode=on"])  # the values are named
