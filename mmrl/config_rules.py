@@ -60,8 +60,8 @@ def resolve_compile_decode(value: str, blocker: str | None, cuda: bool) -> tuple
         return True, "rollout.compile_decode=compiled"
     if cuda:
         return True, "rollout.compile_decode=auto on CUDA (CUDA graphs: mode reduce-overhead)"
-    return False, ("rollout.compile_decode=auto on CPU: eager (a compile costs tens of seconds a "
-                   "shape there; set compiled for long runs)")
+    return False, ("rollout.compile_decode=auto on CPU, where a compile costs tens of seconds a "
+                   "shape; set compiled for long runs")
 
 
 def resolve_progress(value: str, tty: bool) -> str:
