@@ -8,6 +8,7 @@ seconds `generate_shared` reports (the prefill apart), interleaved trials, media
 median. Greedy tokens of the two must be identical (checked, reported)."""
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 
@@ -15,7 +16,9 @@ import torch
 
 from mmrl.bench.common import prompt_of_length, tiny_vl
 
-MODES = ("eager", "compiled")
+# eager and compiled: mmrl's decode loop, the token step eager or compiled (the compile's own
+# effect); hf_generate: HF's generate, the HF engine's default path (its decode, prefill apart).
+MODES = ("eager", "compiled", "hf_generate")
 
 
 def bench_decode(*, family: str = "qwen2_5_vl", prompt_tokens: int = 256, group: int = 8,
@@ -24,6 +27,7 @@ def bench_decode(*, family: str = "qwen2_5_vl", prompt_tokens: int = 256, group:
     """Eager vs compiled decode tokens/s on one prompt (`backend`/`mode`: torch.compile's; the
     GPU check passes mode="reduce-overhead", its CPU dry run backend="eager")."""
     from mmrl.models.compiled_decode import CompiledDecoder
+    from mmrl.models.forward import generate
     from mmrl.models.shared_generate import generate_shared
     from mmrl.train.speed import copy_bandwidth, decode_weight_bytes
     from mmrl.types import SamplingParams
@@ -38,18 +42,24 @@ def bench_decode(*, family: str = "qwen2_5_vl", prompt_tokens: int = 256, group:
                               do_sample=False)
     decoder = CompiledDecoder(model, backend=backend, mode=mode)
 
-    decoders = {"eager": None, "compiled": decoder}
+    # HF's greedy generate takes one sequence per prompt: the prompt repeated G times instead.
+    hf_sampling = dataclasses.replace(sampling, num_generations=1)
+    runners = {
+        "eager": lambda stats: generate_shared(model, processor, prompts, sampling, stats=stats),
+        "compiled": lambda stats: generate_shared(model, processor, prompts, sampling,
+                                                  stats=stats, decoder=decoder),
+        "hf_generate": lambda stats: generate(model, processor, prompts * group, hf_sampling,
+                                              stats=stats)}
 
     def run(which: str) -> tuple[dict, torch.Tensor]:
         stats: dict = {}
-        gen = generate_shared(model, processor, prompts, sampling, stats=stats,
-                              decoder=decoders[which])
-        return stats, gen.completion_ids
+        return stats, runners[which](stats).completion_ids
 
     started = time.perf_counter()
     _, compiled_ids = run("compiled")  # the compile: timed by the decoder
     compile_wall = time.perf_counter() - started
     _, eager_ids = run("eager")
+    _, hf_ids = run(MODES[2])
     seconds: dict = {m: [] for m in MODES}
     cpu: dict = {m: [] for m in MODES}
     last: dict = {}
@@ -65,7 +75,8 @@ def bench_decode(*, family: str = "qwen2_5_vl", prompt_tokens: int = 256, group:
     peak = copy_bandwidth(next(model.parameters()).device)
     out = {"family": family, "prompt_tokens": prompts[0].input_ids.shape[0], "group": group,
            "completion_tokens": completion_tokens, "trials": trials, "decode_forwards": forwards,
-           "greedy_identical": bool(torch.equal(compiled_ids, eager_ids)),
+           "greedy_identical": bool(torch.equal(compiled_ids, eager_ids)
+                                    and torch.equal(compiled_ids, hf_ids)),
            "compile_s": decoder.stats()["decode/compile_s"], "first_call_s": compile_wall,
            "compiles": decoder.stats()["decode/compiles"],
            "recompiles": decoder.stats()["decode/recompiles"],
@@ -80,6 +91,9 @@ def bench_decode(*, family: str = "qwen2_5_vl", prompt_tokens: int = 256, group:
     out["speedup"] = out["compiled"]["tokens_per_s"] / out["eager"]["tokens_per_s"]
     out["speedup_cpu"] = out["eager"]["median_cpu_s"] / out["compiled"]["median_cpu_s"]
     out["speedup_min"] = min(seconds["eager"]) / min(seconds["compiled"])
+    hf = out[MODES[2]]
+    out["speedup_vs_hf_generate"] = out["compiled"]["tokens_per_s"] / hf["tokens_per_s"]
+    out["speedup_vs_hf_generate_cpu"] = hf["median_cpu_s"] / out["compiled"]["median_cpu_s"]
     return out
 
 
@@ -99,7 +113,9 @@ def decode_table(r: dict) -> list[str]:
                      f"{m['bytes_per_s'] / 1e9:.2f} | {100 * m['bandwidth_share']:.1f}% | "
                      + ", ".join(f"{s:.3f}" for s in m["trials_s"]) + " |")
     lines += ["", f"**Compiled / eager decode tokens/s: {r['speedup']:.2f}x** (median wall; "
-              f"min wall {r['speedup_min']:.2f}x, median CPU {r['speedup_cpu']:.2f}x); greedy tokens "
+              f"min wall {r['speedup_min']:.2f}x, median CPU {r['speedup_cpu']:.2f}x); over HF "
+              f"generate's decode: {r['speedup_vs_hf_generate']:.2f}x (median CPU "
+              f"{r['speedup_vs_hf_generate_cpu']:.2f}x); greedy tokens of all three "
               f"identical: {'yes' if r['greedy_identical'] else 'NO'}; compile: {r['compiles']} "
               f"shape(s) in {r['compile_s']:.1f} s (first compiled call {r['first_call_s']:.1f} s), "
               f"{r['recompiles']} unexpected recompiles."]

@@ -157,7 +157,8 @@ class _PolicyLogprobs:
         self.suppress_ids = list(suppress_ids)
         self.pending: torch.Tensor | None = None  # [N, V] log-probs of the last step
         self.steps: list[torch.Tensor] = []
-        self.first_call: float | None = None
+        self.first_call: float | None = None  # clock and CPU clock at the prefill's logits
+        self.first_cpu: float | None = None
 
     def _flush(self, chosen: torch.Tensor) -> None:
         self.steps.append(self.pending.gather(-1, chosen[:, None]).squeeze(-1))
@@ -165,7 +166,7 @@ class _PolicyLogprobs:
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.first_call is None:  # the prefill's logits: what came before was the prefill
             _sync(scores.device)
-            self.first_call = time.perf_counter()
+            self.first_call, self.first_cpu = time.perf_counter(), time.process_time()
         if self.pending is not None:
             self._flush(input_ids[:, -1])
         self.pending = torch.log_softmax(upcast(scores) / self.temperature, dim=-1)
@@ -253,18 +254,19 @@ def generate(model, processor, prompts: Sequence[PromptFeatures],
         with torch.random.fork_rng(devices=_rng_devices(model), enabled=seed is not None):
             if seed is not None:
                 torch.manual_seed(seed)
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             sequences = model.generate(**inputs, generation_config=config,
                                        logits_processor=LogitsProcessorList([recorder]))
             _sync(sequences.device)
-            end = time.perf_counter()
+            end, end_cpu = time.perf_counter(), time.process_time()
     finally:
         model.generation_config = saved
     completion = sequences[:, inputs["input_ids"].shape[1]:]
     if stats is not None:
-        first = recorder.first_call or end
+        first, first_cpu = recorder.first_call or end, recorder.first_cpu or end_cpu
         width, forwards = inputs["input_ids"].shape[1], completion.shape[1] - 1
         stats.update(prefill_s=first - start, decode_s=end - first, decode_forwards=forwards,
+                     prefill_cpu_s=first_cpu - start_cpu, decode_cpu_s=end_cpu - first_cpu,
                      kv_read_bytes=kv_bytes_per_token(model) * sequences.shape[0]
                      * (forwards * width + forwards * (forwards + 1) // 2))
     sampler_logp = recorder.finish(completion[:, -1])
