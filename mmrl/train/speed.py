@@ -29,6 +29,11 @@ def _table(table: dict, device: torch.device):
     return next((v for k, v in table.items() if k in name), None)
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @functools.lru_cache(maxsize=None)
 def copy_bandwidth(device: torch.device, mib: int = 64, repeats: int = 3) -> float:
     """Bytes/s the device moves: its table figure, else the best of `repeats` copies of a `mib`
@@ -40,8 +45,10 @@ def copy_bandwidth(device: torch.device, mib: int = 64, repeats: int = 3) -> flo
     dst = torch.empty_like(src)
     best = float("inf")
     for _ in range(repeats):
+        _sync(device)
         t = time.perf_counter()
         dst.copy_(src)
+        _sync(device)
         best = min(best, time.perf_counter() - t)
     return 2 * src.numel() * 4 / best
 
@@ -55,8 +62,10 @@ def peak_flops(device: torch.device, dtype: torch.dtype = torch.float32, n: int 
     a = torch.randn(n, n, dtype=dtype, device=device)
     best = float("inf")
     for _ in range(3):
+        _sync(device)
         t = time.perf_counter()
         a @ a
+        _sync(device)
         best = min(best, time.perf_counter() - t)
     return 2 * n ** 3 / best
 

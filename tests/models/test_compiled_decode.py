@@ -1,7 +1,7 @@
 """Compiled decode (mmrl/models/compiled_decode.py): the token steps on a static KV cache through
 one torch.compile'd function give eager decoding's greedy tokens exactly, sampled logprobs equal
 to the training forward's (1e-5, float32, as tests/models/test_shared_prefix_generate.py), for
-each M-RoPE family, G samples from one prefill and per-row prefills; compiles are counted and
+each M-RoPE family (Qwen2.5-Omni's thinker included), G samples from one prefill and per-row prefills; compiles are counted and
 bounded; a family that cannot compile says so.
 
 The tests compile with dynamo's "eager" backend: the whole step is still captured as one graph
@@ -52,7 +52,7 @@ def params(adapter, processor, **extra):
                                     suppress_ids=adapter.placeholder_token_ids(processor)), **extra})
 
 
-@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2_5_omni"])
 def test_greedy_compiled_equals_eager_for_each_mrope_family(name):
     adapter, model, processor, prompts = family(name)
     sampling = params(adapter, processor, do_sample=False)
