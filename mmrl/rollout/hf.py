@@ -52,8 +52,9 @@ class HFEngine:
         self.shared_prefill, self.rounds_of = shared_prefill, rounds_of
         cuda = next(model.parameters()).device.type == "cuda"
         compiled, self.decode_path = decode_path(model, compile_decode, cuda)
-        # The compiled step runs in mmrl's decode loop (generate_shared), with the prompt
-        # prefilled once (shared_prefill) or once per row; CUDA graphs on a GPU.
+        # The compiled step runs in mmrl's decode loop (generate_shared), each prompt prefilled
+        # once and its KV copied to its G rows: the samples a per-row prefill gives (tested),
+        # for a G-th of the prefill; CUDA graphs on a GPU.
         self.decoder = (CompiledDecoder(model, mode="reduce-overhead" if cuda else None)
                         if compiled else None)
         self.timing: dict = {}  # prefill / decode seconds and counts summed since take_timing
@@ -76,7 +77,6 @@ class HFEngine:
             if self.shared_prefill or self.decoder is not None:
                 return generate_shared(self.model, self.processor, prompts, sampling,
                                        rounds_of=self.rounds_of, stats=stats,
-                                       prefill="shared" if self.shared_prefill else "per_row",
                                        decoder=self.decoder)
             return generate(self.model, self.processor, prompts, sampling, stats=stats)
         finally:

@@ -169,3 +169,15 @@ def test_the_config_summary_and_validate_name_the_decode_path():
     assert expected in config_summary(cfg)
     with pytest.raises(Exception, match="compile_decode"):
         config.load(None, [*base, "rollout.compile_decode=on"])  # the values are named
+
+
+def test_the_engine_decodes_compiled_from_one_prefill_a_prompt(vl):
+    adapter, model, processor, prompts = vl
+    sampling = params(adapter, processor, do_sample=False, num_generations=1)
+    compiled = HFEngine(model, processor, compile_decode="compiled")
+    got = compiled.generate(prompts * 2, sampling)  # the engine's default: HF generate
+    want = HFEngine(model, processor).generate(prompts * 2, sampling)
+    assert torch.equal(got.completion_ids, want.completion_ids)
+    timing = compiled.take_timing()
+    assert timing["decode/compiles"] == 1 and timing["decode_forwards"] == 9
+    assert "prefill_s" not in compiled.take_timing()  # taken: the sums start again
