@@ -90,12 +90,19 @@ def config_summary(cfg) -> str:
               + ("the shared-prefix layout shares each group's initial prompt"
                  if t.shared_prefix else "train.shared_prefix=false: every row runs its prompt")
               + ")"] if tc.use else [])
+    decode = []
+    if r.runs_hf_generate:  # which decode runs and why: never a silent fallback
+        from mmrl.rollout.hf import family_decode_path
+        try:
+            decode = [f"  {family_decode_path(cfg.model.family, r.compile_decode)}"]
+        except (ValueError, KeyError) as e:  # validate reports it as a config error
+            decode = [f"  decode: {e}"]
     return "\n".join([
         f"run {name}: {cfg.model.family} ({clip(str(cfg.model.path), 200)}), data "
         f"{clip(str(cfg.data.train), 200)}",
         f"  {a.preset or a.advantage}: {t.steps} steps x {r.prompts_per_step} prompts x "
         f"{r.num_generations} completions (max {r.max_new_tokens} tokens), lr {t.lr:g}, "
-        f"rollout {r.backend}, rewards: {rewards or 'none'}", *tools,
+        f"rollout {r.backend}, rewards: {rewards or 'none'}", *decode, *tools,
         f"  run dir {run_dir}  (full config: {config_yaml})"])
 
 

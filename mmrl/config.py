@@ -30,6 +30,10 @@ DType = Literal["float32", "bfloat16", "float16"]
 AttnImplementation = Literal["sdpa", "eager", "flash_attention_2", "mmrl_prefix_varlen"]
 WeightTransfer = Literal["auto", "bytes", "direct", "http", "nccl", "store"]
 Backend = Literal["hf", "vllm"]
+# hf backend: decode on a static KV cache with a compiled step (docs/performance.md). auto:
+# compiled on CUDA where the family compiles, else eager; compiled: always (a config error where
+# the family cannot compile); eager: the model's own forward per token.
+CompileDecode = Literal["auto", "compiled", "eager"]
 LRSchedule = Literal["constant", "linear", "cosine"]
 Parallel = Literal["auto", "ddp", "deepspeed", "fsdp2"]
 Progress = Literal["auto", "bar", "lines", "off"]
@@ -144,11 +148,13 @@ class RolloutConfig:
     top_k: int = 0  # 0 = off
     shared_prefill: bool = False  # hf backend: prefill each prompt once for its G samples
     rounds_of: Optional[int] = None  # with shared_prefill: sample G in rounds of this many
+    compile_decode: CompileDecode = "auto"  # hf backend: static cache + torch.compile'd step
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
     @property
     def runs_hf_generate(self) -> bool:
-        """The training model's own generate samples (shared_prefill and rounds_of apply)."""
+        """The training model's own generate samples (shared_prefill, rounds_of and compile_decode
+        apply)."""
         return self.backend == "hf"
 
     @property

@@ -44,6 +44,26 @@ def resolve_weight_transfer(value: str, mode: str, in_process: bool = False) -> 
     return "direct" if in_process else "bytes"
 
 
+def resolve_compile_decode(value: str, blocker: str | None, cuda: bool) -> tuple[bool, str]:
+    """(whether the HF engine decodes compiled, why) for rollout.compile_decode `value`;
+    `blocker`: why the model family cannot compile (None: it can); `cuda`: the model runs on a
+    GPU. auto compiles on CUDA only: on CPU each shape's compile costs tens of seconds, worth it
+    for long runs only (rollout.compile_decode=compiled). `compiled` with a blocker is a config
+    error (validate reports it first); never a silent fallback."""
+    if value == "eager":
+        return False, "rollout.compile_decode=eager"
+    if blocker is not None:
+        if value == "compiled":
+            raise ValueError(f"rollout.compile_decode=compiled: {blocker}; use auto or eager")
+        return False, f"rollout.compile_decode=auto: {blocker}"
+    if value == "compiled":
+        return True, "rollout.compile_decode=compiled"
+    if cuda:
+        return True, "rollout.compile_decode=auto on CUDA (CUDA graphs: mode reduce-overhead)"
+    return False, ("rollout.compile_decode=auto on CPU, where a compile costs tens of seconds a "
+                   "shape; set compiled for long runs")
+
+
 def resolve_progress(value: str, tty: bool) -> str:
     """log.progress with auto resolved: a live bar on a terminal, step lines otherwise."""
     if value != "auto":

@@ -46,6 +46,10 @@ def validate(cfg, world: int = 1) -> list[str]:
     if cfg.tools.use:  # every tool imports and takes its settings
         from mmrl.tools import Toolbox
         check("tools.use", lambda: Toolbox.from_config(cfg.tools))
+    if cfg.rollout.runs_hf_generate:  # compile_decode=on where the family cannot compile
+        from mmrl.rollout.hf import family_decode_path
+        check("rollout.compile_decode",
+              lambda: family_decode_path(cfg.model.family, cfg.rollout.compile_decode))
     check("train.parallel", lambda: problems.extend(missing_packages(cfg)))
     return [clip(p, 1000) for p in problems]  # a line may echo a value: never 10 MB of it
 

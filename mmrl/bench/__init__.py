@@ -8,6 +8,8 @@
 2 "e2e":     a whole training step of mmrl vs TRL's GRPOTrainer (needs the `bench` extra).
 3 "scaling": update-phase time as P grows (256 .. 2048) and as G grows (4, 8, 16).
   "rollout": HF generate (G prefills) vs prefill-once, whole group and in rounds (G = 16).
+  "decode":  eager vs compiled decode tokens/s (static KV cache + torch.compile, one prefill,
+             G = 8), achieved bytes/s against a measured copy bandwidth, compile seconds.
   "varlen":  naive vs dense-mask vs varlen-kernel layouts at the cells issue #14 targets
              (P~1024 G=8, ragged, G=16; P~2048 G=16), peak memory beside time.
   "runs":    pack sizes under a dense mask: naive / whole groups / the trainer's runs / varlen,
@@ -27,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-BENCHMARKS = ("update", "e2e", "rollout", "scaling", "varlen", "runs", "long")
+BENCHMARKS = ("update", "e2e", "rollout", "decode", "scaling", "varlen", "runs", "long")
 
 
 def run_benchmarks(out_dir: str | Path, which=BENCHMARKS, *, quick: bool = False,
@@ -86,6 +88,16 @@ def run_benchmarks(out_dir: str | Path, which=BENCHMARKS, *, quick: bool = False
                 completion_tokens=sizes["completion"], rounds_of=sizes["rounds_of"],
                 trials=trials or sizes["scaling_trials"], model_bundle=bundle, memory=not quick)
             log(f"[bench] rollout: x{results['rollout']['speedup_shared']:.2f}")
+        if "decode" in which:
+            from mmrl.bench.decode import bench_decode
+
+            log("[bench] decode: eager vs compiled (static cache + torch.compile)")
+            results["decode"] = bench_decode(
+                family=family, prompt_tokens=sizes["decode_prompt"], group=sizes["group"],
+                completion_tokens=sizes["completion"], trials=trials or sizes["trials"],
+                model_bundle=bundle)
+            log(f"[bench] decode: compiled x{results['decode']['speedup']:.2f} "
+                f"(compile {results['decode']['compile_s']:.0f} s)")
         if "scaling" in which:
             from mmrl.bench.update import bench_scaling
 
@@ -127,9 +139,10 @@ def run_benchmarks(out_dir: str | Path, which=BENCHMARKS, *, quick: bool = False
 def _sizes(quick: bool) -> dict:
     if quick:
         return dict(prompt=64, group=2, completion=8, prompt_sizes=(32, 64), groups=(2, 3),
-                    trials=1, scaling_trials=1, rollout_group=4, rounds_of=2)
+                    trials=1, scaling_trials=1, rollout_group=4, rounds_of=2, decode_prompt=64)
     return dict(prompt=1024, group=8, completion=64, prompt_sizes=(256, 512, 1024, 2048),
-                groups=(4, 8, 16), trials=5, scaling_trials=3, rollout_group=16, rounds_of=4)
+                groups=(4, 8, 16), trials=5, scaling_trials=3, rollout_group=16, rounds_of=4,
+                decode_prompt=256)
 
 
 __all__ = ["BENCHMARKS", "run_benchmarks"]

@@ -10,6 +10,8 @@ stages that would run past the time budget are skipped and say so):
   correctness   shared-prefix vs naive layout, logprobs and gradients, per kernel, bf16
   update        naive / shared / varlen update phase, image P~1024 and video P~4096, G 8 and 16
   generation    HF generate vs prefill once
+  decode        eager vs compiled decode (static KV cache + torch.compile, CUDA graphs):
+                tokens/s and % of the bandwidth floor (weights + KV read per step)
   grpo step     one real GRPO step (mmrl's Trainer) of a Qwen2.5-VL-3B-shaped model, against
                 the memory model's prediction
   trl           the same step through TRL's GRPOTrainer, where TRL imports
@@ -111,6 +113,19 @@ def _matmul_rate() -> float:
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     seconds, _ = stages.timed(lambda: a @ a, trials=10, warmup=3)
     return 2 * 8192 ** 3 / seconds / 1e12
+
+
+def decode_stage(cpu: bool, part, s: dict) -> dict:
+    """Eager vs compiled decode at the generation stage's sizes (bench/decode.py): CUDA graphs
+    on the GPU; the CPU dry run compiles with dynamo's eager backend (no inductor: seconds, not
+    minutes), which exercises the path, not its speed."""
+    from mmrl.bench.decode import bench_decode
+
+    g = s["gen"]
+    return bench_decode(prompt_tokens=g["prompt_tokens"], group=g["group"],
+                        completion_tokens=g["completion"], trials=max(s["trials"], 2),
+                        model_bundle=part, backend="eager" if cpu else None,
+                        mode=None if cpu else "reduce-overhead")
 
 
 def grpo_step(cpu: bool, s: dict, workdir: Path, gpu_gib: float) -> dict:
@@ -225,6 +240,7 @@ def run(out: Path, cpu: bool, budget_s: float, log=print) -> dict:
         part, cells=s["update_cells"], completion=s["completion"], micro_batch=s["micro_batch"],
         trials=s["trials"], log=log)}, 60)
     stage("generation", lambda: stages.generation(part, trials=s["trials"], **s["gen"]), 30)
+    stage("decode", lambda: decode_stage(cpu, part, s), 60)
     results["flops_scale"] = 1.0 if cpu else _depth_scale(part[1])
     del part
     gib = env.get("memory_gib", 24.0)

@@ -16,7 +16,7 @@ def markdown(r: dict) -> str:
                 "(mmrl/models/shapes.py): they cost what the real checkpoints cost per token; "
                 "the tokenizer is a tiny one, the vocabulary size the real one."), ""]
     for name, fn in (("environment", _environment), ("correctness", _correctness),
-                     ("update", _update), ("generation", _generation),
+                     ("update", _update), ("generation", _generation), ("decode", _decode),
                      ("grpo step", _grpo), ("trl", _trl), ("recipes", _recipes),
                      ("benchmark", _benchmark)):
         part = s.get(name, {"skipped": "not yet measured" if name == "benchmark" else "not run"})
@@ -46,6 +46,7 @@ _AGAIN = ["## Measuring again", "",
 _TITLES = {"environment": "Environment", "correctness": "Correctness on the device",
            "update": "Update phase: naive vs shared prefix",
            "generation": "Generation: HF generate vs prefill once",
+           "decode": "Decode: eager vs compiled (static KV cache + torch.compile)",
            "grpo step": "One full GRPO step", "trl": "TRL's GRPOTrainer on the same step",
            "recipes": "The recipes' 1-GPU commands: predicted and measured peak",
            "benchmark": "A field benchmark end to end (`mmrl eval --benchmark`)"}
@@ -128,6 +129,13 @@ def _generation(g: dict, r: dict) -> list[str]:
                      f"{v['tokens_per_s']:,.0f} | {v['peak_bytes'] / GIB:.1f} |")
     lines += ["", f"Prefill once: {g['hf_generate']['seconds'] / g['shared']['seconds']:.2f}x."]
     return lines
+
+
+def _decode(d: dict, r: dict) -> list[str]:
+    """The decode stage (bench/decode.py's table: tokens/s, achieved bandwidth, compile)."""
+    from mmrl.bench.decode import decode_table
+
+    return decode_table(d)
 
 
 def _grpo(g: dict, r: dict) -> list[str]:

@@ -122,6 +122,11 @@ def markdown(results: dict) -> str:
         from mmrl.bench.rollout import rollout_table
 
         lines += rollout_table(results["rollout"]) + [""]
+    if "decode" in results:
+        from mmrl.bench.decode import decode_table
+
+        lines += ["### Decode: eager vs compiled (static KV cache + torch.compile)", ""]
+        lines += decode_table(results["decode"]) + [""]
     if "scaling" in results:
         lines += scaling_table(results["scaling"]) + [""]
         if results.get("plot"):

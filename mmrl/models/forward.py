@@ -7,6 +7,7 @@ unit test checks for every family.
 """
 from __future__ import annotations
 
+import time
 from typing import NamedTuple, Sequence
 
 import torch
@@ -156,11 +157,16 @@ class _PolicyLogprobs:
         self.suppress_ids = list(suppress_ids)
         self.pending: torch.Tensor | None = None  # [N, V] log-probs of the last step
         self.steps: list[torch.Tensor] = []
+        self.first_call: float | None = None  # clock and CPU clock at the prefill's logits
+        self.first_cpu: float | None = None
 
     def _flush(self, chosen: torch.Tensor) -> None:
         self.steps.append(self.pending.gather(-1, chosen[:, None]).squeeze(-1))
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.first_call is None:  # the prefill's logits: what came before was the prefill
+            _sync(scores.device)
+            self.first_call, self.first_cpu = time.perf_counter(), time.process_time()
         if self.pending is not None:
             self._flush(input_ids[:, -1])
         self.pending = torch.log_softmax(upcast(scores) / self.temperature, dim=-1)
@@ -173,6 +179,23 @@ class _PolicyLogprobs:
         if self.pending is not None:
             self._flush(last_tokens)
         return torch.stack(self.steps, dim=1)
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for the device's queued kernels, so a clock read after it holds them (CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def kv_bytes_per_token(model) -> int:
+    """Bytes of keys and values one token of one row holds in the KV cache, all layers, from the
+    text config's widths (a KV head's width: head_dim, else hidden_size / heads)."""
+    cfg = model.config.get_text_config()
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    element = next(model.parameters()).element_size()
+    return 2 * cfg.num_hidden_layers * kv_heads * head_dim * element
 
 
 def completion_mask_from_eos(completion_ids: torch.Tensor, eos_ids: Sequence[int]):
@@ -194,7 +217,7 @@ def _eos_ids(model, processor) -> list[int]:
 
 @torch.no_grad()
 def generate(model, processor, prompts: Sequence[PromptFeatures],
-             sampling: SamplingParams = SamplingParams()) -> Generation:
+             sampling: SamplingParams = SamplingParams(), stats: dict | None = None) -> Generation:
     """Sample `sampling.num_generations` completions per prompt with HF generate.
 
     Rows are group-major: rows g*G .. g*G+G-1 belong to prompts[g]. `sampler_logp` is the
@@ -202,6 +225,8 @@ def generate(model, processor, prompts: Sequence[PromptFeatures],
     BEFORE top-p/top-k truncation and placeholder suppression, i.e. exactly what
     `completion_logprobs` computes (so it can serve as PPO's old log-probs when the policy did
     not change). `seed` makes sampling reproducible without touching the global RNG stream.
+    `stats`: if a dict, receives `prefill_s` (until the first logits), `decode_s` (the rest),
+    `decode_forwards` and `kv_read_bytes` (keys and values the decode forwards read).
     """
     from transformers import GenerationConfig, LogitsProcessorList
 
@@ -229,11 +254,21 @@ def generate(model, processor, prompts: Sequence[PromptFeatures],
         with torch.random.fork_rng(devices=_rng_devices(model), enabled=seed is not None):
             if seed is not None:
                 torch.manual_seed(seed)
+            start, start_cpu = time.perf_counter(), time.process_time()
             sequences = model.generate(**inputs, generation_config=config,
                                        logits_processor=LogitsProcessorList([recorder]))
+            _sync(sequences.device)
+            end, end_cpu = time.perf_counter(), time.process_time()
     finally:
         model.generation_config = saved
     completion = sequences[:, inputs["input_ids"].shape[1]:]
+    if stats is not None:
+        first, first_cpu = recorder.first_call or end, recorder.first_cpu or end_cpu
+        width, forwards = inputs["input_ids"].shape[1], completion.shape[1] - 1
+        stats.update(prefill_s=first - start, decode_s=end - first, decode_forwards=forwards,
+                     prefill_cpu_s=first_cpu - start_cpu, decode_cpu_s=end_cpu - first_cpu,
+                     kv_read_bytes=kv_bytes_per_token(model) * sequences.shape[0]
+                     * (forwards * width + forwards * (forwards + 1) // 2))
     sampler_logp = recorder.finish(completion[:, -1])
     mask, truncated = completion_mask_from_eos(completion, eos_ids)
     completion = torch.where(mask.bool(), completion, torch.full_like(completion, pad_id))

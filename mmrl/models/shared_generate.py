@@ -63,13 +63,16 @@ class _Prefill:
 
 
 def _decode(model, cache, logits, attention_mask, next_positions, uniforms, *, max_new_tokens,
-            temperature, warpers, suppress, do_sample, eos, pad_id):
+            temperature, warpers, suppress, do_sample, eos, pad_id, session=None):
     """Sample up to max_new_tokens for every row of an (already expanded) prefill. Returns
-    (tokens [n, steps], sampler logp [n, steps]); rows stop at their first EOS (pad after)."""
+    (tokens [n, steps], sampler logp [n, steps], cache bytes held, forwards run); rows stop at
+    their first EOS (pad after). `session` (compiled_decode.DecodeSession): each token's forward
+    runs there, on its static cache, instead of the model's eager forward on `cache`."""
     n = logits.shape[0]
     device = logits.device
     unfinished = torch.ones(n, dtype=torch.bool, device=device)
     tokens, logps = [], []
+    forwards = 0
     for step in range(max_new_tokens):
         policy = torch.log_softmax(logits / temperature, dim=-1)
         scores = logits if suppress is None else logits.index_fill(-1, suppress, float("-inf"))
@@ -85,14 +88,19 @@ def _decode(model, cache, logits, attention_mask, next_positions, uniforms, *, m
         unfinished &= ~torch.isin(chosen, eos)
         if not unfinished.any() or step == max_new_tokens - 1:
             break
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(n, 1)], 1)
         pos = next_positions[:, :, step:step + 1]  # [n, R, 1]
         pos = pos.permute(1, 0, 2) if pos.shape[1] == 3 else pos[:, 0]
+        forwards += 1
+        if session is not None:
+            logits = session(chosen, pos, step)
+            continue
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(n, 1)], 1)
         out = model(input_ids=chosen[:, None], attention_mask=attention_mask, position_ids=pos,
                     past_key_values=cache, use_cache=True)
         cache = out.past_key_values
         logits = upcast(out.logits[:, -1])
-    return torch.stack(tokens, 1), torch.stack(logps, 1), cache_bytes(cache)
+    held = session.cache_bytes() if session is not None else cache_bytes(cache)
+    return torch.stack(tokens, 1), torch.stack(logps, 1), held, forwards
 
 
 def cache_bytes(cache) -> int:
@@ -108,7 +116,7 @@ def cache_bytes(cache) -> int:
 @torch.no_grad()
 def generate_shared(model, processor, prompts: Sequence[PromptFeatures],
                     sampling: SamplingParams = SamplingParams(), *, rounds_of: int | None = None,
-                    prefill: str = "shared", stats: dict | None = None):
+                    prefill: str = "shared", stats: dict | None = None, decoder=None):
     """`forward.generate`'s contract (group-major rows, sampler logp before truncation and
     suppression, mask up to and including the first EOS) with each prompt prefilled ONCE, media
     encoder included, and its G samples decoded from copies of that cache.
@@ -116,8 +124,11 @@ def generate_shared(model, processor, prompts: Sequence[PromptFeatures],
     `rounds_of=g`: sample the G completions of every prompt in rounds of g rows per prompt
     (Infinite-Sampling style), bounding the KV cache to B*g rows instead of B*G.
     `prefill="per_row"`: the unshared reference (prompt and media repeated G times, G prefills).
-    `stats`: if a dict, receives `prefill_rows` (rows run through the prompt + media forward)
-    and `peak_cache_bytes` (largest KV-cache footprint held at once, prefill copy included).
+    `stats`: if a dict, receives `prefill_rows` (rows run through the prompt + media forward),
+    `peak_cache_bytes` (largest KV-cache footprint held at once, prefill copy included) and the
+    timing `decode_timing` reads (`prefill_s`, `decode_s`, `decode_forwards`, `kv_read_bytes`).
+    `decoder` (compiled_decode.CompiledDecoder): every token after the prefill runs its compiled
+    static-cache step; the prefill and the sampling are the same code either way.
 
     Sampling is inverse-CDF with one uniform per (row, step) drawn up front from `seed`, so a
     row's sample depends only on the seed, its row index and its own logits: the same samples
@@ -152,24 +163,42 @@ def generate_shared(model, processor, prompts: Sequence[PromptFeatures],
                   suppress=torch.as_tensor(list(suppress_ids), device=device) if suppress_ids else None,
                   do_sample=do_sample, eos=torch.as_tensor(eos_ids, device=device), pad_id=pad_id)
     step = g_total if not rounds_of or rounds_of >= g_total else rounds_of
+    clock = _Clock(device)
     base = None
     if prefill == "shared":
         base = _Prefill(model, prompts, max_new_tokens, pad_id)
+    clock.lap("prefill_s")
     pieces = []  # (output rows, tokens, logps)
     peak = 0
     for start in range(0, g_total, step):
         g = min(step, g_total - start)
         rows = torch.tensor([b * g_total + start + j for b in range(n_groups) for j in range(g)])
         if base is not None:
-            cache = _copy_cache(base.cache, g)
-            state = (base.logits.repeat_interleave(g, 0), base.attention_mask.repeat_interleave(g, 0),
-                     base.next_positions.repeat_interleave(g, 0))
+            pre, repeats = base, g
         else:
             pre = _Prefill(model, [prompts[b] for b in range(n_groups) for _ in range(g)],
                            max_new_tokens, pad_id)
-            cache, state = pre.cache, (pre.logits, pre.attention_mask, pre.next_positions)
-        tokens, logps, held = _decode(model, cache, *state, uniforms[rows], **common)
-        del cache
+            repeats = 1
+            clock.lap("prefill_s")
+        width = pre.attention_mask.shape[1]
+        if decoder is not None:
+            cache = None
+            session = decoder.session(pre.cache, pre.attention_mask, repeats, max_new_tokens)
+        else:
+            cache = _copy_cache(pre.cache, repeats) if base is not None else pre.cache
+            session = None
+        state = (pre.logits.repeat_interleave(repeats, 0),
+                 pre.attention_mask.repeat_interleave(repeats, 0),
+                 pre.next_positions.repeat_interleave(repeats, 0))
+        tokens, logps, held, forwards = _decode(model, cache, *state, uniforms[rows],
+                                                session=session, **common)
+        del cache, session
+        clock.lap("decode_s")
+        clock.add("decode_forwards", forwards)
+        # What each decode forward reads from the cache: its rows' keys and values up to the
+        # token it writes (the prompt's width plus the tokens before it).
+        clock.add("kv_read_bytes", _kv_bytes_per_token(pre.cache) * len(rows)
+                  * (forwards * width + forwards * (forwards + 1) // 2))
         peak = max(peak, held + (cache_bytes(base.cache) if base is not None else 0))
         pieces.append((rows, tokens, logps))
     width = max(t.shape[1] for _, t, _ in pieces)
@@ -181,9 +210,44 @@ def generate_shared(model, processor, prompts: Sequence[PromptFeatures],
     if stats is not None:
         stats["prefill_rows"] = n_groups if base is not None else n
         stats["peak_cache_bytes"] = peak
+        stats.update(clock.totals)
     mask, truncated = completion_mask_from_eos(completion, eos_ids)
     completion = torch.where(mask.bool(), completion, torch.full_like(completion, pad_id))
     return Generation(completion, mask, sampler_logp * mask, truncated)
+
+
+def _kv_bytes_per_token(cache) -> int:
+    """Bytes of keys and values one token of one row holds in `cache`, over all layers."""
+    total = 0
+    for layer in getattr(cache, "layers", ()):
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if torch.is_tensor(t) and t.shape[0] and t.shape[-2]:
+                total += t[0, :, 0].numel() * t.element_size()
+    return total
+
+
+class _Clock:
+    """Seconds between laps (synchronising the device first, so a lap holds its own kernels)
+    and counts, summed by name."""
+
+    def __init__(self, device):
+        import time
+
+        self.device, self.now, self.cpu, self.totals = device, time.perf_counter, time.process_time, {}
+        self.last, self.last_cpu = self.now(), self.cpu()
+
+    def lap(self, name: str) -> None:
+        """Add the seconds since the last lap to `name` and its CPU seconds (this process, all
+        threads: less sensitive to other jobs on a shared machine) to `name` with _cpu_s."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t, c = self.now(), self.cpu()
+        self.add(name, t - self.last)
+        self.add(name.replace("_s", "_cpu_s"), c - self.last_cpu)
+        self.last, self.last_cpu = t, c
+
+    def add(self, name: str, value) -> None:
+        self.totals[name] = self.totals.get(name, 0) + value
 
 
 def _copy_cache(cache, repeats: int):

@@ -16,7 +16,8 @@ from mmrl.report.load import Run
 # Run i is drawn with line style i; metric j of a plot with colour j. A reader can then tell
 # "which run" and "which metric" apart independently in a two-run overlay.
 RUN_STYLES = ["-", "--", ":", "-."]
-STAGES = ["time/rollout", "time/advantage", "time/logprob", "time/update"]
+STAGES = ["time/rollout", "time/scoring", "time/logprob", "time/advantage", "time/update",
+          "time/sync"]
 
 
 @dataclass
@@ -61,7 +62,12 @@ def curve_groups(runs: list[Run]) -> list[CurveGroup]:
                    "fraction"),
         CurveGroup("Time per stage", [k for k in STAGES if k in keys], "seconds", stacked=True),
         CurveGroup("Step time", ["time/step", "time/benchmarks"], "seconds"),  # + the benchmarks
-        CurveGroup("Throughput", ["time/tokens_per_s"], "tokens/s"),
+        CurveGroup("Throughput", ["time/tokens_per_s", "speed/generated_tokens_per_s"],
+                   "tokens/s"),
+        CurveGroup("Rollout: prefill and decode", ["time/rollout_prefill", "time/rollout_decode"],
+                   "seconds", stacked=True),
+        CurveGroup("Decode bandwidth and update MFU", ["speed/decode_bandwidth_share",
+                                                       "speed/update_mfu"], "fraction of peak"),
         CurveGroup("Loss", ["loss/loss"], "loss"),
         CurveGroup("Importance ratio", ["loss/ratio_mean", "loss/ratio_min", "loss/ratio_max"],
                    "ratio"),

@@ -70,8 +70,9 @@ def _metrics(steps: int, seed: int, offset: float) -> list[dict]:
         p = s / steps
         acc = min(1.0, 0.25 + offset + 0.6 * p + rng.uniform(-0.05, 0.05))
         fmt_r = min(1.0, 0.5 + 0.5 * p)
-        stage = {"time/rollout": 1.5 + rng.random() * 0.2, "time/advantage": 0.01,
-                 "time/logprob": 0.3, "time/update": 0.8}
+        stage = {"time/rollout": 1.5 + rng.random() * 0.2, "time/scoring": 0.05,
+                 "time/advantage": 0.01, "time/logprob": 0.3, "time/update": 0.8,
+                 "time/sync": 0.0}
         row = {"step": s, "time": 1_700_000_000 + 3.0 * s,
                "reward/total_mean": acc + 0.5 * fmt_r, "reward/total_std": 0.3 * (1 - p) + 0.05,
                "reward/accuracy_mean": acc, "reward/accuracy_std": 0.4 * (1 - p) + 0.05,
@@ -85,6 +86,11 @@ def _metrics(steps: int, seed: int, offset: float) -> list[dict]:
                "completion/truncated_frac": 0.1 * (1 - p), "groups/zero_std_frac": 0.5 * p,
                "sampling/rounds": 1, **stage, "time/step": sum(stage.values()) + 0.1,
                "time/tokens_per_s": 900 + rng.random() * 50, "data/skipped": 0,
+               # parts of time/rollout, and the speed of each phase (mmrl/train/speed.py)
+               "time/rollout_prefill": 0.2, "time/rollout_decode": 1.2,
+               "speed/generated_tokens_per_s": 300 + rng.random() * 20,
+               "speed/decode_bytes_per_s": 1.2e9, "speed/decode_bandwidth_share": 0.25,
+               "speed/update_mfu": 0.05,
                "grad_norm_clipped": None}  # a null column: must not break the plots
         if s % 10 == 0:
             row["eval/accuracy"] = acc
@@ -188,7 +194,10 @@ def write_synthetic_run(run_dir: str | Path, steps: int = 30, seed: int = 0,
     (root / "summary.json").write_text(json.dumps({
         "accuracy_before_rl": 0.25 + offset, "accuracy_after_rl": 0.8 + offset,
         "accuracy_shuffled_images": 0.3, "chance": 0.25, "steps": steps,
-        "eval_before_rl": {"accuracy": 0.25 + offset, "n": 200}}, indent=2))
+        "eval_before_rl": {"accuracy": 0.25 + offset, "n": 200},
+        "phases": {"steps": steps, "seconds": {"rollout": 1.6 * steps, "update": 0.8 * steps},
+                   "share": {"rollout": 0.6, "update": 0.3}, "decode_bandwidth_share": 0.25}},
+        indent=2))
     (root / "config.yaml").write_text(
         f"name: {root.name}\nmodel:\n  family: qwen2_5_vl\n  path: tiny\n"
         f"rollout:\n  num_generations: 8\n  temperature: 1.0\n"

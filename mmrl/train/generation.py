@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from mmrl.config import RolloutConfig, ToolsConfig
 from mmrl.rollout import make_engine
 from mmrl.rollout.trajectory import TrajectoryRollout
-from mmrl.train import sp
+from mmrl.train import sp, speed
 from mmrl.types import PromptFeatures, RolloutBatch, SamplingParams
 
 if TYPE_CHECKING:
@@ -24,10 +24,11 @@ if TYPE_CHECKING:
 
 class Rollout:
     # What other files may read (tests/train/test_structure.py checks it).
-    PUBLIC = ("generate", "sync", "close")
+    PUBLIC = ("generate", "sync", "close", "metrics")
 
     def __init__(self, rc: RolloutConfig, policy: Policy, tools: ToolsConfig | None = None):
         self.rc, self.policy = rc, policy
+        self._weight_bytes = None  # of the weights a decode step reads (speed.py), once
         self.tokenizer = policy.processor.tokenizer
         with policy.full_params():  # a colocated engine starts from the whole weights
             self.engine = make_engine(rc, policy.model, policy.processor, policy.adapter)
@@ -75,6 +76,18 @@ class Rollout:
             prompts=[p for p in prompts for _ in range(g)], completion_ids=ids,
             completion_mask=mask, texts=texts, truncated=truncated, sampler_logp=slogp,
             group_ids=torch.arange(len(prompts)).repeat_interleave(g) + group_offset)
+
+    def metrics(self, generated: int) -> dict:
+        """The step's prefill and decode seconds, generated tokens/s (`generated` tokens) and
+        the decode's bandwidth, from an engine that times itself (`take_timing`); else none."""
+        take = getattr(self.engine, "take_timing", None)
+        if take is None:
+            return {}
+        model = self.policy.model
+        if self._weight_bytes is None:
+            self._weight_bytes = speed.decode_weight_bytes(model)
+        return speed.engine_metrics(take(), generated, self._weight_bytes,
+                                    speed.copy_bandwidth(next(model.parameters()).device))
 
     def sync(self) -> None:
         """An engine with its own weights reloads the policy's (gathered whole first when

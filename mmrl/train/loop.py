@@ -35,7 +35,7 @@ from mmrl.data.inspect import answer_budget, format_answer_budget
 from mmrl.data.prepare import build_datasets, check_datasets
 from mmrl.models import get_adapter
 from mmrl.tools import trajectory_metrics
-from mmrl.train import checkpoint, dist, methods, parallel, setup, sp
+from mmrl.train import checkpoint, dist, methods, parallel, setup, sp, speed
 from mmrl.train.checkpointer import Checkpointer
 from mmrl.train.generation import Rollout
 from mmrl.train.learner import Learner
@@ -56,7 +56,8 @@ class Trainer:
     # What other files may read (tests/train/test_structure.py checks it).
     PUBLIC = ("cfg", "run_dir", "info", "layout", "policy", "prompts", "scorer", "rollout", "log",
               "eval_set", "step", "state_extra", "train_step", "sample_batch", "learn",
-              "check_finite", "sync_engine", "save", "rewind", "stop", "memory", "close")
+              "check_finite", "sync_engine", "save", "rewind", "stop", "memory", "close",
+              "phases")
 
     def __init__(self, cfg: RunConfig, logger: RunLogger | None = None, resume=FROM_CONFIG):
         """Setup: every part built explicitly, in an order that keeps the RNG streams (and so a
@@ -88,6 +89,7 @@ class Trainer:
         self.policy.choose_layout(cfg.train.shared_prefix)
         self.scorer = Scorer(cfg, data)
         self.watchers = Watchers(cfg.rollout.max_new_tokens, cfg.algo)
+        self.timer, self.phases = StageTimer(), speed.PhaseTotals()  # where the seconds go
         self.prompts = PromptSource(cfg, train_set, adapter, self.policy.processor, data)
         main = self.info.main  # only rank 0 writes the run dir; other ranks keep a local log
         self.log = logger or RunLogger(
@@ -116,7 +118,7 @@ class Trainer:
 
     # ---------------------------------------------------------------- one step -----------------
     def train_step(self) -> dict[str, float]:
-        timer = StageTimer(self.memory)
+        timer = self.timer = StageTimer(self.memory)
         stop = self.stop  # run.py's StopSignals: a signal may abandon the rollout (signals.py)
         self._step_start = self._resumable_state() if stop is not None else None
         with timer("rollout"), rewards_at(f"step {self.step + 1}"), \
@@ -137,7 +139,8 @@ class Trainer:
         base = self.prompts.group_base(b)
         if not ac.dynamic_sampling:
             batch = self.rollout.generate(self.prompts.next(b), group_offset=base)
-            scores, per = self.scorer.score(batch)
+            with self.timer.part("scoring", of="rollout"):
+                scores, per = self.scorer.score(batch)
             self.prompts.observe(batch, scores)
             return batch, scores, per, {"sampling/rounds": 1}
         acc = algos.GroupAccumulator(target_groups=b // ranks,
@@ -146,7 +149,8 @@ class Trainer:
         while not acc.full:
             batch = self.rollout.generate(self.prompts.next(b), group_offset=base + offset)
             offset += b * ranks
-            scores, per = self.scorer.score(batch)
+            with self.timer.part("scoring", of="rollout"):
+                scores, per = self.scorer.score(batch)
             self.prompts.observe(batch, scores)
             ids, keep = algos.groups_with_signal(scores, batch.group_ids)
             acc.add(ids.tolist(), keep)  # raises with advice after max_rounds
@@ -199,6 +203,9 @@ class Trainer:
         metrics.update(timer.metrics())
         tokens = int(batch.completion_mask.sum()) + sum(p.input_ids.numel() for p in batch.prompts)
         metrics["time/tokens_per_s"] = tokens / max(timer.total, 1e-9)
+        metrics.update(self.rollout.metrics(int(batch.policy_mask.sum())))  # prefill, decode
+        metrics.update(speed.update_mfu(self.policy.model, batch, timer.times.get("update", 0.0),
+                                        self.cfg.train.shared_prefix))
         metrics.update(self.learner.metrics())
         metrics.update(self.policy.metrics())
         metrics.update(self.prompts.metrics())
@@ -206,6 +213,7 @@ class Trainer:
         metrics = dist.mean_metrics(metrics, data)
         if data.enabled:  # each data-parallel rank's loss is its part of the global sum
             metrics["loss/loss"] *= data.world
+        self.phases.observe(metrics)
         if self.cfg.log.rollouts_every and self.step % self.cfg.log.rollouts_every == 0:
             self.log.log_rollouts(self.step, rollout_records(sb, self.cfg.log.rollouts_per_step))
         return metrics
@@ -252,6 +260,16 @@ class StageTimer:
         with self.memory(name) if self.memory is not None else nullcontext():
             yield
         self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t
+
+    @contextmanager
+    def part(self, name: str, of: str):
+        """Time `name` inside stage `of` (running) and take its seconds out of `of`, so the
+        stages still sum to the step (scoring runs inside the rollout stage)."""
+        t = time.perf_counter()
+        yield
+        spent = time.perf_counter() - t
+        self.times[name] = self.times.get(name, 0.0) + spent
+        self.times[of] = self.times.get(of, 0.0) - spent
 
     @property
     def total(self) -> float:

@@ -16,7 +16,7 @@ import torch
 
 from mmrl.benchmarks.runner import check_copies, run_due, summary_rows
 from mmrl.config import RunConfig
-from mmrl.train import dist, lora, memory, rundir
+from mmrl.train import dist, lora, memory, rundir, speed
 from mmrl.train.evaluate import evaluate, majority_baseline
 from mmrl.train.logging import RunLogger, json_safe
 from mmrl.train.loop import FROM_CONFIG, Trainer
@@ -151,6 +151,7 @@ def _stages(trainer: Trainer, stop: StopSignals, started: float, single: bool) -
     summary["steps"] = trainer.step
     summary["wall_seconds"] = summary.get("wall_seconds", 0.0) + time.perf_counter() - started
     summary["skipped_records"] = trainer.prompts.skip_summary()
+    summary["phases"] = trainer.phases.summary()  # this process's steps (a resume: since it)
     trainer.save()
     if policy.peft is not None and trainer.info.main:
         summary["merged_model"] = str(lora.export_merged(
@@ -239,5 +240,6 @@ def _print_table(log: RunLogger, run_dir: Path, summary: dict) -> None:
         rows.append(("skipped records", f"{skipped} (summary.json: skipped_records)"))
     rows += memory.summary_rows(summary.get("memory") or {})
     rows.append(("wall time", f"{summary.get('wall_seconds', 0.0) / 60:.1f} min"))
+    rows += speed.phase_rows(summary.get("phases") or {})
     rows.append(("run dir", str(run_dir)))
     log.summary_table("mmrl run summary", rows)

@@ -69,3 +69,16 @@ def test_report_renders_scaling_table_and_plot(tmp_path):
                      "plot": "scaling.png", "command": "mmrl bench"})
     assert "| P | 1024 | 8 | 16.00 (16.00) | 2.00 (2.00) | 8.00x |" in text
     assert "80 / 2" in text and "test cpu" in text and "![scaling](scaling.png)" in text
+
+
+def test_quick_decode_benchmark_compares_eager_and_compiled_in_one_run(tmp_path, monkeypatch):
+    from mmrl.models import compiled_decode
+
+    monkeypatch.setattr(compiled_decode, "BACKEND", "eager")  # the plumbing, not inductor's speed
+    results = run_benchmarks(tmp_path, which=("decode",), quick=True, log=lambda *_: None)
+    d = results["decode"]
+    assert d["greedy_identical"] and d["compiles"] == 1 and d["recompiles"] == 0
+    assert d["decode_forwards"] == d["completion_tokens"] - 1
+    assert d["speedup"] == d["compiled"]["tokens_per_s"] / d["eager"]["tokens_per_s"]
+    assert 0 < d["eager"]["bandwidth_share"] and d["peak_bytes_per_s"] > 0
+    assert "Compiled / eager decode tokens/s" in (tmp_path / "bench.md").read_text()

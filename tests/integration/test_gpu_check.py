@@ -47,6 +47,9 @@ def test_gpu_check_cpu_dry_run_writes_every_section(tmp_path):
         assert all(cell[layout]["seconds"] > 0 for layout in ("naive", "shared", "varlen"))
     gen = stages["generation"]
     assert gen["hf_generate"]["tokens_per_s"] > 0 and gen["shared"]["tokens_per_s"] > 0
+    decode = stages["decode"]
+    assert decode["greedy_identical"] and decode["compiled"]["tokens_per_s"] > 0
+    assert decode["compiles"] == 1 and decode["recompiles"] == 0
     step = stages["grpo step"]
     assert step["stages"]["step"] > 0 and step["measured_peak"] > 0
     assert 0.7 < step["predicted_peak"] / step["measured_peak"] < 1.3
@@ -54,7 +57,7 @@ def test_gpu_check_cpu_dry_run_writes_every_section(tmp_path):
     assert "skipped" in trl or trl["ratio"] > 0
     text = (out / "gpu.md").read_text()
     for title in ("## Environment", "## Correctness on the device", "## Update phase",
-                  "## Generation", "## One full GRPO step", "## TRL"):
+                  "## Generation", "## Decode", "## One full GRPO step", "## TRL"):
         assert title in text
     assert "CPU dry run" in text
 

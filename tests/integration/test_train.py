@@ -188,6 +188,17 @@ def test_summary_and_rollouts_written(tiny_yaml, tmp_path):
     assert Path(rollouts[0]["images"][0]).is_file()  # media referenced by path, not copied
     saved = config.load(tmp_path / "config.yaml")
     assert saved.rollout.num_generations == 4
+    # Where the seconds went: per step in metrics.jsonl, summed in summary.json (docs/performance.md).
+    step = _metrics(tmp_path)[2]
+    stages = ("rollout", "scoring", "logprob", "advantage", "update", "sync")
+    assert abs(sum(step[f"time/{k}"] for k in stages) - step["time/step"]) < 1e-6
+    assert 0 < step["time/rollout_prefill"] + step["time/rollout_decode"] <= step["time/rollout"]
+    for key in ("speed/generated_tokens_per_s", "speed/decode_bytes_per_s",
+                "speed/decode_bandwidth_share", "speed/update_mfu"):
+        assert step[key] > 0, key
+    phases = on_disk["phases"]
+    assert phases["steps"] == 2 and 0 < phases["decode_bandwidth_share"]
+    assert abs(sum(phases["share"][k] for k in stages) - 1) < 1e-6
 
 
 def test_a_policy_that_never_ends_its_completions_is_warned_about(tiny_yaml, tmp_path):

@@ -51,6 +51,7 @@ def test_default_output_path_and_sections(runs, html_a):
         assert f'<section id="{section}">' in html_a
     # summary.json values and the config excerpt are in the summary table
     assert "accuracy_after_rl" in html_a and "accuracy×1.0, format×0.5" in html_a
+    assert "phases.share.rollout" in html_a and "phases.decode_bandwidth_share" in html_a
 
 
 def test_one_embedded_png_per_plot_and_nothing_external(runs, html_a):
@@ -70,6 +71,9 @@ def test_every_logged_metric_is_in_some_plot(runs):
     banded = {k.replace("_mean", "_std") for k in plotted if k.startswith("reward/")}
     assert run.metric_keys - plotted - banded == set()
     assert "grad_norm_clipped" not in run.metric_keys  # all-null columns are not curves
+    titles = {g.title: g.keys for g in curves.curve_groups([run])}
+    assert titles["Rollout: prefill and decode"] == ["time/rollout_prefill", "time/rollout_decode"]
+    assert "speed/decode_bandwidth_share" in titles["Decode bandwidth and update MFU"]
 
 
 def test_predicted_box_red_and_ground_truth_green(html_a):

@@ -232,3 +232,25 @@ def test_trajectory_and_single_turn_batches_concatenate(setup, sampled):
     assert [t.turn_texts for t in both.trajectories[8:]] == [["a"], ["b"]]
     assert torch.equal(both.select([0, 1]).loss_mask, sampled.loss_mask[[0, 1]])
     assert RolloutBatch.cat([single, single], pad_id=0).loss_mask is None  # single-turn stays so
+
+
+def test_compiled_decode_gives_the_same_trajectories(setup, monkeypatch):
+    """Multi-turn continuations through the compiled static-cache step (dynamo's eager backend:
+    tests/models/test_compiled_decode.py says why): each turn a new prompt width, the same
+    greedy trajectory as HF's generate, a few compiled shapes."""
+    from mmrl.models import compiled_decode
+
+    monkeypatch.setattr(compiled_decode, "BACKEND", "eager")
+    adapter, model, processor, toolbox, prompts = setup
+    settings = TrajectorySettings(max_turns=3, max_tokens=600, max_observation_tokens=300)
+    engine = HFEngine(model, processor, compile_decode="compiled")
+    params = SamplingParams(num_generations=1, max_new_tokens=80, do_sample=False, seed=0,
+                            suppress_ids=adapter.placeholder_token_ids(processor))
+    compiled = TrajectoryRollout(engine, processor, adapter, toolbox, settings).rollout(
+        prompts[:1], params)
+    eager = rollout(setup, prompts[:1])
+    assert compiled.trajectories[0].turn_texts == eager.trajectories[0].turn_texts == TURNS
+    assert torch.equal(compiled.completion_ids, eager.completion_ids)
+    stats = engine.take_timing()
+    assert 1 <= stats["decode/compiles"] <= 3 and stats["decode/recompiles"] == 0
+    assert stats["decode_forwards"] > 0
