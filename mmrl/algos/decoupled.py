@@ -11,8 +11,10 @@ proximal policy, our ``old_logp``) and pi_behav (the sampler's weights when it d
 
 ``w`` is `correction.is_weights` with the run's IS knobs (algo.tis_cap / tis_level / tis_mode):
 truncate = AReaL's rejection_sampling action "clamp", mask = action "mask" (lower bound 1 / cap,
-as `is_weights`), level geometric = AReaL's level "sequence" with agg "mean". Without a cap the
-weight is uncapped (the paper's objective as written). The surrogate and its aggregation are
+as `is_weights`), level geometric = AReaL's level "sequence" with agg "mean" (level "sequence",
+the product of the token ratios, is verl's and has no AReaL counterpart). Without a cap the
+weight is uncapped (the paper's objective as written). tests/algos/test_decoupled.py holds this
+to AReaL 1.0.4's `ppo_actor_loss_fn` at 1e-9 in float64. The surrogate and its aggregation are
 `losses.policy_loss`'s, so every loss knob applies unchanged. Pure torch.
 """
 from __future__ import annotations
