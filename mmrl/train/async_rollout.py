@@ -1,13 +1,15 @@
 """Asynchronous rollouts with bounded staleness: `rollout.max_staleness: k` >= 1 (docs/async.md).
 
-A sampler thread draws batches from its *own copy* of the policy's weights with the HF engine
-(tools and every modality as in the synchronous loop: the same `Rollout`, over the copy) while
-the trainer updates the policy. The contract:
+A sampler process (mmrl/train/async_worker.py) draws batches from its *own copy* of the
+policy's weights with the HF engine (tools and every modality as in the synchronous loop: the
+same `Rollout`, over the copy) while the trainer updates the policy; a dispatcher thread here
+hands it the batches as the staleness bound allows. The contract:
 
 - **Versions.** The weights' version is the number of updates done (`Trainer.step`). After each
-  update the trainer publishes its trainable weights (LoRA adapters included) to a staging copy,
-  with the version and a fingerprint (per-tensor float64 sums). The sampler loads the newest
-  staged weights before every batch, never in the middle of one: sync happens while it samples.
+  update the trainer publishes its trainable weights (LoRA adapters included) to a staging copy
+  in shared memory, with the version, and keeps their fingerprint (per-tensor float64 sums).
+  The sampler loads the newest staged weights before every batch, never in the middle of one:
+  sync happens while it samples.
 - **Bounded staleness.** Each batch carries the version that drew it. A batch meant to be trained
   at version v starts only once version v - k is published, and at take time a batch with
   `version_now - version > k` is not trained on: its prompts go back to the queue and are drawn
@@ -24,7 +26,7 @@ the trainer updates the policy. The contract:
   trained twice and none is lost. The samples themselves are redrawn (with the resumed weights).
 
 Only the trainer's thread touches the PromptSource, the Scorer and the policy's weights; the
-sampler thread touches its model copy, the engine and the staging copy (under a lock).
+sampler process touches its model copy, the engine and the staging copy (under a lock).
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mmrl.config import RunConfig
-from mmrl.train.generation import Rollout
+from mmrl.train.async_worker import ProcessWorker, SamplerSettings
 from mmrl.types import PromptFeatures, RolloutBatch
 
 if TYPE_CHECKING:
@@ -55,8 +57,10 @@ def fingerprint(tensors) -> torch.Tensor:
 
 
 class WeightBox:
-    """The trainer's trainable weights for the sampler: a staging copy with its version, and the
-    fingerprints of the last versions published (what a drawn batch is checked against)."""
+    """The trainer's trainable weights for the sampler: a staging copy with its version (both
+    shared with the sampler process, `lock` and `shared` set by the worker), and the
+    fingerprints of the trainer's own weights at the last versions (what a drawn batch is
+    checked against)."""
 
     def __init__(self, model: torch.nn.Module, keep: int):
         self.names = [n for n, p in model.named_parameters() if p.requires_grad]
@@ -64,27 +68,19 @@ class WeightBox:
         self.staging = {n: params[n].detach().clone() for n in self.names}
         self.version: int | None = None
         self.fingerprints: dict[int, torch.Tensor] = {}
-        self.keep, self.lock = keep, threading.Lock()
+        self.keep, self.lock, self.shared = keep, threading.Lock(), None
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
         params = dict(model.named_parameters())
+        self.fingerprints[version] = fingerprint(params[n] for n in self.names)
         with self.lock, torch.no_grad():
             for n in self.names:
                 self.staging[n].copy_(params[n].detach())
             self.version = version
-            self.fingerprints[version] = fingerprint(self.staging[n] for n in self.names)
-            for old in [v for v in self.fingerprints if v < version - self.keep]:
-                del self.fingerprints[old]
-
-    def load_into(self, model: torch.nn.Module) -> tuple[int, torch.Tensor]:
-        """Copy the staged weights into the sampler's model -> (version, fingerprint of the
-        model's own tensors after the copy)."""
-        params = dict(model.named_parameters())
-        with self.lock, torch.no_grad():
-            for n in self.names:
-                params[n].copy_(self.staging[n])
-            version = self.version
-        return version, fingerprint(params[n] for n in self.names)
+            if self.shared is not None:
+                self.shared.value = version
+        for old in [v for v in self.fingerprints if v < version - self.keep]:
+            del self.fingerprints[old]
 
     def matches(self, version: int, fp: torch.Tensor) -> bool:
         expected = self.fingerprints.get(version)
@@ -119,31 +115,35 @@ class AsyncRollout:
         self.k, self.b, self.total = (cfg.rollout.max_staleness, cfg.rollout.prompts_per_step,
                                       cfg.train.steps)
         self.policy, self.prompts = policy, prompts
-        self.model = copy.deepcopy(policy.model)  # the sampler's own weights
-        self.model.requires_grad_(False)
         self.weights = WeightBox(policy.model, keep=self.k + 2)
-        self.rollout = Rollout(cfg.rollout, policy, cfg.tools, model=self.model)
-        # Two sides run at once: the torch intra-op threads are split between them (a thread's
-        # setting is its own), so the update and the rollout do not fight for the same cores.
+        # Two sides run at once: the torch intra-op threads are split between them, so the
+        # update and the rollout do not fight for the same cores.
         self.threads = torch.get_num_threads()
         self.sampler_threads = max(1, self.threads // 2)
         torch.set_num_threads(max(1, self.threads - self.sampler_threads))
+        model = copy.deepcopy(policy.model)  # the sampler's own weights
+        model.requires_grad_(False)
+        self.worker = ProcessWorker(
+            SamplerSettings(cfg.rollout, cfg.tools, cfg.model.family, policy.placeholder_ids,
+                            policy.pad_id, policy.sequence, policy.info, self.sampler_threads,
+                            cfg.train.seed + 1),
+            model, policy.processor, self.weights)
         self._cond = threading.Condition()
         self._todo: deque[_Job] = deque()  # submitted, not started
         self._ready: deque[_Drawn] = deque()  # drawn, not yet taken
         self._outstanding: list[_Job] = []  # every submitted job not trained yet, in order
-        self._loaded: tuple[int, torch.Tensor] | None = None  # the sampler model's version
         self._error: BaseException | None = None
         self._closed, self._mark = False, None
         self.requeued, self.hist = 0, [0] * (self.k + 1)  # staleness of the batches trained
-        self._thread = threading.Thread(target=self._loop, name="mmrl-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="mmrl-dispatch", daemon=True)
         self._thread.start()
 
     def describe(self) -> str:
         return (f"rollout.max_staleness={self.k}: asynchronous rollouts: the HF engine samples in "
-                f"a background thread from its own copy of the weights (synced by version after "
-                f"each update, up to {self.k} version(s) behind; torch threads: sampler "
-                f"{self.sampler_threads}, trainer {max(1, self.threads - self.sampler_threads)})")
+                f"its own process (pid {self.worker.process.pid}) from its own copy of the weights "
+                f"(synced by version after each update, up to {self.k} version(s) behind; torch "
+                f"threads: sampler {self.sampler_threads}, trainer "
+                f"{max(1, self.threads - self.sampler_threads)})")
 
     # ---------------------------------------------------------------- trainer side -------------
     def publish(self, version: int) -> None:
@@ -222,9 +222,9 @@ class AsyncRollout:
                 f"the trainer's at that version (fingerprint mismatch): a weight sync was "
                 f"incomplete")
 
-    # ---------------------------------------------------------------- sampler thread -----------
+    # ---------------------------------------------------------------- dispatcher thread --------
     def _loop(self) -> None:
-        torch.set_num_threads(self.sampler_threads)
+        """Hands each job to the sampler process once the staleness bound lets it start."""
         try:
             while True:
                 with self._cond:
@@ -233,9 +233,8 @@ class AsyncRollout:
                     if self._closed:
                         return
                     job, published = self._todo.popleft(), self.weights.version
-                version, fp = self._sync(published)
                 started = time.perf_counter()
-                batch = self.rollout.generate(job.prompts)
+                batch, version, fp = self.worker.draw(job.prompts, published)
                 drawn = _Drawn(job, batch, version, fp, published, time.perf_counter() - started)
                 with self._cond:
                     if not job.cancelled:
@@ -249,12 +248,6 @@ class AsyncRollout:
     def _startable(self) -> bool:
         v = self.weights.version
         return bool(self._todo) and v is not None and v >= self._todo[0].train_at - self.k
-
-    def _sync(self, published: int) -> tuple[int, torch.Tensor]:
-        """Load the newest staged weights unless the model holds them -> (version, fingerprint)."""
-        if self._loaded is None or self._loaded[0] < published:
-            self._loaded = self.weights.load_into(self.model)
-        return self._loaded
 
     # ---------------------------------------------------------------- stop / resume ------------
     def mark(self) -> None:
@@ -292,5 +285,5 @@ class AsyncRollout:
                 job.cancelled = True
             self._cond.notify_all()
         self._thread.join(timeout=120)
+        self.worker.close()
         torch.set_num_threads(self.threads)
-        self.rollout.close()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mmrl import config
-from mmrl.train import async_rollout, checkpoint
+from mmrl.train import async_rollout, async_worker, checkpoint
 from mmrl.train.loop import Trainer
 from mmrl.train.run import train
 
@@ -112,13 +112,11 @@ def test_a_stale_batch_goes_back_to_the_queue_never_to_the_floor(tiny_yaml, tmp_
 
 
 def test_a_skipped_weight_sync_is_detected(tiny_yaml, tmp_path, monkeypatch):
-    # The sampler keeps its first weights: the version check stops the run.
-    def stuck(self, published):
-        if self._loaded is None:
-            self._loaded = self.weights.load_into(self.model)
-        return self._loaded
-
-    monkeypatch.setattr(async_rollout.AsyncRollout, "_sync", stuck)
+    # The sampler process is never told of a version past 0, so it keeps its first weights:
+    # the version check stops the run at the first batch it draws with them after version 1.
+    draw = async_worker.ProcessWorker.draw
+    monkeypatch.setattr(async_worker.ProcessWorker, "draw",
+                        lambda self, prompts, published: draw(self, prompts, min(published, 0)))
     trainer = _trainer(tiny_yaml, tmp_path)
     try:
         trainer.train_step()
@@ -130,18 +128,18 @@ def test_a_skipped_weight_sync_is_detected(tiny_yaml, tmp_path, monkeypatch):
 
 
 def test_an_incomplete_lora_sync_is_detected(tiny_yaml, tmp_path, monkeypatch):
-    # The version moves on but one adapter tensor is not copied (what a sync that forgets the
-    # LoRA weights does): the fingerprint differs from the trainer's at that version.
-    load = async_rollout.WeightBox.load_into
+    # The version moves on but one adapter tensor of the staged copy keeps its old value (what a
+    # sync that forgets a LoRA weight does): the sampler's fingerprint differs from the trainer's.
+    publish = async_rollout.WeightBox.publish
 
-    def forgetful(self, model):
-        version, _ = load(self, model)
-        params = dict(model.named_parameters())
+    def forgetful(self, model, version):
+        old = self.staging[self.names[-1]].clone()
+        publish(self, model, version)
         if version > 0:
-            params[self.names[-1]].data.add_(1.0)
-        return version, async_rollout.fingerprint(params[n] for n in self.names)
+            with self.lock:
+                self.staging[self.names[-1]].copy_(old)
 
-    monkeypatch.setattr(async_rollout.WeightBox, "load_into", forgetful)
+    monkeypatch.setattr(async_rollout.WeightBox, "publish", forgetful)
     trainer = _trainer(tiny_yaml, tmp_path, "model.lora={r: 4, alpha: 8}")
     try:
         assert all("lora_" in n for n in trainer.sampler.weights.names)

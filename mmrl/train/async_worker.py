@@ -1,0 +1,130 @@
+"""The async sampler's own process (mmrl/train/async_rollout.py): the HF engine on a copy of the
+policy's weights, in a spawned process so that its Python work (the decode loop, tool calls)
+runs beside the trainer's instead of taking turns with it for one interpreter lock.
+
+What crosses the process boundary (torch.multiprocessing: tensors travel as shared memory):
+- at start: the model copy, the processor, the settings, and the staging weights of the
+  `WeightBox` (shared memory, written by the trainer under `lock`, with `version`);
+- per batch: the prompts and the version published when the trainer handed them over; back: the
+  RolloutBatch, the version of the weights that drew it and their fingerprint (computed here,
+  from this process's own tensors, so a sync that did not arrive cannot pass for one that did).
+"""
+from __future__ import annotations
+
+import os
+import traceback
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.multiprocessing as mp
+
+
+@dataclass
+class SamplerSettings:
+    """What the sampler process needs to build its `Rollout` (all picklable)."""
+    rollout: object  # RolloutConfig
+    tools: object  # ToolsConfig
+    family: str
+    placeholder_ids: list
+    pad_id: int
+    sequence: object  # the Policy's sequence group (size 1: async runs on one process)
+    info: object  # DistInfo
+    threads: int
+    seed: int
+
+
+class _SamplerPolicy:
+    """The few Policy members `Rollout` reads, over the sampler's model copy."""
+
+    def __init__(self, model, processor, adapter, s: SamplerSettings):
+        self.model, self.processor, self.adapter = model, processor, adapter
+        self.placeholder_ids, self.pad_id = s.placeholder_ids, s.pad_id
+        self.sequence, self.info = s.sequence, s.info
+
+    def full_params(self, enabled: bool = True):
+        return nullcontext()
+
+
+def _main(settings: SamplerSettings, model, processor, staging: dict, version, lock,
+          requests, replies) -> None:
+    """The sampler process: load the newest staged weights when asked, draw, reply."""
+    from mmrl.models import get_adapter
+    from mmrl.train.async_rollout import fingerprint
+    from mmrl.train.generation import Rollout
+
+    torch.set_num_threads(settings.threads)
+    torch.manual_seed(settings.seed)
+    try:
+        policy = _SamplerPolicy(model, processor, get_adapter(settings.family), settings)
+        rollout = Rollout(settings.rollout, policy, settings.tools, model=model)
+        params = dict(model.named_parameters())
+        loaded, fp = -1, None
+        replies.put(("ready", os.getpid()))
+        while True:
+            request = requests.get()
+            if request is None:
+                break
+            job_id, prompts, published = request
+            if loaded < published:  # the newest weights, copied before the batch starts
+                with lock, torch.no_grad():
+                    for name, tensor in staging.items():
+                        params[name].copy_(tensor)
+                    loaded = version.value
+                fp = fingerprint(params[name] for name in staging)
+            replies.put(("drawn", job_id, rollout.generate(prompts), loaded, fp))
+        rollout.close()
+    except BaseException:  # the trainer raises it with this traceback
+        replies.put(("error", traceback.format_exc()))
+
+
+class ProcessWorker:
+    """The trainer's handle on the sampler process: `draw` blocks (without the interpreter lock)
+    until the process has drawn the batch."""
+
+    def __init__(self, settings: SamplerSettings, model, processor, weights):
+        """`weights`: the trainer's WeightBox; its staging tensors move to shared memory and its
+        lock and version become the process-shared ones."""
+        ctx = mp.get_context("spawn")  # a fork would copy the trainer's threads and locks
+        weights.shared, weights.lock = ctx.Value("q", -1), ctx.Lock()
+        self.requests, self.replies = ctx.Queue(), ctx.Queue()
+        for tensor in weights.staging.values():
+            tensor.share_memory_()
+        model.share_memory()
+        self.process = ctx.Process(target=_main, name="mmrl-sampler", daemon=True,
+                                   args=(settings, model, processor, weights.staging,
+                                         weights.shared, weights.lock, self.requests,
+                                         self.replies))
+        self.process.start()
+        self._jobs = 0
+        self._reply("ready")
+
+    def _reply(self, kind: str):
+        while True:
+            try:
+                reply = self.replies.get(timeout=5.0)
+            except Exception:  # queue.Empty: is the process still there?
+                if not self.process.is_alive():
+                    raise RuntimeError(f"the async sampler process died (exit code "
+                                       f"{self.process.exitcode})") from None
+                continue
+            if reply[0] == "error":
+                raise RuntimeError(f"the async sampler process failed:\n{reply[1]}")
+            assert reply[0] == kind, reply[0]
+            return reply
+
+    def draw(self, prompts, published: int):
+        """-> (RolloutBatch, version of the weights that drew it, their fingerprint)."""
+        self._jobs += 1
+        self.requests.put((self._jobs, prompts, published))
+        _, job_id, batch, loaded, fp = self._reply("drawn")
+        assert job_id == self._jobs
+        return batch, loaded, fp
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            self.requests.put(None)
+            self.process.join(timeout=60)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout=10)
