@@ -141,9 +141,9 @@ class RolloutConfig:
     top_k: int = 0  # 0 = off
     shared_prefill: bool = False  # hf backend: prefill each prompt once for its G samples
     rounds_of: Optional[int] = None  # with shared_prefill: sample G in rounds of this many
-    # Asynchronous rollouts (docs/async.md): 0 = sample, then train (synchronous). k >= 1: a
-    # sampler with its own copy of the weights runs ahead in a background thread; no sample
-    # drawn more than k weight versions ago is trained on (the loss is AReaL's decoupled one).
+    # Asynchronous rollouts (docs/async.md): 0 = sample, then train (synchronous). k >= 1: the
+    # HF engine runs ahead in its own process on its own copy of the weights; no sample drawn
+    # more than k weight versions ago is trained on (the loss is AReaL's decoupled one).
     max_staleness: int = 0
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 

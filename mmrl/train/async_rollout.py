@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mmrl.config import RunConfig
-from mmrl.train.async_worker import ProcessWorker, SamplerSettings
+from mmrl.train.async_worker import ProcessWorker, SamplerSettings, fingerprint
 from mmrl.types import PromptFeatures, RolloutBatch
 
 if TYPE_CHECKING:
@@ -48,12 +48,6 @@ if TYPE_CHECKING:
     from mmrl.train.prompts import PromptSource
 
 IN_FLIGHT = "async_in_flight"  # the trainer's extra state key of `AsyncRollout.state_dict()`
-
-
-def fingerprint(tensors) -> torch.Tensor:
-    """Per-tensor float64 sums and absolute sums: cheap, and any skipped tensor shows."""
-    return torch.stack([torch.stack([t.detach().double().sum(), t.detach().double().abs().sum()])
-                        for t in tensors]).cpu()
 
 
 class WeightBox:

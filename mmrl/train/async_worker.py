@@ -12,12 +12,23 @@ What crosses the process boundary (torch.multiprocessing: tensors travel as shar
 from __future__ import annotations
 
 import os
+import signal
 import traceback
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.multiprocessing as mp
+
+if TYPE_CHECKING:
+    from mmrl.models.base import ModelAdapter
+
+
+def fingerprint(tensors) -> torch.Tensor:
+    """Per-tensor float64 sums and absolute sums: cheap, and any skipped tensor shows."""
+    return torch.stack([torch.stack([t.detach().double().sum(), t.detach().double().abs().sum()])
+                        for t in tensors]).cpu()
 
 
 @dataclass
@@ -37,7 +48,7 @@ class SamplerSettings:
 class _SamplerPolicy:
     """The few Policy members `Rollout` reads, over the sampler's model copy."""
 
-    def __init__(self, model, processor, adapter, s: SamplerSettings):
+    def __init__(self, model, processor, adapter: ModelAdapter, s: SamplerSettings):
         self.model, self.processor, self.adapter = model, processor, adapter
         self.placeholder_ids, self.pad_id = s.placeholder_ids, s.pad_id
         self.sequence, self.info = s.sequence, s.info
@@ -50,9 +61,12 @@ def _main(settings: SamplerSettings, model, processor, staging: dict, version, l
           requests, replies) -> None:
     """The sampler process: load the newest staged weights when asked, draw, reply."""
     from mmrl.models import get_adapter
-    from mmrl.train.async_rollout import fingerprint
     from mmrl.train.generation import Rollout
 
+    # The trainer decides when this process ends (signals.py: it finishes or abandons its step,
+    # saves, then closes us); a Ctrl-C to the terminal's process group must not kill it first.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
     torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed)
     try:
@@ -60,7 +74,7 @@ def _main(settings: SamplerSettings, model, processor, staging: dict, version, l
         rollout = Rollout(settings.rollout, policy, settings.tools, model=model)
         params = dict(model.named_parameters())
         loaded, fp = -1, None
-        replies.put(("ready", os.getpid()))
+        replies.put((True, os.getpid()))  # replies: (ok, payload), else (False, traceback)
         while True:
             request = requests.get()
             if request is None:
@@ -72,10 +86,10 @@ def _main(settings: SamplerSettings, model, processor, staging: dict, version, l
                         params[name].copy_(tensor)
                     loaded = version.value
                 fp = fingerprint(params[name] for name in staging)
-            replies.put(("drawn", job_id, rollout.generate(prompts), loaded, fp))
+            replies.put((True, (job_id, rollout.generate(prompts), loaded, fp)))
         rollout.close()
     except BaseException:  # the trainer raises it with this traceback
-        replies.put(("error", traceback.format_exc()))
+        replies.put((False, traceback.format_exc()))
 
 
 class ProcessWorker:
@@ -97,9 +111,9 @@ class ProcessWorker:
                                          self.replies))
         self.process.start()
         self._jobs = 0
-        self._reply("ready")
+        self._reply()
 
-    def _reply(self, kind: str):
+    def _reply(self):
         while True:
             try:
                 reply = self.replies.get(timeout=5.0)
@@ -108,16 +122,16 @@ class ProcessWorker:
                     raise RuntimeError(f"the async sampler process died (exit code "
                                        f"{self.process.exitcode})") from None
                 continue
-            if reply[0] == "error":
-                raise RuntimeError(f"the async sampler process failed:\n{reply[1]}")
-            assert reply[0] == kind, reply[0]
-            return reply
+            ok, payload = reply
+            if not ok:
+                raise RuntimeError(f"the async sampler process failed:\n{payload}")
+            return payload
 
     def draw(self, prompts, published: int):
         """-> (RolloutBatch, version of the weights that drew it, their fingerprint)."""
         self._jobs += 1
         self.requests.put((self._jobs, prompts, published))
-        _, job_id, batch, loaded, fp = self._reply("drawn")
+        job_id, batch, loaded, fp = self._reply()
         assert job_id == self._jobs
         return batch, loaded, fp
 

@@ -168,3 +168,38 @@ def test_resume_with_batches_in_flight_trains_each_prompt_once(tiny_yaml, tmp_pa
         assert sorted(b[step]) == sorted(a[step])
     every = [i for s in (1, 2) for i in a[s]] + [i for s in (3, 4) for i in b[s]]
     assert len(set(every)) == len(every) // 4  # each prompt once (G = 4 rows per prompt)
+
+
+def test_sigterm_saves_the_batches_in_flight_and_the_resume_trains_each_prompt_once(
+        tiny_yaml, user_rewards, tmp_path):
+    import os
+    import signal
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[2]
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(user_rewards)]))
+    cli = [sys.executable, "-m", "mmrl.cli", "train", str(tiny_yaml), f"log.run_dir={run_dir}",
+           *QUIET, VARIETY, "rollout.max_staleness=1"]
+    proc = subprocess.Popen(cli + ["train.steps=200"], cwd=root, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while not (run_dir / "metrics.jsonl").is_file():
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.time() < deadline, "no step logged"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 143, err[-3000:]
+    assert "Traceback" not in err
+    done = max(_metrics(run_dir))
+    state = torch.load(checkpoint.latest(run_dir) / "trainer_state.pt", weights_only=False)
+    assert state["step"] == done and state["extra"][async_rollout.IN_FLIGHT]["pending"]
+    resumed = subprocess.run(cli + [f"train.steps={done + 2}", "train.resume=auto"], cwd=root,
+                             env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    ids = _trained_ids(run_dir)
+    assert sorted(ids) == list(range(1, done + 3))
+    every = [i for s in ids for i in ids[s]]
+    assert len(set(every)) == len(every) // 4  # each prompt trained once (G = 4)
