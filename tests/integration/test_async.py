@@ -185,7 +185,8 @@ def test_sigterm_saves_the_batches_in_flight_and_the_resume_trains_each_prompt_o
     proc = subprocess.Popen(cli + ["train.steps=200"], cwd=root, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
-    while not (run_dir / "metrics.jsonl").is_file():
+    log = run_dir / "metrics.jsonl"
+    while not (log.is_file() and log.read_text().strip()):  # a step logged: more in flight
         assert proc.poll() is None, proc.stderr.read()[-3000:]
         assert time.time() < deadline, "no step logged"
         time.sleep(0.2)
