@@ -78,11 +78,12 @@ def bench_async(out_dir: str | Path, *, quick: bool = False, seed: int = 0, log=
 
 
 def async_table(r: dict) -> list[str]:
+    quick = " (quick: not numbers to report)" if r["quick"] else ""
     lines = ["### Asynchronous rollouts: quickstart, rollout.max_staleness 0 vs 1", "",
-             f"recipes/{r['recipe']}, seed {r['seed']}{' (quick: not numbers to report)' if r['quick'] else ''}; "
-             f"RL steps/s between the first and last logged step; bar: docs/learning.md.", "",
-             "| max_staleness | RL steps/s | RL wall (s) | before RL | after RL | shuffled | chance | "
-             "meets the bar |", "|---|---|---|---|---|---|---|---|"]
+             f"recipes/{r['recipe']}, seed {r['seed']}{quick}; RL steps/s between the first and "
+             f"last logged step; bar: docs/learning.md.", "",
+             "| max_staleness | RL steps/s | RL wall (s) | before RL | after RL | shuffled | "
+             "chance | meets the bar |", "|---|---|---|---|---|---|---|---|"]
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     for run in r["runs"].values():
         lines.append(f"| {run['max_staleness']} | {run['rl_steps_per_s']:.2f} | "

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mmrl.config import RunConfig
-from mmrl.train.async_worker import ProcessWorker, SamplerSettings, fingerprint
+from mmrl.train.async_worker import ProcessWorker, SamplerSettings, fingerprint, flushes_denormals
 from mmrl.types import PromptFeatures, RolloutBatch
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ class AsyncRollout:
         self.worker = ProcessWorker(
             SamplerSettings(cfg.rollout, cfg.tools, cfg.model.family, policy.placeholder_ids,
                             policy.pad_id, policy.sequence, policy.info, self.sampler_threads,
-                            cfg.train.seed + 1),
+                            cfg.train.seed + 1, flushes_denormals()),
             model, policy.processor, self.weights)
         self._cond = threading.Condition()
         self._todo: deque[_Job] = deque()  # submitted, not started
