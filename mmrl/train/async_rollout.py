@@ -110,11 +110,10 @@ class AsyncRollout:
                                       cfg.train.steps)
         self.policy, self.prompts = policy, prompts
         self.weights = WeightBox(policy.model, keep=self.k + 2)
-        # Two sides run at once: the torch intra-op threads are split between them, so the
-        # update and the rollout do not fight for the same cores.
-        self.threads = torch.get_num_threads()
-        self.sampler_threads = max(1, self.threads // 2)
-        torch.set_num_threads(max(1, self.threads - self.sampler_threads))
+        # Both sides keep every torch thread: each phase mostly runs while the other waits or
+        # does Python work, and splitting the cores halved each side's speed (measured on the
+        # quickstart, 2 cores: x0.71-1.11 split, x1.68 not; docs/benchmarks.md).
+        self.sampler_threads = torch.get_num_threads()
         model = copy.deepcopy(policy.model)  # the sampler's own weights
         model.requires_grad_(False)
         self.worker = ProcessWorker(
@@ -136,8 +135,7 @@ class AsyncRollout:
         return (f"rollout.max_staleness={self.k}: asynchronous rollouts: the HF engine samples in "
                 f"its own process (pid {self.worker.process.pid}) from its own copy of the weights "
                 f"(synced by version after each update, up to {self.k} version(s) behind; torch "
-                f"threads: sampler {self.sampler_threads}, trainer "
-                f"{max(1, self.threads - self.sampler_threads)})")
+                f"threads: {self.sampler_threads} each)")
 
     # ---------------------------------------------------------------- trainer side -------------
     def publish(self, version: int) -> None:
@@ -148,7 +146,7 @@ class AsyncRollout:
 
     def take(self, version: int) -> tuple[RolloutBatch, dict[str, float]]:
         """The next batch fit to train at `version` (updates done) -> (batch, async metrics)."""
-        if self.weights.version is None:
+        if self.weights.version is None:  # RL starts: the sampler's first weights
             self.publish(version)
         self._top_up(version)
         waited, requeued = time.perf_counter(), 0
@@ -280,4 +278,3 @@ class AsyncRollout:
             self._cond.notify_all()
         self._thread.join(timeout=120)
         self.worker.close()
-        torch.set_num_threads(self.threads)

@@ -12,6 +12,7 @@ What crosses the process boundary (torch.multiprocessing: tensors travel as shar
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import traceback
 from contextlib import nullcontext
@@ -82,10 +83,15 @@ def _main(settings: SamplerSettings, model, processor, staging: dict, version, l
         policy = _SamplerPolicy(model, processor, get_adapter(settings.family), settings)
         rollout = Rollout(settings.rollout, policy, settings.tools, model=model)
         params = dict(model.named_parameters())
-        loaded, fp = -1, None
+        loaded, fp, parent = -1, None, os.getppid()
         replies.put((True, os.getpid()))  # replies: (ok, payload), else (False, traceback)
         while True:
-            request = requests.get()
+            try:
+                request = requests.get(timeout=5.0)
+            except queue.Empty:
+                if os.getppid() != parent:  # the trainer died without closing us (SIGKILL)
+                    break
+                continue
             if request is None:
                 break
             job_id, prompts, published = request
@@ -118,7 +124,15 @@ class ProcessWorker:
                                    args=(settings, model, processor, weights.staging,
                                          weights.shared, weights.lock, self.requests,
                                          self.replies))
-        self.process.start()
+        # Both processes keep every core (async_rollout.py says why): the sampler's idle OpenMP
+        # threads sleep rather than spin against the trainer's.
+        policy = os.environ.get("OMP_WAIT_POLICY")
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read by the child's OpenMP only
+        try:
+            self.process.start()
+        finally:
+            if policy is None:
+                del os.environ["OMP_WAIT_POLICY"]
         self._jobs = 0
         self._reply()
 
@@ -126,7 +140,7 @@ class ProcessWorker:
         while True:
             try:
                 reply = self.replies.get(timeout=5.0)
-            except Exception:  # queue.Empty: is the process still there?
+            except queue.Empty:  # is the process still there?
                 if not self.process.is_alive():
                     raise RuntimeError(f"the async sampler process died (exit code "
                                        f"{self.process.exitcode})") from None
