@@ -221,7 +221,7 @@ def problems(cfg, world: int = 1) -> list[str]:
 
 def _async_problems(cfg, world: int) -> list[str]:
     """rollout.max_staleness >= 1 runs the HF engine on its own copy of the weights in a
-    background thread of the one training process (mmrl/train/async_rollout.py). Where that
+    process beside the one training process (mmrl/train/async_rollout.py). Where that
     cannot run, the run stops here: an async config never runs synchronously without a word."""
     k, r, a = cfg.rollout.max_staleness, cfg.rollout, cfg.algo
     if k < 0:
@@ -235,7 +235,7 @@ def _async_problems(cfg, world: int) -> list[str]:
         out.append(why.format(f"rollout.backend={r.backend}") + " (the async sampler is the "
                    "HF engine on a copy of the weights; vLLM would sample synchronously)")
     if world > 1:
-        out.append(why.format(f"{world} processes") + " (the sampler thread copies one "
+        out.append(why.format(f"{world} processes") + " (the sampler copies one "
                    "process's weights)")
     if cfg.train.parallel in ("deepspeed", "fsdp2"):
         out.append(why.format(f"train.parallel={cfg.train.parallel}") + " (sharded weights)")

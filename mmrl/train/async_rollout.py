@@ -197,7 +197,7 @@ class AsyncRollout:
             while not self._ready and self._error is None:
                 self._cond.wait(timeout=1.0)  # the timeout lets a stop signal through
             if self._error is not None:
-                raise RuntimeError(f"the async sampler thread failed: {self._error!r}") \
+                raise RuntimeError(f"the async sampler failed: {self._error!r}") \
                     from self._error
             return self._ready.popleft()
 

@@ -112,7 +112,7 @@ class Trainer:
         if resume is not None:
             self.step, self.state_extra = self.checkpointer.restore(resume, self.learner,
                                                                     self.prompts)
-        # rollout.max_staleness >= 1: a sampler thread runs ahead on its own weights (None: the
+        # rollout.max_staleness >= 1: a sampler process runs ahead on its own weights (None: the
         # synchronous loop, untouched); a resumed run draws its in-flight prompts again first.
         self.sampler = (AsyncRollout(cfg, self.policy, self.prompts)
                         if cfg.rollout.max_staleness > 0 else None)

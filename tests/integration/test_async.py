@@ -63,7 +63,7 @@ def test_k0_is_the_synchronous_loop_bit_for_bit(tiny_yaml, tmp_path):
     for step in a:
         same = {k for k in a[step] if not k.startswith("time")}  # wall clock, stage seconds
         assert same == {k for k in b[step] if not k.startswith("time")}
-        assert not any(k.startswith("async/") for k in same)  # no sampler thread at all
+        assert not any(k.startswith("async/") for k in same)  # no sampler at all
         assert {k: a[step][k] for k in same} == {k: b[step][k] for k in same}
     wa, wb = _weights(plain.run_dir), _weights(k0.run_dir)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -267,7 +267,7 @@ def test_turn_capped_rows_leave_the_loss_when_asked(stepped):
 
 
 def test_tool_trajectories_run_async_at_k1(tool_yaml, tmp_path):
-    """rollout.max_staleness=1: the sampler thread runs the same multi-turn loop (model turns,
+    """rollout.max_staleness=1: the sampler process runs the same multi-turn loop (model turns,
     crop calls on the original image, observation turns) on its own copy of the weights; the
     trainer's loss weights each model token by pi_prox / pi_behav."""
     t = _trainer(tool_yaml, tmp_path, "rollout.max_staleness=1", "train.steps=3")
