@@ -149,6 +149,10 @@ class RolloutConfig:
     shared_prefill: bool = False  # hf backend: prefill each prompt once for its G samples
     rounds_of: Optional[int] = None  # with shared_prefill: sample G in rounds of this many
     compile_decode: CompileDecode = "auto"  # hf backend: static cache + torch.compile'd step
+    # Asynchronous rollouts (docs/async.md): 0 = sample, then train (synchronous). k >= 1: the
+    # HF engine runs ahead in its own process on its own copy of the weights; no sample drawn
+    # more than k weight versions ago is trained on (the loss is AReaL's decoupled one).
+    max_staleness: int = 0
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
     @property

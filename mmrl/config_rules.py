@@ -214,6 +214,7 @@ def problems(cfg, world: int = 1) -> list[str]:
         out.append(f"data.video_fps={d.video_fps} and data.video_nframes={d.video_nframes}: "
                    f"set one of them to null (fps samples by time, nframes a fixed count)")
     out += _tool_problems(cfg.tools, r)
+    out += _async_problems(cfg, world)
     metric = cfg.sft.stop_metric
     names = [s.name for s in cfg.rewards]  # the warm-up's evaluation adds the metric's reward
     keys = reward_keys(names + [cfg.eval.metric_reward] * (cfg.eval.metric_reward not in names))
@@ -235,6 +236,31 @@ def problems(cfg, world: int = 1) -> list[str]:
         out.append(f"rollout.vllm.weight_transfer={r.vllm.weight_transfer}: must be one of "
                    f"{'|'.join(WEIGHT_TRANSFER[mode])} with vLLM {mode} "
                    f"(rollout.vllm.server_url {'set' if r.vllm.server_url else 'unset'})")
+    return out
+
+
+def _async_problems(cfg, world: int) -> list[str]:
+    """rollout.max_staleness >= 1 runs the HF engine on its own copy of the weights in a
+    process beside the one training process (mmrl/train/async_rollout.py). Where that
+    cannot run, the run stops here: an async config never runs synchronously without a word."""
+    k, r, a = cfg.rollout.max_staleness, cfg.rollout, cfg.algo
+    if k < 0:
+        return [f"rollout.max_staleness={k}: must be >= 0 (0: synchronous)"]
+    if k == 0:
+        return []
+    why = (f"rollout.max_staleness={k} (asynchronous rollouts, docs/async.md) with {{}}: "
+           f"not built yet; set rollout.max_staleness=0")
+    out = []
+    if r.backend != "hf":
+        out.append(why.format(f"rollout.backend={r.backend}") + " (the async sampler is the "
+                   "HF engine on a copy of the weights; vLLM would sample synchronously)")
+    if world > 1:
+        out.append(why.format(f"{world} processes") + " (the sampler copies one "
+                   "process's weights)")
+    if cfg.train.parallel in ("deepspeed", "fsdp2"):
+        out.append(why.format(f"train.parallel={cfg.train.parallel}") + " (sharded weights)")
+    if a.dynamic_sampling:
+        out.append(why.format("algo.dynamic_sampling=true") + " (it draws again inside a step)")
     return out
 
 

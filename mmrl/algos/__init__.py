@@ -5,6 +5,7 @@ from mmrl.algos.advantages import (ADVANTAGES, SCALE_MODES, compute_advantages, 
                                    weight_by_sign)
 from mmrl.algos.guidance import guidance_rows, in_guided_groups, soft_guided_scores, soft_rewards
 from mmrl.algos.correction import IS_LEVELS, IS_MODES, is_weights, tis_metrics, tis_weights
+from mmrl.algos.decoupled import behaviour_weights, decoupled_loss
 from mmrl.algos.kl import KL_KINDS, KLController, kl_in_reward, kl_penalty
 from mmrl.algos.logprob import entropy_from_logits, selective_log_softmax
 from mmrl.algos.losses import (AGG_MODES, RATIO_LEVELS, LossInputs, LossSettings, aggregate_loss,
@@ -44,7 +45,9 @@ __all__ = [
     "SCALE_MODES",
     "GroupAccumulator",
     "aggregate_loss",
+    "behaviour_weights",
     "compute_advantages",
+    "decoupled_loss",
     "entropy_from_logits",
     "frac_solved_groups",
     "frac_zero_std_groups",

@@ -17,6 +17,8 @@
   "long":    long videos: sequence parallelism SP=1 vs SP=2 (memory per rank, time) at 16, 64
              and 256 frames; row-count vs token-budget micro-batches on a mixed batch; a frozen
              encoder cached vs not (mmrl/bench/long.py).
+  "async":   the quickstart whole, rollout.max_staleness 0 vs 1: RL steps/s and the learning
+             against the learning table's bar (mmrl/bench/async_bench.py; minutes).
 
 Every comparison runs both sides in one process with interleaved repeated trials and reports
 medians: the ratio is what to read; absolute seconds depend on the machine and its load.
@@ -29,7 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-BENCHMARKS = ("update", "e2e", "rollout", "decode", "scaling", "varlen", "runs", "long")
+BENCHMARKS = ("update", "e2e", "rollout", "decode", "scaling", "varlen", "runs", "long",
+              "async")
 
 
 def run_benchmarks(out_dir: str | Path, which=BENCHMARKS, *, quick: bool = False,
@@ -128,6 +131,11 @@ def run_benchmarks(out_dir: str | Path, which=BENCHMARKS, *, quick: bool = False
             from mmrl.bench.long import bench_long
 
             results["long"] = bench_long(quick=quick, trials=trials, log=log)
+        if "async" in which:
+            from mmrl.bench.async_bench import bench_async
+
+            results["async"] = bench_async(out, quick=quick, log=log)
+            log(f"[bench] async: k=1 x{results['async']['speedup']:.2f} RL steps/s over k=0")
     results["load_average_end"] = list(os.getloadavg())
     results["seconds"] = time.time() - started
     (out / "bench.json").write_text(json.dumps(results, indent=2))

@@ -143,6 +143,10 @@ def markdown(results: dict) -> str:
         from mmrl.bench.long import long_tables
 
         lines += long_tables(results["long"]) + [""]
+    if "async" in results:
+        from mmrl.bench.async_bench import async_table
+
+        lines += async_table(results["async"]) + [""]
     return "\n".join(lines)
 
 

@@ -26,12 +26,16 @@ class Rollout:
     # What other files may read (tests/train/test_structure.py checks it).
     PUBLIC = ("generate", "sync", "close", "metrics")
 
-    def __init__(self, rc: RolloutConfig, policy: Policy, tools: ToolsConfig | None = None):
+    def __init__(self, rc: RolloutConfig, policy: Policy, tools: ToolsConfig | None = None,
+                 model=None):
+        """`model`: sample from this model instead of the policy's (the async sampler's own
+        copy of the weights, mmrl/train/async_rollout.py)."""
         self.rc, self.policy = rc, policy
+        self.model = policy.model if model is None else model
         self._weight_bytes = None  # of the weights a decode step reads (speed.py), once
         self.tokenizer = policy.processor.tokenizer
         with policy.full_params():  # a colocated engine starts from the whole weights
-            self.engine = make_engine(rc, policy.model, policy.processor, policy.adapter)
+            self.engine = make_engine(rc, self.model, policy.processor, policy.adapter)
         self.trajectories = (TrajectoryRollout.from_config(tools, self.engine, policy.processor,
                                                            policy.adapter)
                              if tools is not None and tools.enabled else None)
@@ -58,7 +62,7 @@ class Rollout:
 
     def _generate(self, prompts: list[PromptFeatures], group_offset: int) -> RolloutBatch:
         rc, policy = self.rc, self.policy
-        policy.model.eval()
+        self.model.eval()
         # The training model's own generate under ZeRO-3 / FSDP2: the weights are gathered
         # once, not once per token.
         sampling = SamplingParams.from_rollout(rc, suppress_ids=policy.placeholder_ids)

@@ -40,6 +40,7 @@ class Learner:
         self.algo, self.seed, self.train_cfg = cfg.algo, cfg.train.seed, cfg.train
         self.loss = loss_settings(cfg)
         self.mask_turn_cap = cfg.tools.enabled and cfg.tools.mask_truncated_trajectories
+        self.decoupled = cfg.rollout.max_staleness > 0  # samples from older weights (async)
         self.max_nonfinite = max(1, cfg.train.max_nonfinite_steps)
         module, self.optimizer, self.scheduler = strategy.setup(policy.model, cfg.train.steps)
         policy.attach(module)
@@ -80,10 +81,12 @@ class Learner:
                 if it == 0 and batch.sampler_logp is not None:
                     gap = max(gap, _max_gap(old, batch.sampler_logp[rows, :width], m))
                 weights = None
-                if ac.tis_cap and batch.sampler_logp is not None:  # rollout-engine mismatch
-                    weights = algos.is_weights(old.to(logp.device),
-                                               batch.sampler_logp[rows, :width].to(logp.device), m,
-                                               cap=ac.tis_cap, level=ac.tis_level, mode=ac.tis_mode)
+                # Rollout-engine mismatch (algo.tis_cap), or, with rollout.max_staleness >= 1,
+                # always: the decoupled objective's behaviour weight (mmrl/algos/decoupled.py).
+                if (ac.tis_cap or self.decoupled) and batch.sampler_logp is not None:
+                    weights = algos.behaviour_weights(
+                        old.to(logp.device), batch.sampler_logp[rows, :width].to(logp.device), m,
+                        ac.tis_cap, level=ac.tis_level, mode=ac.tis_mode)
                 ref = None if sb.ref_logp is None else sb.ref_logp[rows, :width].to(logp.device)
                 loss, metrics = algos.policy_loss(
                     algos.LossInputs(logp, old.to(logp.device), sb.advantages[rows].to(logp.device),

@@ -36,6 +36,7 @@ from mmrl.data.prepare import build_datasets, check_datasets
 from mmrl.models import get_adapter
 from mmrl.tools import trajectory_metrics
 from mmrl.train import checkpoint, dist, methods, parallel, setup, sp, speed
+from mmrl.train.async_rollout import IN_FLIGHT, AsyncRollout
 from mmrl.train.checkpointer import Checkpointer
 from mmrl.train.generation import Rollout
 from mmrl.train.learner import Learner
@@ -115,12 +116,21 @@ class Trainer:
         if resume is not None:
             self.step, self.state_extra = self.checkpointer.restore(resume, self.learner,
                                                                     self.prompts)
+        # rollout.max_staleness >= 1: a sampler process runs ahead on its own weights (None: the
+        # synchronous loop, untouched); a resumed run draws its in-flight prompts again first.
+        self.sampler = (AsyncRollout(cfg, self.policy, self.prompts)
+                        if cfg.rollout.max_staleness > 0 else None)
+        if self.sampler is not None:
+            self.log.print(self.sampler.describe())
+            self.sampler.load_state_dict(self.state_extra.pop(IN_FLIGHT, {}), self.step)
 
     # ---------------------------------------------------------------- one step -----------------
     def train_step(self) -> dict[str, float]:
         timer = self.timer = StageTimer(self.memory)
         stop = self.stop  # run.py's StopSignals: a signal may abandon the rollout (signals.py)
         self._step_start = self._resumable_state() if stop is not None else None
+        if self.sampler is not None:
+            self.sampler.mark()
         with timer("rollout"), rewards_at(f"step {self.step + 1}"), \
                 stop.abandonable() if stop is not None else nullcontext():
             batch, scores, per_reward, extra = self.sample_batch()
@@ -138,11 +148,14 @@ class Trainer:
         ac, b, ranks = self.cfg.algo, self.cfg.rollout.prompts_per_step, self.layout.data.world
         base = self.prompts.group_base(b)
         if not ac.dynamic_sampling:
-            batch = self.rollout.generate(self.prompts.next(b), group_offset=base)
+            if self.sampler is not None:  # async: drawn ahead, at most k versions old
+                batch, extra = self.sampler.take(self.step)
+            else:
+                batch, extra = self.rollout.generate(self.prompts.next(b), group_offset=base), {}
             with self.timer.part("scoring", of="rollout"):
                 scores, per = self.scorer.score(batch)
             self.prompts.observe(batch, scores)
-            return batch, scores, per, {"sampling/rounds": 1}
+            return batch, scores, per, {"sampling/rounds": 1, **extra}
         acc = algos.GroupAccumulator(target_groups=b // ranks,
                                      max_rounds=ac.max_sampling_rounds)
         pieces, offset = [], 0
@@ -186,6 +199,8 @@ class Trainer:
         policy.refresh_reference(self.step + 1)  # ProRL (algo.ref_reset_every)
         with timer("sync"):
             self.rollout.sync()
+            if self.sampler is not None:  # the sampler loads them before its next batch
+                self.sampler.publish(self.step + 1)
         self.step += 1
         return self._metrics(sb, metrics, extra, timer)
 
@@ -239,12 +254,18 @@ class Trainer:
         prompts, rng, self.state_extra = self._step_start
         self.prompts.load_state_dict(prompts)
         checkpoint.set_rng_state(rng)
+        if self.sampler is not None:
+            self.sampler.rewind()
 
     def save(self) -> None:
         self.state_extra["config"] = as_plain(self.cfg)  # what a resume compares its config with
+        if self.sampler is not None:  # the prompts submitted and not trained yet
+            self.state_extra[IN_FLIGHT] = self.sampler.state_dict()
         self.checkpointer.save(self.step, self.learner, self.prompts, self.state_extra)
 
     def close(self) -> None:
+        if self.sampler is not None:
+            self.sampler.close()
         self.rollout.close()
         self.log.close()
 

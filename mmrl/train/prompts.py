@@ -29,7 +29,7 @@ class PromptSource:
     # What other files may read (tests/train/test_structure.py checks it).
     PUBLIC = ("dataset", "features", "next", "load", "group_base", "observe",
               "weight_advantages", "end_step", "metrics", "say", "skip_summary", "state_dict",
-              "load_state_dict")
+              "load_state_dict", "last_drawn")
 
     def __init__(self, cfg: RunConfig, dataset: Sequence[Sample], adapter: ModelAdapter,
                  processor, info: dist.DistInfo):
@@ -46,6 +46,7 @@ class PromptSource:
         self.tools = cfg.tools if cfg.tools.enabled else None
         self.toolbox = Toolbox.from_config(cfg.tools) if self.tools is not None else None
         self._features: OrderedDict[int, PromptFeatures] = OrderedDict()
+        self.last_drawn: list[int] = []  # the dataset indices `next` returned last (async queue)
 
     def features(self, sample: Sample, key: int | None = None) -> PromptFeatures:
         """One processor call per sample, reused by rollout and every training forward."""
@@ -73,12 +74,14 @@ class PromptSource:
         share of bad records in the epoch, or a run of them, says the data is broken."""
         todo = [self.sampler.next() for _ in range(n)][dist.local_slice(n, self.info)]
         want, out, in_a_row = len(todo), [], 0
+        self.last_drawn = []
         while len(out) < want:
             idx = todo.pop(0) if todo else self.sampler.next()
             try:  # a record's embedded media decode when it is read: the history reads it too
                 if self.history is not None and self.history.skips(self.dataset[idx]):
                     continue
                 out.append(self._features_of(idx))
+                self.last_drawn.append(idx)
                 self.bad.tried(self.sampler.epoch, ok=True)
                 in_a_row = 0
             except MediaError as e:

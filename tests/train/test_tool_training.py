@@ -264,3 +264,23 @@ def test_turn_capped_rows_leave_the_loss_when_asked(stepped):
     mask = torch.cat(seen)
     assert not mask[0].any()
     assert torch.equal(mask[1:].bool(), batch.policy_mask[1:, :mask.shape[1]].bool())
+
+
+def test_tool_trajectories_run_async_at_k1(tool_yaml, tmp_path):
+    """rollout.max_staleness=1: the sampler process runs the same multi-turn loop (model turns,
+    crop calls on the original image, observation turns) on its own copy of the weights; the
+    trainer's loss weights each model token by pi_prox / pi_behav."""
+    t = _trainer(tool_yaml, tmp_path, "rollout.max_staleness=1", "train.steps=3")
+    try:
+        assert t.sampler is not None and t.sampler.weights.version is None  # taught: unpublished
+        calls, seen = 0.0, []
+        for _ in range(3):
+            metrics = t.train_step()
+            calls += metrics.get("tools/calls/crop", 0.0)  # absent in a step without a call
+            assert metrics["tools/turns_mean"] >= 1
+            seen.append(metrics["async/staleness"])
+            assert torch.isfinite(torch.tensor(metrics["loss/loss"]))
+        assert calls > 0 and max(seen) <= 1 and metrics["async/requeued"] == 0
+        assert metrics["async/staleness_0"] + metrics["async/staleness_1"] == 3
+    finally:
+        t.close()

@@ -1,0 +1,34 @@
+"""`mmrl bench --which async` reads its figures as documented: RL steps/s between the first and
+last logged step (metrics.jsonl's wall clock), and the learning table's bar (docs/learning.md)."""
+import json
+
+from mmrl.bench.async_bench import _rl_rate, async_table, meets_bar
+
+
+def test_the_bar_is_the_learning_tables():
+    ok = {"accuracy_before_rl": 0.70, "accuracy_after_rl": 1.0,
+          "accuracy_shuffled_images": 0.25, "chance": 0.30}
+    assert meets_bar(ok)
+    assert not meets_bar({**ok, "accuracy_after_rl": 0.84})  # gain 0.14 < 0.15
+    # Shuffled images well above chance but no better than before RL: still reads the image.
+    assert meets_bar({**ok, "accuracy_shuffled_images": 0.60})
+    assert not meets_bar({**ok, "accuracy_before_rl": 0.5, "accuracy_shuffled_images": 0.6,
+                          "accuracy_after_rl": 0.9})
+    assert not meets_bar({**ok, "chance": None})
+
+
+def test_rl_rate_times_from_the_first_to_the_last_logged_step(tmp_path):
+    rows = [{"step": s, "time": 100.0 + 0.5 * s} for s in range(1, 11)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    rate, steps, wall = _rl_rate(tmp_path)
+    assert (steps, wall, rate) == (9, 4.5, 2.0)
+
+
+def test_the_table_gives_the_ratio():
+    run = {"rl_wall_s": 10.0, "accuracy_before_rl": 0.7, "accuracy_after_rl": 1.0,
+           "accuracy_shuffled_images": 0.25, "chance": 0.3, "meets_bar": True}
+    r = {"recipe": "quickstart.yaml", "seed": 0, "quick": False, "speedup": 1.5,
+         "runs": {"k0": {**run, "max_staleness": 0, "rl_steps_per_s": 1.0},
+                  "k1": {**run, "max_staleness": 1, "rl_steps_per_s": 1.5}}}
+    text = "\n".join(async_table(r))
+    assert "| 1 | 1.50 | 10 | 0.70 | 1.00 | 0.25 | 0.30 | yes |" in text and "**x1.50**" in text
