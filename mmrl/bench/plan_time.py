@@ -9,8 +9,9 @@ step the weights it multiplies with (speed.decode_weight_bytes) and the keys and
 cached token of every row, as HF generate's timing counts them (models/forward.py); prefill,
 decode and update FLOPs are speed.forward_flops from shared_prefix.layer_flops (the vision and
 audio encoders are not counted). A phase's floor is the larger of bytes / peak bandwidth and
-FLOPs / peak FLOP/s: no run can beat it; its expected time adds launch costs (below). The plan bounds completions at C = max_new_tokens, so
-where EOS comes earlier the prediction is for the longest step.
+FLOPs / peak FLOP/s: no run can beat it; its expected time adds launch costs (below). The plan
+bounds completions at C = max_new_tokens, so where EOS comes earlier it predicts the longest
+step.
 """
 from __future__ import annotations
 
@@ -120,7 +121,8 @@ def describe(phases: dict[str, Phase], w: Workload, p: Peaks) -> str:
              f"{p.flops / 1e12:.3g} TFLOP/s, {p.layer_overhead_s * 1e3:g} ms a layer a pass): "
              "floor (at peak) / expected"]
     for k, ph in phases.items():
-        what = (f"{ph.bytes / 1e9:.3g} GB read, " if ph.bytes else "") + f"{ph.flops / 1e12:.3g} TFLOP"
+        read = f"{ph.bytes / 1e9:.3g} GB read, " if ph.bytes else ""
+        what = f"{read}{ph.flops / 1e12:.3g} TFLOP"
         lines.append(f"  {k:8s} {ph.floor_s:10.4g} s / {ph.expected_s:10.4g} s  ({what}; "
                      f"efficiency {EFFICIENCY[k]:g}, {ph.passes} pass(es) of launches)")
     roll = phases["prefill"].expected_s + phases["decode"].expected_s
