@@ -11,10 +11,11 @@ from mmrl.bench import plan, plan_time
 from mmrl.train import speed
 from mmrl.train.loop import Trainer
 
-# How far the best measured step of a phase may lie from the expected time, either way. The tiny model
-# is Python- and launch-bound, and 2 shared cores under load 5-10 stretch wall seconds 2-3x run
-# to run (docs/performance.md): a factor of 8 holds that swing around the calibrated launch costs
-# and still fails a count off by an order of magnitude (a missing x3, x rows or x layers).
+# How far the best measured step of a phase may lie from the expected time, either way. The
+# tiny model is Python- and launch-bound, and 2 shared cores under load 5-10 stretch wall seconds
+# 2-3x run to run (docs/performance.md): a factor of 8 holds that swing around the calibrated
+# launch costs and still fails a count off by an order of magnitude (a missing x3, x rows or
+# x layers).
 FACTOR = 8.0
 # The floor's peaks on CPU are themselves measured on 2 cores that other jobs share: the best of
 # 30 matmuls and 9 copies, before and after the run, can still miss the true peak by the share
