@@ -88,6 +88,10 @@ class Facts:
     audio_window: int = 0  # audio encoder positions per window (1500 = 30 s for real models)
     full_logits: bool = False  # the forward has no logits_to_keep: logits at every position
     blocks: dict = field(default_factory=dict)  # probe.BlockCost per kind
+    # For the time prediction (plan_time.py): bytes of the weights a decode step reads
+    # (speed.decode_weight_bytes) and shared_prefix.layer_flops (linear FLOPs a token, a score).
+    decode_weight_bytes: int = 0
+    layer_flops: tuple = (0, 0)
 
 
 @functools.lru_cache(maxsize=64)  # a meta build takes ~0.5 s; the docs test asks per command
@@ -130,7 +134,11 @@ def model_facts(model, dtype: torch.dtype, *, lora_r: int = 0, lora_targets=(),
     audio = getattr(model.config, "audio_config", None)
     meta = model if next(model.parameters()).device.type == "meta" else _meta_copy(model)
     import inspect
-    return Facts(params=n_params, trainable=trainable, largest=largest, layer_params=layer,
+
+    from mmrl.models.shared_prefix import layer_flops
+    from mmrl.train.speed import decode_weight_bytes
+    return Facts(decode_weight_bytes=decode_weight_bytes(model), layer_flops=layer_flops(model),
+                 params=n_params, trainable=trainable, largest=largest, layer_params=layer,
                  root_params=root, dtype_bytes=b, hidden=text.hidden_size, vocab=text.vocab_size,
                  layers=text.num_hidden_layers,
                  kv_per_token=2 * text.num_hidden_layers * text.num_key_value_heads * head_dim * b,

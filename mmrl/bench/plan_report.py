@@ -13,7 +13,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from mmrl.bench import fit, plan
+from mmrl.bench import fit, plan, plan_time
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 # Vision tokens assumed for a recipe whose config sets no image budget (its README says so).
@@ -76,6 +76,8 @@ def main(argv=None) -> int:
     ap.add_argument("--media-tokens", type=int, default=None,
                     help="vision tokens of the largest prompt (default: the data budgets)")
     ap.add_argument("--text-tokens", type=int, default=plan.TEXT_TOKENS)
+    ap.add_argument("--device", default="H100", help="peaks for the time prediction: cpu "
+                    "(measured here) or a GPU name: " + ", ".join(plan_time.speed.PEAK_FLOPS))
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--readmes", action="store_true",
                     help="rewrite the fit section of every recipe README")
@@ -93,14 +95,18 @@ def main(argv=None) -> int:
                                     text_tokens=args.text_tokens)
     best_mb = plan.largest_micro_batch(facts, p.workload, cluster)
     best_g = plan.largest_group(facts, p.workload, cluster)
+    peaks = plan_time.peaks(args.device)
+    times = plan_time.times(facts, p.workload, peaks)
     if args.json:
         print(json.dumps({"terms": p.terms, "phases": p.phases, "peak": p.peak, "fits": p.fits,
                           "usable": p.usable, "largest_micro_batch": best_mb,
-                          "largest_group": best_g}, indent=2))
+                          "largest_group": best_g,
+                          "time": {k: vars(v) for k, v in times.items()}}, indent=2))
     else:
         print(describe(p, facts, what, media))
         print(f"largest micro-batch that fits: {best_mb or 'none'} rows; largest G at micro-batch "
               f"{p.workload.micro_batch}: {best_g or 'none'}")
+        print(plan_time.describe(times, p.workload, peaks))
     return 0 if p.fits else 1
 
 

@@ -90,8 +90,17 @@ def update_flops(model, prompt_lens, completion_lens, group: int, shared: bool) 
     from mmrl.models.shared_prefix import layer_flops, unwrap
 
     text = unwrap(model).config.get_text_config()
-    linear, score = layer_flops(model)
-    head = 2 * text.hidden_size * text.vocab_size
+    return 3 * forward_flops(layer_flops(model), text.num_hidden_layers,
+                             2 * text.hidden_size * text.vocab_size,
+                             prompt_lens, completion_lens, group, shared)
+
+
+def forward_flops(flops: tuple[int, int], layers: int, head: int, prompt_lens, completion_lens,
+                  group: int, shared: bool) -> float:
+    """One forward's FLOPs over rows of `prompt_lens` / `completion_lens` (update_flops' count,
+    from the widths alone: `flops` = shared_prefix.layer_flops, `head` = FLOPs of the LM head a
+    completion token; mmrl plan's time prediction uses it too)."""
+    linear, score = flops
     tokens = pairs = 0.0
     for start in range(0, len(prompt_lens), group):
         p, cs = prompt_lens[start], completion_lens[start:start + group]
@@ -101,8 +110,7 @@ def update_flops(model, prompt_lens, completion_lens, group: int, shared: bool) 
         else:
             tokens += sum(p + c for c in cs)
             pairs += sum((p + c) ** 2 / 2 for c in cs)
-    layers = text.num_hidden_layers
-    return 3 * (tokens * layers * linear + pairs * layers * score + sum(completion_lens) * head)
+    return tokens * layers * linear + pairs * layers * score + sum(completion_lens) * head
 
 
 def engine_metrics(timing: dict, generated: int, weight_bytes: int, peak: float) -> dict:
