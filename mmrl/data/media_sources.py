@@ -89,9 +89,14 @@ def embed(data: bytes, kind: str, name_hint: str = "") -> str:
     """Write `data` once (content-addressed) and return its path; the suffix is what the bytes
     say, else the hint's, else `.bin` (the loaders then read the content, not the name)."""
     suffix = sniff(data, kind) or Path(name_hint).suffix.lower() or ".bin"
-    folder = embedded_dir()
+    return write_once(data, embedded_dir(), suffix)
+
+
+def write_once(data: bytes, folder: Path, tail: str) -> str:
+    """`data` at `folder/<sha256 prefix><tail>`, written once and atomically (ranks and
+    workers may race on the same bytes)."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{hashlib.sha256(data).hexdigest()[:32]}{suffix}"
+    path = folder / f"{hashlib.sha256(data).hexdigest()[:32]}{tail}"
     if not path.exists():
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_bytes(data)

@@ -31,7 +31,6 @@ How a record's media reach its members (`resolve_media`):
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -43,6 +42,7 @@ from typing import Any
 
 from mmrl.data.json_tables import Rows
 from mmrl.data.media_errors import RecordError
+from mmrl.data.media_sources import write_once
 from mmrl.data.record_parts import embedded_dir
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
@@ -288,14 +288,7 @@ def _text_field(record: dict, ext: str, data: bytes, source: str) -> None:
 def _embed(data: bytes, name: str) -> str:
     """The member's bytes in the embedded-media folder, as `<sha256>-<member name>`; an absolute
     path, which the adapters take as it is (`convert` names a relative folder)."""
-    folder = embedded_dir().absolute()
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{hashlib.sha256(data).hexdigest()[:32]}-{name}"
-    if not path.exists():
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    return str(path)
+    return write_once(data, embedded_dir().absolute(), f"-{name}")
 
 
 def resolve_media(record: dict, key: str, exts: list[str], embed, source: str) -> dict:
