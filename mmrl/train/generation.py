@@ -26,13 +26,14 @@ class Rollout:
     # What other files may read (tests/train/test_structure.py checks it).
     PUBLIC = ("generate", "sync", "close")
 
-    def __init__(self, rc: RolloutConfig, policy: Policy, tools: ToolsConfig | None = None):
+    def __init__(self, rc: RolloutConfig, policy: Policy, tools: ToolsConfig | None = None,
+                 data=None):
         self.rc, self.policy = rc, policy
         self.tokenizer = policy.processor.tokenizer
         with policy.full_params():  # a colocated engine starts from the whole weights
             self.engine = make_engine(rc, policy.model, policy.processor, policy.adapter)
         self.trajectories = (TrajectoryRollout.from_config(tools, self.engine, policy.processor,
-                                                           policy.adapter)
+                                                           policy.adapter, data=data)
                              if tools is not None and tools.enabled else None)
         if self.trajectories is not None and policy.info.main:
             print(self.trajectories.style.reason, flush=True)  # tool role or <tool_response>
