@@ -1,8 +1,11 @@
 """An engine that "samples" given turn texts, for tests of what the trajectory loop does with the
 model's text: each text becomes the plain tokens a model writes it in (sampled one by one, a
 `<|image_pad|>` in its text is `<|`, `image`, ... -- never the special token) and its end token.
-`later` (any RolloutEngine) generates the turns past the script, from the whole trajectory."""
+`later` (any RolloutEngine) generates the turns past the script, from the whole trajectory, each
+at most `later_tokens` tokens (a script's turn is as long as it is)."""
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -11,17 +14,18 @@ from mmrl.types import RolloutBatch
 
 
 class ScriptedEngine:
-    def __init__(self, tokenizer, turns: list[list[str]], later=None):
+    def __init__(self, tokenizer, turns: list[list[str]], later=None, later_tokens: int = 16):
         self.tok, self.turns, self.later, self.turn = tokenizer, turns, later, 0
+        self.later_tokens = later_tokens
 
     def generate(self, prompts, params) -> RolloutBatch:
         k, self.turn = self.turn, self.turn + 1
         if k >= len(self.turns):
-            return self.later.generate(prompts, params)
+            return self.later.generate(prompts, dataclasses.replace(
+                params, max_new_tokens=min(params.max_new_tokens, self.later_tokens)))
         n = len(prompts) * params.num_generations if k == 0 else len(prompts)
         texts = [self.turns[k][i % len(self.turns[k])] for i in range(n)]
-        rows = [plain_ids(self.tok, t)[:params.max_new_tokens - 1] + [self.tok.eos_token_id]
-                for t in texts]
+        rows = [plain_ids(self.tok, t) + [self.tok.eos_token_id] for t in texts]
         width = max(map(len, rows))
         ids = torch.full((n, width), self.tok.pad_token_id, dtype=torch.long)
         mask = torch.zeros((n, width), dtype=torch.long)
