@@ -32,14 +32,14 @@ def _context() -> mp.context.BaseContext:
     methods = mp.get_all_start_methods()
     if "forkserver" in methods:
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["mmrl.tools.toolbox"])
+        ctx.set_forkserver_preload(["mmrl.tools.outcome"])
         return ctx
     return mp.get_context("spawn")
 
 
 def _serve(conn) -> None:
     """A worker's loop: (fn, name, kwargs, context, limits) in, an Outcome out."""
-    from mmrl.tools.toolbox import Outcome, execute
+    from mmrl.tools.outcome import Outcome, execute
 
     contexts: OrderedDict[str, Any] = OrderedDict()
     conn.send("ready")
@@ -103,7 +103,7 @@ class WorkerPool:
     def run(self, jobs: list[tuple[int, Any]], timeout_s: float, timeout_outcome) -> dict:
         """{i: Outcome} for jobs (i, (fn, name, kwargs, context, limits)); a call still running
         `timeout_s` after it started gets `timeout_outcome()` and its worker is killed."""
-        from mmrl.tools.toolbox import Outcome
+        from mmrl.tools.outcome import Outcome
 
         queue, busy, out = deque(jobs), {}, {}
         try:
