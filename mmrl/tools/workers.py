@@ -100,6 +100,12 @@ class WorkerPool:
         while self._idle:
             self._idle.pop().kill()
 
+    def __del__(self) -> None:  # an evaluation's toolbox goes: its idle workers go with it
+        try:
+            self.close()
+        except Exception:  # at interpreter exit the modules may be gone; daemons end anyway
+            pass
+
     def run(self, jobs: list[tuple[int, Any]], timeout_s: float, timeout_outcome) -> dict:
         """{i: Outcome} for jobs (i, (fn, name, kwargs, context, limits)); a call still running
         `timeout_s` after it started gets `timeout_outcome()` and its worker is killed."""
