@@ -18,6 +18,7 @@ from typing import Sequence
 import torch
 
 from mmrl.models.base import TOKEN_KEYS
+from mmrl.models.plain_text import encode_with_data, fill, with_markers
 from mmrl.types import Observation
 
 # Assistant content that marks where a model turn ends in a rendered conversation.
@@ -87,12 +88,16 @@ def encode_observation(adapter, processor, results: Sequence[Sequence[dict]], me
                        style: ObservationStyle | None = None) -> tuple[torch.Tensor, Observation]:
     """(token ids [n], Observation) of one observation turn at completion position `start`.
     `media` holds the results' decoded items by kind ("images", "videos", "audios"), in the
-    order their items appear in `results`; the processor expands each placeholder."""
+    order their items appear in `results`; the processor expands each placeholder. The results'
+    text is data: no piece of it becomes a special token (mmrl/models/plain_text.py)."""
     style = style or observation_style(processor)
-    text = observation_text(processor, observation_messages(results, style), after)
-    tensors = adapter.encode(processor, text, images=media.get("images") or None,
-                             videos=media.get("videos") or None,
-                             audios=media.get("audios") or None)
+    marked, data = with_markers(results)  # the results' text is data, the template's markup
+    marked_text = observation_text(processor, observation_messages(marked, style), after)
+    text = fill(marked_text, data)
+    tensors = encode_with_data(adapter, processor, marked_text, data,
+                               images=media.get("images") or None,
+                               videos=media.get("videos") or None,
+                               audios=media.get("audios") or None)
     ids = tensors.pop("input_ids")[0]
     tensors.pop("attention_mask", None)
     types = tensors.pop("mm_token_type_ids", None)

@@ -80,13 +80,18 @@ class TrajectoryRollout:
         self.toolbox, self.settings = toolbox, settings
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.style: ObservationStyle = observation_style(processor)
+        # The most characters one token stands for (byte-level: a vocabulary entry's length is
+        # its bytes): text longer than max_observation_tokens x this cannot fit, so it is
+        # refused by its length before the tokenizer spends time and memory on it.
+        self.token_chars = max(map(len, self.tokenizer.get_vocab()), default=1)
 
     @classmethod
     def from_config(cls, tc, engine, processor, adapter,
-                    evaluation: bool = False) -> "TrajectoryRollout":
+                    evaluation: bool = False, data=None) -> "TrajectoryRollout":
         """From a ToolsConfig (its tools, call format, budgets; eval_max_turns when
-        `evaluation`) over any rollout engine."""
-        return cls(engine, processor, adapter, Toolbox.from_config(tc),
+        `evaluation`) over any rollout engine; `data` (a DataConfig) gives the tools' results
+        the records' media limits."""
+        return cls(engine, processor, adapter, Toolbox.from_config(tc, data),
                    TrajectorySettings.from_config(tc, evaluation))
 
     def rollout(self, prompts: Sequence[PromptFeatures], sampling: SamplingParams,
@@ -155,6 +160,10 @@ class TrajectoryRollout:
     def _answer(self, row: _Row, answered: list[tuple[ToolCall, Outcome]]) -> None:
         s, turn = self.settings, row.record.turns - 1
         after = self.tokenizer.decode(row.ids[-1][-1:])
+        chars = sum(len(x) for _, o in answered for x in o.items or () if isinstance(x, str))
+        if chars > s.max_observation_tokens * self.token_chars:
+            answered = _instead(answered, "too_long", f"the result is {chars} characters, more "
+                                f"than {s.max_observation_tokens} tokens can hold; ask for less")
         try:
             ids, obs = self._encode(answered, after, row.length)
         except ValueError as e:  # the processor refused a result (a last line behind as_items)

@@ -12,13 +12,14 @@ from __future__ import annotations
 import inspect
 import json
 import threading
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 from PIL import Image
 
-from mmrl.data.media import Video
+from mmrl.data.media import Video, decode_limit
 from mmrl.registry import Registry
 from mmrl.types import AUDIO_SAMPLING_RATE, PromptFeatures
 
@@ -38,6 +39,18 @@ class ToolInputError(ValueError):
             raise ValueError(f"ToolInputError kind must be one of {ERROR_KINDS}, got {kind!r}")
         super().__init__(message)
         self.kind = kind
+
+
+@dataclass(frozen=True)
+class MediaLimits:
+    """The guards a tool's media result passes, the records' own (mmrl/data/media.py): an image
+    or a frame of at most `pixels` (max(4 x the image budget, 16 MP), what a run decodes), at
+    most `frames` frames (data.video_max_frames), audio of at most `audio_seconds`
+    (data.audio_max_seconds; None: no limit, as for records)."""
+
+    pixels: int = decode_limit(None)
+    frames: int = 64
+    audio_seconds: float | None = None
 
 
 @dataclass
@@ -64,8 +77,29 @@ class ToolContext:
     factor: int = 28  # pixels per merged patch side: the smallest crop worth taking
     coords: str = "resized"  # how the model writes boxes (its adapter's box_coords)
     image_pixels: tuple[int, int] = (28 * 28 * 4, 28 * 28 * 256)  # a returned image's budget
+    max_frames: int = 64  # data.video_max_frames: the most frames a result may hold
+    max_audio_seconds: float | None = None  # data.audio_max_seconds
+    uid: str = field(default_factory=lambda: uuid.uuid4().hex)  # one group, in a worker too
     _cache: dict = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def limits(self) -> MediaLimits:
+        """The guards of this prompt's tool results (the records' rules, its image budget)."""
+        return MediaLimits(pixels=decode_limit(self.image_pixels[1]), frames=self.max_frames,
+                           audio_seconds=self.max_audio_seconds)
+
+    def __getstate__(self) -> dict:
+        """To a tool worker process: the sample and media paths, not the prompt's tensors, the
+        cache or its locks (the worker keeps its own per uid)."""
+        from mmrl.types import PromptFeatures
+
+        state = {k: v for k, v in vars(self).items() if k not in ("_cache", "_lock")}
+        state["prompt"] = PromptFeatures(sample=self.prompt.sample, tensors={})
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        vars(self).update(state, _cache={}, _lock=threading.Lock())
 
     @property
     def sample(self):
@@ -94,17 +128,25 @@ class ToolContext:
         return int(index) - 1, paths[int(index) - 1]
 
 
-def as_items(value: Any) -> list:
+def as_items(value: Any, limits: MediaLimits = MediaLimits()) -> list:
     """A tool's return value as a list of result items (str, PIL image, Video, waveform);
-    TypeError names what cannot be shown to the model (the shapes the processors accept)."""
+    TypeError names what cannot be shown to the model (the shapes the processors accept) or
+    what is over the records' media guards (`limits`)."""
     values = list(value) if isinstance(value, (list, tuple)) else [value]
-    items = [_item(v) for v in values]
+    items = [_item(v, limits) for v in values]
     if not items:
         raise TypeError("the tool returned nothing to show")
     return items
 
 
-def _item(v: Any):
+def _pixels(w: int, h: int, what: str, limits: MediaLimits) -> None:
+    if w * h > limits.pixels:
+        raise TypeError(f"{what} of {w}x{h} is {w * h / 1e6:.1f} MP, over the "
+                        f"{limits.pixels / 1e6:.1f} MP a run decodes (the records' limit: max(4 x "
+                        f"the image budget, 16 MP)); return a smaller one")
+
+
+def _item(v: Any, limits: MediaLimits):
     if isinstance(v, str):
         return v
     if isinstance(v, Image.Image):
@@ -112,17 +154,25 @@ def _item(v: Any):
         if min(w, h) < 1 or max(w, h) / min(w, h) > 200:
             raise TypeError(f"an image of {w}x{h}: sides must be >= 1 px with an aspect ratio "
                             f"<= 200 (Qwen-VL rejects others)")
+        _pixels(w, h, "an image", limits)
         return v.convert("RGB") if v.mode != "RGB" else v
     if isinstance(v, Video):
         frames = np.asarray(v.frames)
         if frames.ndim != 4 or frames.shape[-1] != 3 or not len(frames) or not v.fps > 0:
             raise TypeError(f"a Video needs frames [T, H, W, 3] (T >= 1) and fps > 0, got "
                             f"{tuple(frames.shape)} at {v.fps} fps")
+        if len(frames) > limits.frames:
+            raise TypeError(f"a Video of {len(frames)} frames, over the {limits.frames} a clip may "
+                            f"have (data.video_max_frames)")
+        _pixels(frames.shape[2], frames.shape[1], "a frame", limits)
         return v
     if isinstance(v, np.ndarray) and v.ndim == 1 and np.issubdtype(v.dtype, np.floating):
         if len(v) < AUDIO_SAMPLING_RATE // 10:
             raise TypeError(f"a waveform of {len(v)} samples: at least 0.1 s "
                             f"({AUDIO_SAMPLING_RATE // 10} samples at {AUDIO_SAMPLING_RATE} Hz)")
+        if limits.audio_seconds is not None and len(v) > limits.audio_seconds * AUDIO_SAMPLING_RATE:
+            raise TypeError(f"a waveform of {len(v) / AUDIO_SAMPLING_RATE:g} s, over "
+                            f"data.audio_max_seconds={limits.audio_seconds:g}")
         return v.astype(np.float32)
     if isinstance(v, np.ndarray) and v.ndim == 4:
         raise TypeError("frames need their sampling fps: return mmrl.data.media.Video(frames=..., "

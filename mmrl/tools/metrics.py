@@ -7,6 +7,8 @@ from typing import Sequence
 from mmrl.tools.base import ERROR_KINDS
 from mmrl.types import Trajectory
 
+NAMELESS = ("malformed", "unknown_tool")  # errors whose call names no configured tool
+
 
 def trajectory_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     """Means over trajectories: turns, calls, observation tokens; the share that called a tool
@@ -21,7 +23,8 @@ def trajectory_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     """
     n = max(1, len(trajectories))
     calls = [c for t in trajectories for c in t.calls]
-    per_tool = Counter(c.name for c in calls if c.name)
+    # Per tool: the calls that named one (a name the model made up is its own text, no metric).
+    per_tool = Counter(c.name for c in calls if c.name and c.error not in NAMELESS)
     errors = Counter(c.error for c in calls if c.error)
     out = {
         "tools/turns_mean": sum(t.turns for t in trajectories) / n,

@@ -1,24 +1,27 @@
 """The configured tools of a run, and running a turn's calls: concurrently across trajectories,
 each within a time limit, every failure an error outcome of its own kind.
 
-Calls run on daemon threads, at most `workers` at a time. A call past its time limit is
-answered "timeout" and abandoned (Python cannot stop a thread): its thread finishes in the
-background and never blocks the run or its exit, but keeps its CPU while it runs, so a tool that
-can hang should bound its own work too.
+User tools ("pkg.mod:fn") run in worker processes (mmrl/tools/workers.py), at most `workers` at
+a time: a call past its time limit is answered "timeout" and its worker is killed, so the limit
+holds even for code that holds the interpreter lock. The built-in tools, whose work is bounded
+(one decode, one resize), run on daemon threads in the trainer, at most `workers` at a time; one
+past its limit is answered "timeout" and abandoned.
 """
 from __future__ import annotations
 
 import inspect
+import pickle
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from mmrl.tools import builtin  # noqa: F401  (registers crop, frames, audio_clip in TOOLS)
-from mmrl.tools.base import (TOOLS, ToolContext, ToolInputError, as_items, model_parameters,
-                             spec_of, watching)
+from mmrl.tools.base import TOOLS, ToolContext, model_parameters, spec_of
 from mmrl.tools.calls import ToolCall
-from mmrl.types import ToolCallRecord
+from mmrl.tools.outcome import Outcome, execute
+from mmrl.tools.workers import WAKE_S, WorkerPool
+
 
 
 @dataclass(frozen=True)
@@ -28,23 +31,7 @@ class Tool:
     spec: dict  # {"name", "description", "parameters"}
     params: dict  # settings bound as keywords (tools.use[].params)
     takes_context: bool
-
-
-@dataclass
-class Outcome:
-    """One call's answer: result items, or an error kind and the message the model reads."""
-
-    items: list | None = None
-    error: str | None = None
-    message: str = ""
-    seconds: float = 0.0
-    seen: list[dict] | None = None  # what of the original media the tool read (looked_at)
-
-    def record(self, call: ToolCall, turn: int) -> ToolCallRecord:
-        """The trajectory's record of `call` (made at model turn `turn`) and this answer."""
-        return ToolCallRecord(name=call.name, arguments=call.arguments, turn=turn,
-                              error=self.error, seconds=self.seconds, message=self.message,
-                              seen=list(self.seen or []) if self.error is None else [])
+    in_process: bool = True  # a built-in (bounded work); user tools run in worker processes
 
 
 def load_tool(name: str, params: dict | None = None, where: str = "tools.use") -> Tool:
@@ -63,9 +50,16 @@ def load_tool(name: str, params: dict | None = None, where: str = "tools.use") -
     if unknown:
         raise ValueError(f"{where}: {name} has no setting {unknown} (its keyword-only parameters: "
                          f"{sorted(settings) or 'none'})")
-    tool_name = name if name in TOOLS else fn.__name__
+    builtin = name in TOOLS
+    tool_name = name if builtin else fn.__name__
+    if not builtin:  # it runs in a worker process, reached by its module and name
+        try:
+            pickle.dumps(fn)
+        except Exception as e:
+            raise ValueError(f"{where}: {name} cannot run in a tool worker process (it must be a "
+                             f"module-level function): {e}") from None
     return Tool(name=tool_name, fn=fn, spec=spec_of(fn, tool_name), params=dict(params or {}),
-                takes_context="context" in signature.parameters)
+                takes_context="context" in signature.parameters, in_process=builtin)
 
 
 class Toolbox:
@@ -80,13 +74,19 @@ class Toolbox:
             self.tools[t.name] = t
         self.timeout_s, self.workers = float(timeout_s), max(1, int(workers))
         self.instructions = instructions  # tools.instructions: None = the call format's own
+        self.pool = WorkerPool(self.workers)  # user tools; its processes start at first use
+        self.max_frames, self.max_audio_seconds = 64, None  # data.video_max_frames, ...
 
     @classmethod
-    def from_config(cls, tc) -> "Toolbox":
-        """From a ToolsConfig (tools.use, timeout_s, workers, instructions)."""
+    def from_config(cls, tc, data=None) -> "Toolbox":
+        """From a ToolsConfig (tools.use, timeout_s, workers, instructions); a DataConfig
+        `data` gives the results the records' frame and audio limits."""
         tools = [load_tool(spec.name, spec.params, f"tools.use[{i}]")
                  for i, spec in enumerate(tc.use)]
-        return cls(tools, tc.timeout_s, tc.workers, tc.instructions)
+        box = cls(tools, tc.timeout_s, tc.workers, tc.instructions)
+        if data is not None:
+            box.max_frames, box.max_audio_seconds = data.video_max_frames, data.audio_max_seconds
+        return box
 
     def offered(self, sample) -> list[str]:
         """The tools `sample` may call: its record's "tools" field, else every configured tool.
@@ -123,7 +123,8 @@ class Toolbox:
                            images=s.fields.get("full_images") or list(s.images),
                            videos=s.fields.get("full_videos") or list(s.videos),
                            audios=s.fields.get("full_audios") or list(s.audios),
-                           factor=factor, coords=coords, image_pixels=budget)
+                           factor=factor, coords=coords, image_pixels=budget,
+                           max_frames=self.max_frames, max_audio_seconds=self.max_audio_seconds)
 
     def specs(self, names: Sequence[str]) -> list[dict]:
         """Function specs in the OpenAI/Qwen form chat templates take as `tools`."""
@@ -142,22 +143,33 @@ class Toolbox:
                 out[i] = problem
             else:
                 runnable.append((i, self.tools[call.name], call, context))
-        for start in range(0, len(runnable), self.workers):
-            for i, outcome in self._wave(runnable[start:start + self.workers]):
+        remote = [(i, _message(tool, call, context)) for i, tool, call, context in runnable
+                  if not tool.in_process]
+        if remote:
+            for i, outcome in self.pool.run(remote, self.timeout_s, self._timed_out).items():
+                out[i] = outcome
+        local = [job for job in runnable if job[1].in_process]
+        for start in range(0, len(local), self.workers):
+            for i, outcome in self._wave(local[start:start + self.workers]):
                 out[i] = outcome
         return out  # type: ignore[return-value]
+
+    def _timed_out(self) -> Outcome:
+        return Outcome(error="timeout", message=f"no result within {self.timeout_s:g} s",
+                       seconds=self.timeout_s)
 
     def _check(self, call: ToolCall, offered: Sequence[str]) -> Outcome | None:
         if call.error is not None:
             return Outcome(error=call.error, message=call.detail)
         if call.name not in offered:
-            return Outcome(error="unknown_tool", message=f"no tool {call.name!r}; available: "
+            return Outcome(error="unknown_tool", message=f"no tool {call.name!r:.80}; available: "
                            f"{', '.join(offered) or 'none'}")
         tool = self.tools[call.name]
         allowed = {p.name for p in model_parameters(tool.fn)}
         try:
             if set(call.arguments) - allowed:
-                raise TypeError(f"unexpected argument(s) {sorted(set(call.arguments) - allowed)}")
+                extra = str(sorted(set(call.arguments) - allowed))
+                raise TypeError(f"unexpected argument(s) {extra[:200]}")
             inspect.signature(tool.fn).bind(
                 **({"context": None} if tool.takes_context else {}), **call.arguments)
         except TypeError as e:
@@ -174,30 +186,21 @@ class Toolbox:
             thread.start()
             threads.append((i, thread, time.monotonic() + self.timeout_s))
         for i, thread, deadline in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+            while thread.is_alive() and time.monotonic() < deadline:  # wakes for stop signals
+                thread.join(min(WAKE_S, max(0.0, deadline - time.monotonic())))
             outcome = results.get(i)
             if thread.is_alive() or outcome is None:
-                outcome = Outcome(error="timeout", message=f"no result within {self.timeout_s:g} s",
-                                  seconds=self.timeout_s)
+                outcome = self._timed_out()
             yield i, outcome
+
+
+def _message(tool: Tool, call: ToolCall, context: ToolContext) -> tuple:
+    """What a worker process gets for one call: (fn, name, kwargs, context, limits)."""
+    return (tool.fn, tool.name, {**call.arguments, **tool.params},
+            context if tool.takes_context else None, context.limits)
 
 
 def _call(tool: Tool, call: ToolCall, context: ToolContext, results: dict, i: int) -> None:
     """Runs on a tool thread: the outcome of one call, never an exception."""
-    start = time.monotonic()
-    kwargs: dict[str, Any] = {**call.arguments, **tool.params}
-    if tool.takes_context:
-        kwargs["context"] = context
-    seen = watching()
-    try:
-        value = tool.fn(**kwargs)
-        try:
-            outcome = Outcome(items=as_items(value), seen=seen)
-        except TypeError as e:  # something the model cannot be shown
-            outcome = Outcome(error="bad_result", message=f"{tool.name}: {e}")
-    except ToolInputError as e:
-        outcome = Outcome(error=e.kind, message=str(e))
-    except Exception as e:  # a tool's own failure: the model is told, the run goes on
-        outcome = Outcome(error="exception", message=f"{type(e).__name__}: {str(e)[:300]}")
-    outcome.seconds = time.monotonic() - start
-    results[i] = outcome
+    fn, name, kwargs, ctx, limits = _message(tool, call, context)
+    results[i] = execute(fn, name, kwargs, ctx, limits)

@@ -47,6 +47,7 @@ class SamplerSettings:
     # The trainer's setting (the CLI flushes denormals: tiny-model CPU steps spike 10-20x on
     # them); a spawned process starts without it.
     flush_denormal: bool = False
+    data: object = None  # DataConfig: tool results pass the records' media guards
 
 
 def flushes_denormals() -> bool:
@@ -81,7 +82,8 @@ def _main(settings: SamplerSettings, model, processor, staging: dict, version, l
     torch.manual_seed(settings.seed)
     try:
         policy = _SamplerPolicy(model, processor, get_adapter(settings.family), settings)
-        rollout = Rollout(settings.rollout, policy, settings.tools, model=model)
+        rollout = Rollout(settings.rollout, policy, settings.tools, settings.data,
+                          model=model)
         params = dict(model.named_parameters())
         loaded, fp, parent = -1, None, os.getppid()
         replies.put((True, os.getpid()))  # replies: (ok, payload), else (False, traceback)

@@ -125,7 +125,7 @@ def _draw_rows(model, processor, adapter: ModelAdapter, samples: list[Sample], c
     rows, failed, trajectories = [], 0, []
     # With tools, every draw is a trajectory, up to tools.eval_max_turns model turns.
     loop = (TrajectoryRollout.from_config(cfg.tools, HFEngine(model, processor), processor,
-                                          adapter, evaluation=True)
+                                          adapter, evaluation=True, data=cfg.data)
             if cfg.tools.enabled else None)
     starts = range(0, len(samples), ec.batch_size)
     # A bar on a terminal only: logs of long evaluations stay clean.

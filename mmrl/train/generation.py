@@ -27,9 +27,10 @@ class Rollout:
     PUBLIC = ("generate", "sync", "close", "metrics")
 
     def __init__(self, rc: RolloutConfig, policy: Policy, tools: ToolsConfig | None = None,
-                 model=None):
-        """`model`: sample from this model instead of the policy's (the async sampler's own
-        copy of the weights, mmrl/train/async_rollout.py)."""
+                 data=None, model=None):
+        """`data`: the data section (tool results pass the records' media guards). `model`:
+        sample from this model instead of the policy's (the async sampler's own copy of the
+        weights, mmrl/train/async_rollout.py)."""
         self.rc, self.policy = rc, policy
         self.model = policy.model if model is None else model
         self._weight_bytes = None  # of the weights a decode step reads (speed.py), once
@@ -37,7 +38,7 @@ class Rollout:
         with policy.full_params():  # a colocated engine starts from the whole weights
             self.engine = make_engine(rc, self.model, policy.processor, policy.adapter)
         self.trajectories = (TrajectoryRollout.from_config(tools, self.engine, policy.processor,
-                                                           policy.adapter)
+                                                           policy.adapter, data=data)
                              if tools is not None and tools.enabled else None)
         if self.trajectories is not None and policy.info.main:
             print(self.trajectories.style.reason, flush=True)  # tool role or <tool_response>

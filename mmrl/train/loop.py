@@ -86,7 +86,7 @@ class Trainer:
                              resume if checkpoint.has_weights(resume) else None,
                              sequence=self.layout.sequence)
         self.learner = Learner(cfg, self.info, strategy, self.policy, data=data)
-        self.rollout = Rollout(cfg.rollout, self.policy, cfg.tools)
+        self.rollout = Rollout(cfg.rollout, self.policy, cfg.tools, cfg.data)
         self.policy.choose_layout(cfg.train.shared_prefix)
         self.scorer = Scorer(cfg, data)
         self.watchers = Watchers(cfg.rollout.max_new_tokens, cfg.algo)

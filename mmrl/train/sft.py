@@ -71,7 +71,7 @@ class Demonstrations:
     def __init__(self, cfg: RunConfig, policy: Policy):
         self.targets, self.tokenizer = cfg.sft.turn_targets, policy.processor.tokenizer
         self.loop = TrajectoryRollout.from_config(cfg.tools, self, policy.processor,
-                                                  policy.adapter)
+                                                  policy.adapter, data=cfg.data)
         # As many turns as targets, whatever tools.max_turns: a demonstration may look again
         # after a miss (a turn more than RL allows, whose cap RL then unlearns). One turn more,
         # so a last target that still calls is the error below, not a silent turn cap.
