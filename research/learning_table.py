@@ -45,6 +45,9 @@ ALL_ROLLOUTS = "log.rollouts_per_step=100000"
 # missed about half its draws, each a decode and a processor call (a one-off cProfile: 37% of a
 # video_qa warm-up step while the cache filled). The features are the same; only time changes.
 ALL_CACHED = "data.feature_cache=4096"
+# A row measures its own held-out draw; the field benchmarks a recipe names (eval.benchmarks,
+# docs/benchmarks-eval.md) need their downloaded copies and would only add time here.
+NO_BENCHMARKS = "eval.benchmarks=[]"
 
 
 def _mmrl(args: list[str], log: Path, processes: int = 1) -> None:
@@ -303,7 +306,7 @@ def run_row(row: str, seed: int, data_root: Path, runs_root: Path, *,
     with LoadMeter() as load:
         _mmrl(["train", *cfg, f"data.train={train}", f"data.eval={evalf}", f"train.seed={seed}",
                f"log.run_dir={run_dir}", f"name=learn_{run_dir.name[:-len(f'_s{seed}')]}",
-               ALL_ROLLOUTS, ALL_CACHED, *extra], log, PROCESSES.get(row, 1))
+               ALL_ROLLOUTS, ALL_CACHED, NO_BENCHMARKS, *extra], log, PROCESSES.get(row, 1))
     wall = time.perf_counter() - started
     summary = json.loads((run_dir / "summary.json").read_text())
     from mmrl import config
