@@ -36,6 +36,7 @@ SINGULAR = {"images": "image", "videos": "video", "audios": "audio"}  # aliases 
 OPTION_KEYS = ("options", "choices")
 TRANSCRIPT_KEYS = ("transcript", "text")  # an audio record's answer when it has no 'solution'
 RESERVED = {"id", "task", "prompt", "messages", "conversations", "solution", "system",
+            "show_options",
             *MEDIA_KINDS, *SINGULAR.values()}
 
 
@@ -76,7 +77,10 @@ def _messages(record: dict, source: str, media: dict[str, list[str]]) -> list[di
 
 def with_options(prompt: str, record: dict, source: str) -> str:
     """The prompt with the record's `options` / `choices` under it as the anchors render them
-    ("Options:" and "A. text" lines), unless the prompt already shows every option."""
+    ("Options:" and "A. text" lines), unless the prompt already shows every option or the
+    record says `"show_options": false` (the options then serve the rewards only)."""
+    if record.get("show_options") is False:
+        return prompt
     key = next((k for k in OPTION_KEYS if isinstance(record.get(k), (list, dict)) and record[k]),
                None)
     if key is None:  # none, or a string the prompt author formatted: left as it is

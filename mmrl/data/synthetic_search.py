@@ -127,6 +127,7 @@ def visual_search(out_dir: str | Path, n_train: int = 400, n_eval: int = 80, see
                                  + "\n".join(options)
                                  + "\nAnswer with the option letter in <answer></answer>."),
             "solution": MC_LETTERS[names.index(scene["pattern"])], "options": options,
+            **({"show_options": False} if prompt else {}),  # the short prompt stays short
             "problem_type": "multiple choice", "image_size": [size, size],
             "mark_box": scene["mark_box"], "patch_box": scene["patch_box"],
             # The patch and the mark in the model's input frame (w x h at the budget), rounded
@@ -255,6 +256,7 @@ def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed
                                  "it. Which colour?\n" + "\n".join(options)
                                  + "\nAnswer with the option letter in <answer></answer>."),
             "solution": MC_LETTERS[colour], "options": options,
+            **({"show_options": False} if prompt else {}),  # the short prompt stays short
             "problem_type": "multiple choice", "duration": n / fps,
             "card_span": [window.start / fps, window.stop / fps],
             "flash_span": [flash / fps, (flash + flash_frames) / fps], "flash_seen": shown,

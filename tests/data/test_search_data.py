@@ -296,4 +296,9 @@ def test_a_short_prompt_replaces_only_the_question_text(task, tmp_path):
         a = [json.loads(x) for x in open(long_[split])]
         b = [json.loads(x) for x in open(short[split])]
         assert [r.pop("prompt") for r in b] == ["Which?"] * len(b)
+        assert [r.pop("show_options") for r in b] == [False] * len(b)
         assert all("A. " in r.pop("prompt") for r in a) and a == b
+    # what the model reads: the short prompt alone (the schema would list the options under it)
+    from mmrl.data.schema import load_samples
+    (sample, *_) = load_samples(short["train"], "mmrl")
+    assert sample.messages[0]["content"][-1]["text"] == "Which?"
