@@ -59,7 +59,9 @@ def peak_flops(device: torch.device, dtype: torch.dtype = torch.float32, n: int 
     known = _table(PEAK_FLOPS, device)
     if known:
         return known
-    a = torch.randn(n, n, dtype=dtype, device=device)
+    # Constant values: drawing random ones would advance the run's RNG stream, and a run's
+    # samples (and a resume's equality) must not depend on when this is first measured.
+    a = torch.full((n, n), 0.5, dtype=dtype, device=device)
     best = float("inf")
     for _ in range(3):
         _sync(device)
