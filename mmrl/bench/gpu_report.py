@@ -26,6 +26,8 @@ def markdown(r: dict) -> str:
                       "```", ""]
         elif "skipped" in part:
             lines += [f"Not run: {part['skipped']}.", ""]
+        elif "pending" in part:  # a stage added after the last lent GPU: what it will measure
+            lines += [*part["pending"], ""]
         else:
             lines += fn(part, r) + [""]
         if part.get("note"):  # e.g. a stage run again in its own call

@@ -61,8 +61,11 @@ def test_k0_is_the_synchronous_loop_bit_for_bit(tiny_yaml, tmp_path):
     a, b = _metrics(plain.run_dir), _metrics(k0.run_dir)
     assert sorted(a) == sorted(b) == [1, 2]
     for step in a:
-        same = {k for k in a[step] if not k.startswith("time")}  # wall clock, stage seconds
-        assert same == {k for k in b[step] if not k.startswith("time")}
+        # what the clock and the allocator say differs run to run: stage seconds, tokens/s,
+        # bandwidth and MFU, resident set per stage
+        measured = ("time", "speed/", "memory/")
+        same = {k for k in a[step] if not k.startswith(measured)}
+        assert same == {k for k in b[step] if not k.startswith(measured)}
         assert not any(k.startswith("async/") for k in same)  # no sampler at all
         assert {k: a[step][k] for k in same} == {k: b[step][k] for k in same}
     wa, wb = _weights(plain.run_dir), _weights(k0.run_dir)

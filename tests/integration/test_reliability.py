@@ -255,7 +255,9 @@ def test_errors_are_one_line_without_debug(tiny_yaml, tmp_path, capsys):
     assert main(args) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and "bad.jsonl:1: not UTF-8" in err
-    assert len(err.strip().splitlines()) <= 5  # the summary (3 lines) and the error, no dump
+    # the config summary (run, algo, decode path, run dir, memory check) and the error, no dump
+    lines = err.strip().splitlines()
+    assert len(lines) <= 7 and sum("not UTF-8" in ln for ln in lines) == 1, lines
     with pytest.raises(RecordError):
         main(["--debug", *args])
 

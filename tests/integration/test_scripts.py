@@ -131,3 +131,15 @@ def test_bench_data_scale_measures_inspect_and_a_short_run(tmp_path):
     assert set(rows) == {"inspect", "train"}
     for row in rows.values():  # each measured in its own process, which exited cleanly
         assert row["records"] == 40 and row["exit"] == 0 and row["peak_rss_mb"] > 50, row
+
+
+def test_bench_webdataset_opens_draws_and_inspects_its_shards(tmp_path):
+    out = tmp_path / "wds.json"
+    proc = _run([sys.executable, SCRIPTS / "bench_webdataset.py", "--samples", 30, "--shards", 3,
+                 "--what", "open,draw", "--out", out], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {r["what"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {"open", "draw"}
+    assert rows["draw"]["images"] == 30 and rows["draw"]["records_per_s"] > 0, rows
+    assert all(r["samples"] == 30 and r["shards"] == 3 and r["peak_rss_mb"] > 50
+               for r in rows.values()), rows
