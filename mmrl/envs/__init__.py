@@ -1,0 +1,4 @@
+"""Environments: what a trajectory interacts with between model turns (base.py: the contract)."""
+from mmrl.envs.base import ENVIRONMENTS, Environment, Step
+
+__all__ = ["ENVIRONMENTS", "Environment", "Step"]
