@@ -17,9 +17,11 @@ from mmrl.data.synthetic import GENERATORS
 from mmrl.data.synthetic_av import write_split
 from mmrl.envs.grid_nav import MOVES, render
 
-PROMPT = ("You are the blue square on a map of walls (dark) and floor (light); the image shows "
-          "the cells around you, and the goal is the green square. Reach the goal: each turn, "
-          "answer with one move, up, down, left or right. A move into a wall ends the walk.")
+PROMPT = ("You are the blue square on a map of walls (dark), floor (white) and cells you have "
+          "walked (grey); the image shows the cells in line with you, and the goal is the green "
+          "square. Reach the goal: each turn, give one move, <answer>up</answer>, "
+          "<answer>down</answer>, <answer>left</answer> or <answer>right</answer>; you then see "
+          "the view from your new cell. A move into a wall ends the walk.")
 
 
 def corridor(rng: random.Random, length: int, moves: str) -> list[str]:

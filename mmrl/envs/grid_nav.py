@@ -10,12 +10,11 @@ The world is a record's `grid` field (written by `mmrl data generate grid_nav`):
 `cell` pixels a cell, with itself at the view's anchor ((window - 1) // 2 in both axes: the
 centre of an odd window, the top-left cell of a 2 x 2 one). It sees along its own row and column
 only (the cells it could walk to); the others, and cells off the map, are drawn as walls, so a
-view tells the next move and nothing about the corner beyond it. The
-record's image is the view from the start; each model turn names a move (the first of up, down,
-left, right in its text), and the environment answers with the view from the new cell. A move
-into a wall or off the map ends the trajectory (`crashed`), as does a turn that names no move
-(`invalid`) and the `max_moves`-th move short of the goal; reaching the goal ends it with
-`success` 1.0.
+view tells the next move and nothing about the corner beyond it. The record's image is the view
+from the start; each model turn names a move (parse_move), and the environment answers with the
+view from the new cell. A move into a wall or off the map ends the trajectory (`crashed`), as
+does a turn that names no move (`invalid`) and the `max_moves`-th move short of the goal;
+reaching the goal ends it with `success` 1.0.
 
 `blank=True` is the control: after each move the view is withheld (a uniform grey image of the
 same size), so only the first image shows the world; a policy that learns there learned from the
@@ -36,15 +35,21 @@ MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 COLOURS = {"wall": (40, 40, 40), "floor": (235, 235, 235), "trail": (160, 160, 160),
            "agent": (40, 90, 220), "goal": (40, 180, 60), "blank": (128, 128, 128)}
 _MOVE = re.compile(r"\b(up|down|left|right)\b", re.IGNORECASE)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
 
 
 def parse_move(text: str) -> str | None:
-    """The first move named in a model turn, lower-cased; None when it names none.
+    """The move a model turn names, lower-cased: the first of up/down/left/right inside its last
+    <answer>...</answer> when it has one (a reasoning model's thoughts name moves too), else in
+    the whole turn; None when it names none.
 
-    >>> parse_move("<answer>Right</answer>"), parse_move("go up, then left"), parse_move("wait")
-    ('right', 'up', None)
+    >>> parse_move("<think>up is a wall</think><answer>Right</answer>"), parse_move("go up, left")
+    ('right', 'up')
+    >>> parse_move("wait"), parse_move("<answer>stay</answer> then down")
+    (None, None)
     """
-    found = _MOVE.search(text)
+    answers = _ANSWER.findall(text)
+    found = _MOVE.search(answers[-1] if answers else text)
     return found.group(1).lower() if found else None
 
 
