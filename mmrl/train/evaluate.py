@@ -216,7 +216,8 @@ def _draw(feats, params: SamplingParams, loop: TrajectoryRollout):
     trajectory loop: one turn of the model's generate for single-turn, else trajectories."""
     batch = loop.rollout(feats, params)
     if batch.trajectories is None:
-        return batch.texts, {"completion_length": batch.completion_mask.sum(1).tolist()}, None
+        return batch.texts, {"completion_length": batch.completion_mask.sum(1).tolist(),
+                             "info": [{} for _ in batch.texts]}, None
     return batch.texts, {"completion_length": batch.policy_mask.sum(1).tolist(),
                          **trajectory_fields(batch.trajectories)}, batch.trajectories
 

@@ -169,6 +169,8 @@ class Scorer:
                  "max_completion_length": [self.max_new_tokens] * batch.n}
         if batch.trajectories is not None:  # calls (tool_use reads them), the env's info
             extra.update(trajectory_fields(batch.trajectories))
+        else:  # single-turn: an environment that said nothing
+            extra["info"] = [{} for _ in range(batch.n)]
         totals, per = self.rewards.score([p.sample for p in batch.prompts], batch.texts, extra)
         return torch.tensor(totals, dtype=torch.float32), per
 
