@@ -203,13 +203,13 @@ class ToolsConfig:
 @dataclass
 class EnvConfig:
     """The environment every trajectory talks to between its model turns (docs/environments.md):
-    one instance per trajectory, built from `name` and `args`."""
+    one instance per trajectory, built from `name` and `args`. The budgets below are a user
+    environment's; the tools environment keeps tools.*."""
 
     # auto: the tools environment when tools.use is set, else single_turn; or a registered name
     # (`mmrl.envs.ENVIRONMENTS`), or a user class "pkg.mod:Class".
     name: str = "auto"
     args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of its constructor
-    # The budgets of a user environment's trajectories (the tools environment keeps tools.*):
     max_turns: int = 4  # model turns per trajectory in training
     eval_max_turns: Optional[int] = None  # at evaluation (may be larger); None: max_turns
     max_tokens: int = 1024  # completion tokens of a trajectory: model and observation turns
