@@ -119,7 +119,7 @@ class AsyncRollout:
         self.worker = ProcessWorker(
             SamplerSettings(cfg.rollout, cfg.tools, cfg.model.family, policy.placeholder_ids,
                             policy.pad_id, policy.sequence, policy.info, self.sampler_threads,
-                            cfg.train.seed + 1, flushes_denormals(), cfg.data),
+                            cfg.train.seed + 1, flushes_denormals(), cfg.data, cfg.env),
             model, policy.processor, self.weights)
         self._cond = threading.Condition()
         self._todo: deque[_Job] = deque()  # submitted, not started
