@@ -164,18 +164,21 @@ def video_wide(record: dict, tight: float = 0.4) -> str:
 
 
 # grid_nav: 6 moves, right or down, no slack (a wrong move crashes into the corridor's wall); a
-# 2 x 2 window of 14-px cells (one visual token); 200 held-out walks: 0.2 reads +-0.03.
+# 2 x 2 window of 14-px cells (one visual token); 100 held-out walks are evaluated.
 _GRID = {"n_train": 600, "n_eval": 200, "length": 6, "moves": "right_down", "window": 2,
          "cell": 14, "slack": 0, "prompt": "Move."}
 
 
-def grid_walk(record: dict) -> dict:
-    """The grid_nav warm-up's moves (CRUTCH, research/layers/grid_nav.yaml): a coin flip between
-    right and down for each turn, drawn from the record's id, blind to the views (a
-    demonstration ends at its first crash): the answer shape without a way of reading."""
+def grid_walk(record: dict, tight: float = 0.4) -> dict:
+    """The grid_nav warm-up's moves (CRUTCH, research/layers/grid_nav.yaml; visual_search's
+    `warmup_box` for a walk): for each turn, the solution's move on a `tight` share drawn from
+    the record's id, else "right" (a demonstration ends at its first crash). So the warm-up
+    teaches the answer shape and a lean to "right" that greedy decoding follows whatever the
+    view (before RL it succeeds only on all-right corridors), while the samples go down where
+    the view shows the way down on some draws: RL makes the reading the policy."""
     rng = random.Random(f"walk {record['id']}")
-    return {f"walk_{k}": rng.choice(["right", "down"])
-            for k in range(record["grid"]["max_moves"])}
+    return {f"walk_{k}": move if rng.random() < tight else "right"
+            for k, move in enumerate(record["moves"])}
 
 
 def search_warmup(record: dict, tight: float = 0.4) -> list[int]:

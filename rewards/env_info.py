@@ -10,11 +10,13 @@ from rewards.registry import register
 
 
 def info_values(n: int, info: Any, key: str) -> list[float | None]:
-    """Each row's `info[key]` as a float; None where the row has no info dict, no such key, or a
-    value that is not a number (bools count: True -> 1.0).
+    """Each row's `info[key]` as a float (bools count: True -> 1.0); 0.0 where the row's info
+    lacks the key (the environment never said so: e.g. a turn cut at the token limit ends the
+    trajectory before any step), None where the row has no info dict (no environment) or the
+    value is not a number.
 
-    >>> info_values(3, [{"success": 1.0}, {"success": False}, {}], "success")
-    [1.0, 0.0, None]
+    >>> info_values(4, [{"success": 1.0}, {"success": False}, {}, {"success": "yes"}], "success")
+    [1.0, 0.0, 0.0, None]
     >>> info_values(2, None, "success")
     [None, None]
     """
@@ -22,7 +24,7 @@ def info_values(n: int, info: Any, key: str) -> list[float | None]:
         return [None] * n
     out: list[float | None] = []
     for row in info:
-        value = row.get(key) if isinstance(row, dict) else None
+        value = row.get(key, 0.0) if isinstance(row, dict) else None
         out.append(float(value) if isinstance(value, (int, float)) else None)
     return out
 
@@ -31,7 +33,7 @@ def info_values(n: int, info: Any, key: str) -> list[float | None]:
 def success(completions: list, solution: list | None = None, *, info: Any = None,
             key: str = "success", **fields: Any) -> list[float | None]:
     """The environment's verdict: info[`key`] (1.0 when the trajectory succeeded, e.g. grid_nav
-    reached its goal), None for rows whose info lacks it (a trajectory without an environment)."""
+    reached its goal); 0.0 where the info lacks it, None for a row without info (no environment)."""
     return info_values(len(completions), info, key)
 
 

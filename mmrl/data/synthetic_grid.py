@@ -69,7 +69,8 @@ def grid_nav(out_dir: str | Path, n_train: int = 400, n_eval: int = 100, seed: i
     "right_down" or "any" (module docstring); `window` x `window` cells of `cell` px a view
     (`window` 2 needs right_down: the agent sits top-left); `max_moves` = length + `slack`.
     Fields: grid (the world, mmrl/envs/grid_nav.py), solution (the moves, space-separated),
-    images (the view from the start). `prompt` replaces the instructions (a tiny model reads none)."""
+    moves (the same as a list: a warm-up's turn k imitates {moves[k]}), images (the view from
+    the start). `prompt` replaces the instructions (a tiny model reads none)."""
     if moves not in ("right_down", "any"):
         raise ValueError(f"grid_nav: moves must be 'right_down' or 'any', got {moves!r}")
     if window < 3 and moves != "right_down" or window < 2:
@@ -88,5 +89,5 @@ def grid_nav(out_dir: str | Path, n_train: int = 400, n_eval: int = 100, seed: i
         render(grid, tuple(grid["start"])).save(out / name)
         records.append({"id": f"grid-{i:05d}", "task": "grid_nav", "images": [name],
                         "prompt": PROMPT if prompt is None else prompt,
-                        "solution": " ".join(path), "grid": grid})
+                        "solution": " ".join(path), "moves": path, "grid": grid})
     return write_split(out, records, n_train)

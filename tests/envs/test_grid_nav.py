@@ -108,9 +108,10 @@ def test_reset_refuses_a_record_without_a_world():
 
 
 def test_rewards_read_info():
+    # {}: a trajectory whose environment said nothing (a turn cut before any step): not a success
     info = [{"success": 1.0, "progress": 1.0}, {"success": 0.0, "progress": 0.25}, {}]
-    assert get_reward("success")(["a", "b", "c"], None, info=info) == [1.0, 0.0, None]
-    assert get_reward("progress")(["a", "b", "c"], None, info=info) == [1.0, 0.25, None]
+    assert get_reward("success")(["a", "b", "c"], None, info=info) == [1.0, 0.0, 0.0]
+    assert get_reward("progress")(["a", "b", "c"], None, info=info) == [1.0, 0.25, 0.0]
     assert get_reward("success")(["a"], None) == [None]  # no environment: not scored
 
 
