@@ -13,7 +13,7 @@ from PIL import Image
 from mmrl.data.schema import load_samples
 from mmrl.data.synthetic import GENERATORS
 from mmrl.envs import ENVIRONMENTS
-from mmrl.envs.grid_nav import COLOURS, GridNav, render
+from mmrl.envs.grid_nav import COLOURS, GridNav, parse_move, render
 from mmrl.types import Sample
 from rewards import get_reward
 
@@ -47,6 +47,13 @@ def test_view_shows_row_and_column_only():
     two = {**GRID, "window": 2}  # a 2 x 2 view: the agent top-left, right and below shown
     assert cells(render(two, (0, 1)), 4) == [[A, F], [W, W]]
     assert render(GRID, (0, 1)).tobytes() == render(GRID, (0, 1)).tobytes()
+
+
+def test_a_turn_names_its_move_in_its_last_answer_else_in_its_text():
+    assert parse_move("<think>up is a wall</think><answer>Right</answer>") == "right"
+    assert parse_move("<answer>up</answer><answer>down</answer>") == "down"
+    assert parse_move("go up, then left") == "up"
+    assert parse_move("upward") is None and parse_move("<answer>stay</answer> down") is None
 
 
 def test_walk_to_goal():
