@@ -117,10 +117,10 @@ class AsyncRollout:
         model = copy.deepcopy(policy.model)  # the sampler's own weights
         model.requires_grad_(False)
         self.worker = ProcessWorker(
-            SamplerSettings(cfg.rollout, cfg.tools, cfg.model.family, policy.placeholder_ids,
-                            policy.pad_id, policy.sequence, policy.info, self.sampler_threads,
-                            cfg.train.seed + 1, flushes_denormals(), cfg.data),
-            model, policy.processor, self.weights)
+            SamplerSettings(cfg.rollout, cfg.tools, policy.sequence, policy.info,
+                            self.sampler_threads, cfg.train.seed + 1, flushes_denormals(),
+                            cfg.data),
+            model, policy.codec, self.weights)
         self._cond = threading.Condition()
         self._todo: deque[_Job] = deque()  # submitted, not started
         self._ready: deque[_Drawn] = deque()  # drawn, not yet taken
