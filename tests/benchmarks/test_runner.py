@@ -71,7 +71,7 @@ def test_periodic_runs_respect_every(tmp_path):
     assert run_due(None, cfg, tmp_path, "step_000001", 1) == {}  # none due: nothing touched
     adapter = get_adapter("qwen2_5_vl")
     model, processor = adapter.tiny()
-    policy = types.SimpleNamespace(model=model, processor=processor, adapter=adapter,
+    policy = types.SimpleNamespace(model=model, codec=Codec(adapter, processor),
                                    info=DistInfo(), full_params=contextlib.nullcontext)
     got = run_due(policy, cfg, tmp_path, "step_000002", 2)
     assert set(got) == {"bench/vstar", "time/benchmarks"} and got["time/benchmarks"] > 0
