@@ -66,8 +66,8 @@ def cmd_train(args) -> int:
 
 
 def _memory_check(cfg, args):
-    """The memory plan for this device, process count and strategy (mmrl/bench/fit.py)."""
-    from mmrl.bench.fit import memory_check
+    """The memory plan for this device, process count and strategy (mmrl/plan/fit.py)."""
+    from mmrl.plan.fit import memory_check
 
     return memory_check(cfg, args.config, list(args.overrides),
                         world=int(os.environ.get("WORLD_SIZE", "1")))
@@ -307,7 +307,7 @@ def cmd_consolidate(args) -> int:
 # Commands whose module parses its own options: name -> (module with main(argv), summary).
 DELEGATED = {
     "bench": ("mmrl.bench.__main__", "speed benchmarks (docs/benchmarks.md)"),
-    "plan": ("mmrl.bench.plan_report", "predict peak memory per GPU for a config (docs/memory.md)"),
+    "plan": ("mmrl.plan.report", "predict peak memory per GPU for a config (docs/memory.md)"),
 }
 
 
