@@ -131,7 +131,8 @@ def decode_stage(cpu: bool, part, s: dict) -> dict:
 def grpo_step(cpu: bool, s: dict, workdir: Path, gpu_gib: float) -> dict:
     """One real GRPO step of the step shape (the tiny twin with --cpu), measured in a fresh
     process, beside the memory model's prediction for the same config."""
-    from mmrl.bench import peak, plan
+    from mmrl import plan
+    from mmrl.bench import peak
     from mmrl.config import load
 
     st = s["step"]
