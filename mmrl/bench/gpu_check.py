@@ -14,6 +14,7 @@ stages that would run past the time budget are skipped and say so):
                 tokens/s and % of the bandwidth floor (weights + KV read per step)
   grpo step     one real GRPO step (mmrl's Trainer) of a Qwen2.5-VL-3B-shaped model, against
                 the memory model's prediction
+  async step    the same step with rollout.max_staleness 0 vs 1 (docs/async.md): steps/s, ratio
   trl           the same step through TRL's GRPOTrainer, where TRL imports
 """
 from __future__ import annotations
@@ -128,12 +129,8 @@ def decode_stage(cpu: bool, part, s: dict) -> dict:
                         mode=None if cpu else "reduce-overhead")
 
 
-def grpo_step(cpu: bool, s: dict, workdir: Path, gpu_gib: float) -> dict:
-    """One real GRPO step of the step shape (the tiny twin with --cpu), measured in a fresh
-    process, beside the memory model's prediction for the same config."""
-    from mmrl.bench import peak, plan
-    from mmrl.config import load
-
+def step_overrides(cpu: bool, s: dict, workdir: Path) -> list[str]:
+    """The GRPO step's config (the step shape; the tiny twin, widened, with --cpu)."""
     st = s["step"]
     path = "tiny" if cpu else f"shape:{STEP_SHAPE}"
     size = s["step_image"]
@@ -152,7 +149,18 @@ def grpo_step(cpu: bool, s: dict, workdir: Path, gpu_gib: float) -> dict:
     if cpu:  # wide enough that tensors, not the interpreter, dominate the resident set
         overrides.append("model.tiny={hidden_size: 256, intermediate_size: 768, "
                          "num_hidden_layers: 4, num_attention_heads: 4, num_key_value_heads: 2, "
-                         "vocab_size: 32768, max_pixels: %d}" % (size * size))
+                         "vocab_size: 32768, max_pixels: %d}" % (s["step_image"] ** 2))
+    return overrides
+
+
+def grpo_step(cpu: bool, s: dict, workdir: Path, gpu_gib: float) -> dict:
+    """One real GRPO step of the step shape (the tiny twin with --cpu), measured in a fresh
+    process, beside the memory model's prediction for the same config."""
+    from mmrl.bench import peak, plan
+    from mmrl.config import load
+
+    st = s["step"]
+    overrides = step_overrides(cpu, s, workdir)
     measured = peak.measure(None, overrides, steps=st["steps"])
     cfg = load(None, overrides)
     facts, what = plan.config_facts(cfg)
@@ -168,6 +176,31 @@ def grpo_step(cpu: bool, s: dict, workdir: Path, gpu_gib: float) -> dict:
             "prompt_tokens": measured["prompt_tokens"], "stages": med,
             "steps_measured": len(later), "group": st["group"], "prompts": st["prompts"],
             "completion": st["completion"]}
+
+
+def async_step(cpu: bool, s: dict, workdir: Path) -> dict:
+    """The GRPO step's config run with rollout.max_staleness 0 and then 1 (docs/async.md), each
+    in a fresh process (bench/peak.py's child: mmrl's Trainer, `train_step` in a loop), one
+    step more than the step stage. Steps/s: the steps after the first over the sum of their
+    wall times (`time/step`): the first step of k = 1 waits for the first batch, as k = 0's
+    does, so both are read in the steady state."""
+    from mmrl.bench import peak
+
+    steps = s["step"]["steps"] + 1
+    out: dict = {"steps": steps, "steps_timed": steps - 1}
+    for k in (0, 1):
+        overrides = [*step_overrides(cpu, s, workdir / f"k{k}"), f"train.steps={steps}",
+                     f"rollout.max_staleness={k}"]
+        measured = peak.measure(None, overrides, steps=steps)
+        later = measured["stages"][1:]
+        wall = sum(st_["step"] for st_ in later)
+        out[f"k{k}"] = {"steps_per_s": len(later) / wall, "step_s": [st_["step"] for st_ in later],
+                        "rollout_s": sum(st_.get("rollout", 0.0) for st_ in later) / len(later),
+                        "update_s": sum(st_.get("update", 0.0) for st_ in later) / len(later),
+                        "staleness": [a.get("async/staleness") for a in measured["async"]]}
+    out["ratio"] = out["k1"]["steps_per_s"] / out["k0"]["steps_per_s"]
+    out["overrides"] = overrides[:-1]
+    return out
 
 
 def trl_step(cpu: bool, s: dict, workdir: Path) -> dict:
@@ -245,6 +278,7 @@ def run(out: Path, cpu: bool, budget_s: float, log=print) -> dict:
     del part
     gib = env.get("memory_gib", 24.0)
     stage("grpo step", lambda: grpo_step(cpu, s, work / "step", gib), 90)
+    stage("async step", lambda: async_step(cpu, s, work / "async"), 150)
     stage("trl", lambda: trl_step(cpu, s, work / "trl"), 150)
     results["seconds"] = time.perf_counter() - started
     out.mkdir(parents=True, exist_ok=True)
