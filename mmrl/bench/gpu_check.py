@@ -35,6 +35,8 @@ from mmrl.bench import gpu_stages as stages
 # Bf16 dense peaks from the datasheets (SXM parts), for MFU; other devices use the measured rate.
 PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.1}
 STEP_SHAPE = "qwen2_5_vl-3b"
+STAGES = ("environment", "correctness", "update", "generation", "decode", "grpo step",
+          "async step", "trl")
 UPDATE_LAYERS = 8  # the update/generation stages run 8 of the 36 layers; seconds are scaled
 
 
@@ -228,7 +230,9 @@ def trl_step(cpu: bool, s: dict, workdir: Path) -> dict:
     return out
 
 
-def run(out: Path, cpu: bool, budget_s: float, log=print) -> dict:
+def run(out: Path, cpu: bool, budget_s: float, log=print, only: set[str] | None = None) -> dict:
+    """Every stage (`only`: these stages and the environment; the others are left out of
+    gpu.json, to be merged into docs/gpu.json by hand)."""
     import tempfile
 
     from mmrl.bench import gpu_report
@@ -243,6 +247,8 @@ def run(out: Path, cpu: bool, budget_s: float, log=print) -> dict:
     work = Path(tempfile.mkdtemp(prefix="mmrl-gpu-check-"))
 
     def stage(name, fn, needs_s: float):
+        if only is not None and name not in only | {"environment"}:
+            return
         left = budget_s - (time.perf_counter() - started)
         if left < needs_s:
             results["stages"][name] = {
@@ -278,7 +284,7 @@ def run(out: Path, cpu: bool, budget_s: float, log=print) -> dict:
     del part
     gib = env.get("memory_gib", 24.0)
     stage("grpo step", lambda: grpo_step(cpu, s, work / "step", gib), 90)
-    stage("async step", lambda: async_step(cpu, s, work / "async"), 150)
+    stage("async step", lambda: async_step(cpu, s, work / "async"), 200)
     stage("trl", lambda: trl_step(cpu, s, work / "trl"), 150)
     results["seconds"] = time.perf_counter() - started
     out.mkdir(parents=True, exist_ok=True)
@@ -308,11 +314,17 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=None,
                     help="skip stages that would end after this many seconds (default 460 on "
                          "a GPU, none on CPU)")
+    ap.add_argument("--stages", default=None,
+                    help=f"comma-separated stages to run besides the environment, of "
+                         f"{', '.join(STAGES)} (default: all); their gpu.json holds only them")
     args = ap.parse_args(argv)
     out = Path(args.out or ("runs/gpu_check_cpu" if args.cpu else "docs"))
     budget = args.budget_s if args.budget_s is not None else (1e9 if args.cpu else 460)
     torch.manual_seed(0)
-    run(out, args.cpu, budget)
+    only = None if args.stages is None else {x.strip() for x in args.stages.split(",")}
+    if only is not None and only - set(STAGES):
+        ap.error(f"--stages: unknown {sorted(only - set(STAGES))}; choose from {STAGES}")
+    run(out, args.cpu, budget, only=only)
     return 0
 
 

@@ -42,8 +42,11 @@ _AGAIN = ["## Measuring again", "",
           "bash scripts/gpu_check.sh                 # rewrites docs/gpu.md and docs/gpu.json",
           'bash scripts/gpu_check.sh --out "$OUT"    # into a folder the machine hands back',
           "bash scripts/gpu_check.sh --cpu           # the same stages at tiny sizes (CI runs it)",
+          'bash scripts/gpu_check.sh --out "$OUT" --stages "decode,async step"  # the new rows only',
           "```", "",
-          "Stages that would end after `--budget-s` seconds (default 460) are skipped and say so."]
+          "Stages that would end after `--budget-s` seconds (default 460) are skipped and say so. "
+          "With `--stages`, gpu.json holds those stages and the environment: merge them into "
+          "docs/gpu.json and render gpu.md from it (`gpu_report.markdown`)."]
 
 
 _TITLES = {"environment": "Environment", "correctness": "Correctness on the device",
