@@ -197,8 +197,9 @@ class Trainer:
             metrics = self.learner.update(sb, self.step)
         policy.refresh_reference(self.step + 1)  # ProRL (algo.ref_reset_every)
         with timer("sync"):
-            self.rollout.sync()
-            if self.sampler is not None:  # the sampler loads them before its next batch
+            if self.sampler is None:
+                self.rollout.sync()
+            else:  # the sampler loads (or pushes) them before its next batch, not the trainer
                 self.sampler.publish(self.step + 1)
         self.step += 1
         return self.report(sb, metrics, extra, timer, self.step, self.learner.metrics())
