@@ -20,6 +20,7 @@ from typing import Sequence
 
 import torch
 
+from mmrl.models.codec import Codec
 from mmrl.models.forward import upcast
 from mmrl.models.trajectory import (ObservationStyle, completion_token_types, encode_observation,
                                     observation_style, row_media)
@@ -72,26 +73,26 @@ class _Row:
 
 class TrajectoryRollout:
     """Trajectories with tools on `engine` (anything with `generate(prompts, sampling)`, the
-    RolloutEngine contract); `processor`/`adapter` render and encode observation turns."""
+    RolloutEngine contract); `codec` renders and encodes observation turns."""
 
-    def __init__(self, engine, processor, adapter, toolbox: Toolbox,
+    def __init__(self, engine, codec: Codec, toolbox: Toolbox,
                  settings: TrajectorySettings = TrajectorySettings()):
-        self.engine, self.processor, self.adapter = engine, processor, adapter
+        self.engine, self.codec = engine, codec
         self.toolbox, self.settings = toolbox, settings
-        self.tokenizer = getattr(processor, "tokenizer", processor)
-        self.style: ObservationStyle = observation_style(processor)
+        self.tokenizer = codec.tokenizer
+        self.style: ObservationStyle = observation_style(codec.processor)
         # The most characters one token stands for (byte-level: a vocabulary entry's length is
         # its bytes): text longer than max_observation_tokens x this cannot fit, so it is
         # refused by its length before the tokenizer spends time and memory on it.
         self.token_chars = max(map(len, self.tokenizer.get_vocab()), default=1)
 
     @classmethod
-    def from_config(cls, tc, engine, processor, adapter,
+    def from_config(cls, tc, engine, codec: Codec,
                     evaluation: bool = False, data=None) -> "TrajectoryRollout":
         """From a ToolsConfig (its tools, call format, budgets; eval_max_turns when
         `evaluation`) over any rollout engine; `data` (a DataConfig) gives the tools' results
         the records' media limits."""
-        return cls(engine, processor, adapter, Toolbox.from_config(tc, data),
+        return cls(engine, codec, Toolbox.from_config(tc, data),
                    TrajectorySettings.from_config(tc, evaluation))
 
     def rollout(self, prompts: Sequence[PromptFeatures], sampling: SamplingParams,
@@ -100,8 +101,7 @@ class TrajectoryRollout:
         ones): completion = model and observation turns, `loss_mask` 1 on model tokens,
         `sampler_logp` 0 on observations, `texts` the final turns, `trajectories` the rest."""
         g = sampling.num_generations
-        contexts = [self.toolbox.context(p, self.processor, self.adapter.box_coords)
-                    for p in prompts]
+        contexts = [self.toolbox.context(p, self.codec) for p in prompts]
         rows = [_Row(prompt=p, context=c, offered=self.toolbox.offered(p.sample))
                 for p, c in zip(prompts, contexts) for _ in range(g)]
         turn = 0
@@ -192,7 +192,7 @@ class TrajectoryRollout:
             results.append(content)
             for kind, values in items.items():
                 media[kind] += values
-        return encode_observation(self.adapter, self.processor, results, media, after, start,
+        return encode_observation(self.codec, results, media, after, start,
                                   self.style)
 
     # ------------------------------------------------------------------------ batch ---------

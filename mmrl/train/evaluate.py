@@ -29,7 +29,7 @@ from mmrl.types import Sample, SamplingParams, Trajectory
 from rewards import extract_answer
 
 if TYPE_CHECKING:
-    from mmrl.models.base import ModelAdapter
+    from mmrl.models.codec import Codec
 
 
 def shuffle_media(samples: list[Sample], seed: int) -> list[Sample]:
@@ -60,17 +60,16 @@ def row_metrics(rewards: RewardSet, name: str, per: dict[str, list]) -> list[flo
             for i in range(len(per[keys[0]]))]
 
 
-def _decode_chunk(samples, adapter: ModelAdapter, processor, load, cfg: RunConfig,
+def _decode_chunk(samples, codec: Codec, load, cfg: RunConfig,
                   loop: TrajectoryRollout | None) -> tuple[list[Sample], list, int]:
     chunk, feats, failed = [], [], 0
     for s in samples:
         try:
             media = load(s)
             prompted, chat_tools = (s, None) if loop is None else tool_prompt(
-                s, loop.toolbox, processor, cfg.tools.call_format)
+                s, loop.toolbox, codec.processor, cfg.tools.call_format)
             with processor_errors(s):
-                feats.append(adapter.prompt_features(processor, prompted, tools=chat_tools,
-                                                     **media))
+                feats.append(codec.prompt_features(prompted, tools=chat_tools, **media))
                 feats[-1].media = media  # the tools' context reads the decoded media
             chunk.append(s)
         except MediaError:
@@ -81,7 +80,7 @@ def _decode_chunk(samples, adapter: ModelAdapter, processor, load, cfg: RunConfi
 
 
 @torch.no_grad()
-def evaluate(model, processor, adapter: ModelAdapter, samples: list[Sample], cfg: RunConfig, *,
+def evaluate(model, codec: Codec, samples: list[Sample], cfg: RunConfig, *,
              out_file: Path | None = None, shuffled: bool = False,
              info: dist.DistInfo | None = None) -> dict:
     """Generate for every sample (greedy, or `eval.num_samples` draws at `eval.temperature`),
@@ -95,7 +94,7 @@ def evaluate(model, processor, adapter: ModelAdapter, samples: list[Sample], cfg
     mine = samples[n * info.rank // info.world:n * (info.rank + 1) // info.world]
     was_training = model.training
     model.eval()
-    rows, trajectories, failed = _draw_rows(model, processor, adapter, mine, cfg)
+    rows, trajectories, failed = _draw_rows(model, codec, mine, cfg)
     model.train(was_training)
     if info.enabled:  # in rank order, as one process would have drawn them
         parts = dist.all_gather_object(
@@ -115,31 +114,31 @@ def _light(t: Trajectory) -> Trajectory:
         dataclasses.replace(o, tensors={}, media={}) for o in t.observations])
 
 
-def _draw_rows(model, processor, adapter: ModelAdapter, samples: list[Sample], cfg: RunConfig
+def _draw_rows(model, codec: Codec, samples: list[Sample], cfg: RunConfig
                ) -> tuple[list[dict], list[Trajectory], int]:
     """(one row per draw, their trajectories with tools (else none), samples that failed)."""
     ec, rewards = cfg.eval, metric_rewards(cfg)
     max_new = ec.max_new_tokens or cfg.rollout.max_new_tokens
-    k, suppress, load = max(1, ec.num_samples), adapter.placeholder_token_ids(processor), \
-        media_loader(cfg, adapter.image_factor)
+    k, suppress, load = max(1, ec.num_samples), codec.placeholder_ids, \
+        media_loader(cfg, codec.image_factor)
     rows, failed, trajectories = [], 0, []
     # With tools, every draw is a trajectory, up to tools.eval_max_turns model turns.
-    loop = (TrajectoryRollout.from_config(cfg.tools, HFEngine(model, processor), processor,
-                                          adapter, evaluation=True, data=cfg.data)
+    loop = (TrajectoryRollout.from_config(cfg.tools, HFEngine(model, codec.processor), codec,
+                                          evaluation=True, data=cfg.data)
             if cfg.tools.enabled else None)
     starts = range(0, len(samples), ec.batch_size)
     # A bar on a terminal only: logs of long evaluations stay clean.
     for start in track(starts, description="eval", transient=True, console=Console(stderr=True),
                        disable=not sys.stderr.isatty()):
-        chunk, feats, bad = _decode_chunk(samples[start:start + ec.batch_size], adapter,
-                                          processor, load, cfg, loop)
+        chunk, feats, bad = _decode_chunk(samples[start:start + ec.batch_size], codec,
+                                          load, cfg, loop)
         failed += bad
         if not chunk:
             continue
         params = SamplingParams(num_generations=k, max_new_tokens=max_new,
                                 temperature=ec.temperature, top_p=1.0, top_k=0, do_sample=k > 1,
                                 suppress_ids=suppress)
-        texts, fields, drawn_trajectories = _draw(model, processor, feats, params, loop)
+        texts, fields, drawn_trajectories = _draw(model, codec, feats, params, loop)
         drawn = [s for s in chunk for _ in range(k)]
         with rewards_at("evaluation"):
             totals, per = rewards.score(drawn, texts, {
@@ -160,25 +159,25 @@ def _draw_rows(model, processor, adapter: ModelAdapter, samples: list[Sample], c
 
 
 @torch.no_grad()
-def draw_texts(model, processor, adapter: ModelAdapter, samples: list[Sample], cfg: RunConfig,
+def draw_texts(model, codec: Codec, samples: list[Sample], cfg: RunConfig,
                max_new_tokens: int) -> list[str | None]:
     """One greedy completion per sample on the held-out evaluation's path (its batches, media
     loader, tools when configured); None for a sample whose media failed to load (a counted skip
     under data.on_bad_sample=skip). The field benchmarks (mmrl/benchmarks) score these."""
-    suppress = adapter.placeholder_token_ids(processor)
-    load = media_loader(cfg, adapter.image_factor)
-    loop = (TrajectoryRollout.from_config(cfg.tools, HFEngine(model, processor), processor,
-                                          adapter, evaluation=True)
+    suppress = codec.placeholder_ids
+    load = media_loader(cfg, codec.image_factor)
+    loop = (TrajectoryRollout.from_config(cfg.tools, HFEngine(model, codec.processor), codec,
+                                          evaluation=True)
             if cfg.tools.enabled else None)
     params = SamplingParams(num_generations=1, max_new_tokens=max_new_tokens, temperature=1.0,
                             top_p=1.0, top_k=0, do_sample=False, suppress_ids=suppress)
     was_training, out = model.training, {}
     model.eval()
     for start in range(0, len(samples), cfg.eval.batch_size):
-        chunk, feats, _ = _decode_chunk(samples[start:start + cfg.eval.batch_size], adapter,
-                                        processor, load, cfg, loop)
+        chunk, feats, _ = _decode_chunk(samples[start:start + cfg.eval.batch_size], codec,
+                                        load, cfg, loop)
         if chunk:
-            texts = _draw(model, processor, feats, params, loop)[0]
+            texts = _draw(model, codec, feats, params, loop)[0]
             out.update({id(s): t for s, t in zip(chunk, texts)})
     model.train(was_training)
     return [out.get(id(s)) for s in samples]
@@ -208,15 +207,15 @@ def _result(rows: list[dict], trajectories: list[Trajectory], failed: int,
     return result
 
 
-def _draw(model, processor, feats, params: SamplingParams, loop: TrajectoryRollout | None):
+def _draw(model, codec: Codec, feats, params: SamplingParams, loop: TrajectoryRollout | None):
     """-> (final texts, reward fields, trajectories or None) of k draws per prompt: one turn of
     the model's generate, or trajectories over the same generate with tools."""
     if loop is not None:
         batch = loop.rollout(feats, params)
         return batch.texts, {"completion_length": batch.policy_mask.sum(1).tolist(),
                              "calls": call_fields(batch.trajectories)}, batch.trajectories
-    ids, mask, _, _ = generate(model, processor, feats, params)
-    texts = processor.tokenizer.batch_decode([r[m.bool()] for r, m in zip(ids, mask)],
+    ids, mask, _, _ = generate(model, codec.processor, feats, params)
+    texts = codec.tokenizer.batch_decode([r[m.bool()] for r, m in zip(ids, mask)],
                                              skip_special_tokens=True)
     return texts, {"completion_length": mask.sum(1).tolist()}, None
 
@@ -238,9 +237,10 @@ def majority_baseline(samples: list[Sample]) -> float:
 
 
 def load_checkpoint(cfg: RunConfig, checkpoint: str):
-    """(model, processor, adapter, checkpoint dir) of a saved model; sharded ZeRO-3 / FSDP2
+    """(model, codec, checkpoint dir) of a saved model; sharded ZeRO-3 / FSDP2
     checkpoints are consolidated once beside it; a run dir means its latest checkpoint."""
     from mmrl.models import get_adapter
+    from mmrl.models.codec import Codec
     from mmrl.train.checkpoint import has_weights, latest
     from mmrl.train.consolidate import consolidate, sharded_kind
     from mmrl.train.policy import DTYPES
@@ -261,7 +261,7 @@ def load_checkpoint(cfg: RunConfig, checkpoint: str):
                                     attn_implementation=cfg.model.attn_implementation)
     if torch.cuda.is_available():
         model.cuda()
-    return model, processor, adapter, checkpoint
+    return model, Codec(adapter, processor), checkpoint
 
 
 def evaluate_checkpoint(cfg: RunConfig, checkpoint: str, out_dir: str | None = None) -> dict:
@@ -273,11 +273,11 @@ def evaluate_checkpoint(cfg: RunConfig, checkpoint: str, out_dir: str | None = N
     if not cfg.data.eval:
         raise SystemExit("mmrl eval: the config has no data.eval; pass data.eval=PATH")
     _, samples = build_datasets(cfg, get_adapter(cfg.model.family).image_factor)  # data first
-    model, processor, adapter, checkpoint = load_checkpoint(cfg, checkpoint)
+    model, codec, checkpoint = load_checkpoint(cfg, checkpoint)
     out = Path(out_dir) if out_dir else Path(checkpoint) / "eval"
-    result = evaluate(model, processor, adapter, samples, cfg, out_file=out / "predictions.jsonl")
+    result = evaluate(model, codec, samples, cfg, out_file=out / "predictions.jsonl")
     if cfg.eval.shuffled_images:
         result["accuracy_shuffled_images"] = evaluate(
-            model, processor, adapter, samples, cfg, shuffled=True)["accuracy"]
+            model, codec, samples, cfg, shuffled=True)["accuracy"]
     (out / "metrics.json").write_text(json.dumps(json_safe(result), indent=2, allow_nan=False))
     return result

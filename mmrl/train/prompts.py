@@ -22,7 +22,7 @@ from mmrl.train.methods import HistoryFilter
 from mmrl.types import PromptFeatures, RolloutBatch, Sample
 
 if TYPE_CHECKING:
-    from mmrl.models.base import ModelAdapter
+    from mmrl.models.codec import Codec
 
 
 class PromptSource:
@@ -31,12 +31,12 @@ class PromptSource:
               "weight_advantages", "end_step", "metrics", "say", "skip_summary", "state_dict",
               "load_state_dict", "last_drawn")
 
-    def __init__(self, cfg: RunConfig, dataset: Sequence[Sample], adapter: ModelAdapter,
-                 processor, info: dist.DistInfo):
-        self.dataset, self.adapter, self.processor, self.info = dataset, adapter, processor, info
+    def __init__(self, cfg: RunConfig, dataset: Sequence[Sample], codec: Codec,
+                 info: dist.DistInfo):
+        self.dataset, self.codec, self.info = dataset, codec, info
         self.cache_size, self.skips_bad_samples = cfg.data.feature_cache, cfg.data.skips_bad_samples
         self.media_stats: dict[str, int] = {}  # e.g. audio_truncated, counted into metrics
-        self.load_media = media_loader(cfg, adapter.image_factor, self.media_stats)
+        self.load_media = media_loader(cfg, codec.image_factor, self.media_stats)
         self.sampler = PromptSampler(len(dataset), cfg.train.seed, cfg.data.shuffle,
                                      blocks=getattr(dataset, "blocks", None))
         self.history = HistoryFilter.make(cfg.algo)
@@ -56,10 +56,10 @@ class PromptSource:
         media = self.load_media(sample)
         chat_tools = None
         if self.toolbox is not None:
-            sample, chat_tools = tool_prompt(sample, self.toolbox, self.processor,
+            sample, chat_tools = tool_prompt(sample, self.toolbox, self.codec.processor,
                                              self.tools.call_format)
         with processor_errors(sample):  # e.g. aspect ratio: a media error naming the record
-            feats = self.adapter.prompt_features(self.processor, sample, tools=chat_tools, **media)
+            feats = self.codec.prompt_features(sample, tools=chat_tools, **media)
         feats.media = media
         if key is not None and self.cache_size > 0:  # bounded: media tensors are big
             self._features[key] = feats
