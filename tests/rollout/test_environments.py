@@ -22,6 +22,7 @@ from mmrl.rollout.environments import Environments, make_environments
 from mmrl.train.evaluate import evaluate
 from mmrl.train.loop import Trainer
 from mmrl.types import SamplingParams, Trajectory
+from mmrl.validate import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 CLOSED: list[int] = []  # Counter.close: the count each closed trajectory's environment reached
@@ -199,6 +200,10 @@ def test_env_names_resolve(tiny_config, tmp_path):
     assert envs.trajectories and envs.make().goal == 3 and user.multi_turn
     with pytest.raises(ValueError, match="env.name"):
         make_environments(config.load(path, ["env.name=nowhere_mod:Nope"]), None, None)
+    bad = config.load(path, [f"env.name={__name__}:Counter", "env.args={gaol: 3}"])
+    assert any(p.startswith("env: ") and "gaol" in p for p in validate(bad))
+    with pytest.raises(config.ConfigError, match="tools are their own environment"):
+        config.load(path, ["tools.use=[{name: crop}]", f"env.name={__name__}:Counter"])
 
 
 # ------------------------------------------------------------------ the single path ------------
