@@ -242,8 +242,9 @@ def problems(cfg, world: int = 1) -> list[str]:
 
 def _async_problems(cfg, world: int) -> list[str]:
     """rollout.max_staleness >= 1 runs the HF engine on its own copy of the weights in a
-    process beside the one training process (mmrl/train/async_rollout.py). Where that
-    cannot run, the run stops here: an async config never runs synchronously without a word."""
+    process beside the one training process, or samples from a vLLM server while the trainer
+    updates (mmrl/train/async_rollout.py, async_server.py). Where neither can run, the run stops
+    here: an async config never runs synchronously without a word."""
     k, r, a = cfg.rollout.max_staleness, cfg.rollout, cfg.algo
     if k < 0:
         return [f"rollout.max_staleness={k}: must be >= 0 (0: synchronous)"]
@@ -252,9 +253,13 @@ def _async_problems(cfg, world: int) -> list[str]:
     why = (f"rollout.max_staleness={k} (asynchronous rollouts, docs/async.md) with {{}}: "
            f"not built yet; set rollout.max_staleness=0")
     out = []
-    if r.backend != "hf":
-        out.append(why.format(f"rollout.backend={r.backend}") + " (the async sampler is the "
-                   "HF engine on a copy of the weights; vLLM would sample synchronously)")
+    if r.vllm_colocated:
+        out.append(f"rollout.max_staleness={k} (asynchronous rollouts, docs/async.md) with a "
+                   f"colocated vLLM engine (no rollout.vllm.server_url): not supported: the "
+                   f"colocated engine shares the trainer's process and GPU memory, so it cannot "
+                   f"sample while the trainer updates; use a vLLM server (scripts/vllm_server.sh, "
+                   f"rollout.vllm.server_url=...) or rollout.backend=hf, or set "
+                   f"rollout.max_staleness=0")
     if world > 1:
         out.append(why.format(f"{world} processes") + " (the sampler copies one "
                    "process's weights)")

@@ -169,12 +169,21 @@ class VLLMServerEngine:
 
     def sync_weights(self, model) -> None:
         """Push `model`'s weights (see `weight_transfer`), then reset the server's caches."""
-        state = vllm_state_dict(model, self.adapter)
+        self.push_state(vllm_state_dict(model, self.adapter))
+
+    def push_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Push a `vllm_state_dict` (the async sampler stages one per weight version), then
+        reset the server's caches."""
         counts = self._broadcast(state) if self.transfer in _BROADCASTS else self._send_http(state)
         if any(int(c) != len(state) for c in counts):
             raise RuntimeError(f"weight sync: server workers read {counts} tensors, sent {len(state)}")
         self._post("/reset_prefix_cache")
         self._post("/reset_encoder_cache")
+
+    def loaded_fingerprints(self) -> list[dict[str, list[float]]]:
+        """Per server worker: {name: [float64 sum, sum of absolute values]} of the tensors its
+        last weight load received (worker_ext.WeightSync.loaded_fingerprint)."""
+        return self._rpc("loaded_fingerprint")
 
     def _send_http(self, state: dict[str, torch.Tensor]) -> list:
         import base64

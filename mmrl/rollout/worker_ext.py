@@ -52,12 +52,15 @@ class WeightSync:
     which is why weights travel as safetensors bytes)."""
 
     def _mmrl_reload(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
-        count = 0
+        count, self._mmrl_fingerprint = 0, {}
 
         def counted():
             nonlocal count
             for name, tensor in weights:
                 count += 1
+                t = tensor.detach()  # what arrived, before the loader fuses or shards it
+                self._mmrl_fingerprint[name] = [float(t.double().sum()),
+                                                float(t.double().abs().sum())]
                 yield name, tensor
 
         reload = getattr(self, "reload_weights", None)  # Worker.reload_weights sets the config context
@@ -157,6 +160,12 @@ class WeightSync:
         if not changed:
             raise RuntimeError(f"{type(model).__name__}: no LogitsProcessor found to scale")
         return changed
+
+    def loaded_fingerprint(self) -> dict[str, list[float]]:
+        """{name: [float64 sum, sum of absolute values]} of each tensor the last weight load
+        received: the async sampler checks it against the trainer's staged weights of that
+        version (mmrl/train/async_server.py), so an incomplete push cannot pass for a whole one."""
+        return dict(getattr(self, "_mmrl_fingerprint", {}))
 
     def parameter_count(self) -> int:
         """Number of parameters of this worker's model (also: one result per worker)."""

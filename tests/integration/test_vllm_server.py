@@ -169,3 +169,54 @@ def test_tool_trajectory_continues_by_token_ids_on_the_server(server, tmp_path):
     sampled = rollout(engine, num_generations=G, do_sample=True, temperature=1.0, seed=3)
     assert sampled.n == G and any(t.observations for t in sampled.trajectories)
     assert max_err(sampled) <= TOL
+
+
+def _async_cfg(tmp_path, server, *overrides):
+    """A tiny counting run at rollout.max_staleness=1 sampling from the server (the default tiny
+    Qwen2.5-VL, whose processor the server's export shares: the prompts' ids agree)."""
+    from mmrl import config
+
+    return config.load(None, [
+        f"data.train={tmp_path}/data/train.jsonl", "data.generate=counting",
+        "data.generate_kwargs={n_train: 16, n_eval: 2, size: 56}", "data.eval=null",
+        f"model.family={FAMILY}", "model.path=tiny", "rollout.prompts_per_step=2",
+        f"rollout.num_generations={G}", "rollout.max_new_tokens=6", "train.lr=1e-3",
+        "train.micro_batch_size=8", "rewards=[{name: format}]", "eval.before_rl=false",
+        "log.progress=off", "log.tensorboard=false", "log.rollouts_every=0",
+        f"log.run_dir={tmp_path}/run", "rollout.backend=vllm",
+        f"rollout.vllm.server_url={server}", "rollout.max_staleness=1", *overrides])
+
+
+def test_async_rollouts_sample_from_the_server_by_version(server, tmp_path, monkeypatch):
+    """rollout.max_staleness=1 with the server (mmrl/train/async_server.py): the server samples
+    while the trainer updates, each batch at most 1 version old; the first batch's logprobs
+    (version 0, pushed before it) equal the trainer's forward; and a push whose tensors did not
+    all arrive as sent is caught by the server's own fingerprint of what it received."""
+    import json
+
+    from mmrl.train.loop import Trainer
+    from mmrl.train.run import train
+
+    train(_async_cfg(tmp_path, server, "train.steps=3"))
+    rows = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = {r["step"]: r for r in rows if "async/staleness" in r}
+    assert sorted(rows) == [1, 2, 3]
+    assert all(r["async/staleness"] <= 1 for r in rows.values())
+    assert rows[3]["async/staleness_max"] <= 1 and rows[3]["async/requeued"] == 0
+    assert rows[1]["async/staleness"] == 0 and rows[1]["rollout/logp_gap_max"] <= 1e-3
+
+    # A push that arrives altered (one tensor zeroed on the way: the count still matches).
+    original = VLLMServerEngine.push_state
+
+    def corrupted(self, state):
+        name = next(n for n in reversed(state) if float(state[n].abs().sum()) > 0)
+        original(self, {**state, name: torch.zeros_like(state[name])})
+
+    monkeypatch.setattr(VLLMServerEngine, "push_state", corrupted)
+    trainer = Trainer(_async_cfg(tmp_path / "bad", server, "train.steps=2"))
+    try:
+        trainer.policy.fix_reference()
+        with pytest.raises(RuntimeError, match="fingerprint mismatch"):
+            trainer.train_step()
+    finally:
+        trainer.close()
