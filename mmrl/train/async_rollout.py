@@ -127,7 +127,7 @@ class AsyncRollout:
             from mmrl.train.async_server import ServerWeights, ServerWorker
 
             self.weights = ServerWeights(policy.adapter, keep=self.k + 2)
-            self.worker = ServerWorker(cfg, policy, self.weights)
+            self.worker = ServerWorker(cfg, policy, self.weights, prompts.envs)
         self._cond = threading.Condition()
         self._todo: deque[_Job] = deque()  # submitted, not started
         self._ready: deque[_Drawn] = deque()  # drawn, not yet taken
