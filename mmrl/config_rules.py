@@ -280,18 +280,22 @@ _NOT_WITH_TOOLS = (
      "the shuffled-frame re-rollout is single-turn"),
 )
 
-# Families whose video the colocated vLLM engine places where the trainer does (M-RoPE
-# positions, one placeholder per video: tests/integration/test_vllm.py); a built-in tool that
-# returns video runs on vLLM for these only. Images and audio continue on every family.
-VLLM_VIDEO_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+# Built-in tools that return video: on vLLM they run only for families whose adapter says
+# `vllm_video` (the adapter class's capability, looked up without building a processor).
 _VIDEO_TOOLS = ("frames",)
-_VLLM_VIDEO_REFUSED = {
-    "qwen3_vl": "vLLM expands Qwen3-VL's timestamped video prompt to the trainer's ids, but "
-                "its logprobs after a video are 0.05-0.12 off the trainer's forward",
-    "qwen2_5_omni": "vLLM's Qwen2.5-Omni processor expands a video to another size than the "
-                    "trainer's (4 frames of 56 px: about 280 tokens against 8), so the prompt "
-                    "check fails",
-}
+
+
+def vllm_video_families() -> tuple[str, ...]:
+    """The registered families whose video the colocated vLLM engine places as the trainer does."""
+    from mmrl.models import MODELS, get_adapter
+
+    return tuple(name for name in MODELS.names() if get_adapter(name).vllm_video)
+
+
+def _adapter(family: str):
+    from mmrl.models import get_adapter
+
+    return get_adapter(family)
 
 
 def _not_with_tools(cfg) -> list[str]:
@@ -305,11 +309,11 @@ def _not_with_tools(cfg) -> list[str]:
                    f"takes media as data URLs and would decode and sample a video's frames "
                    f"again); unset server_url for the colocated engine, or use "
                    f"rollout.backend=hf")
-    elif cfg.rollout.backend == "vllm" and video and family not in VLLM_VIDEO_FAMILIES:
-        why = _VLLM_VIDEO_REFUSED.get(family, "its video positions on vLLM are not verified")
+    elif cfg.rollout.backend == "vllm" and video and not _adapter(family).vllm_video:
+        why = _adapter(family).vllm_video_refused
         out.append(f"tools.use {video[0]} with model.family={family} cannot run on "
                    f"rollout.backend=vllm ({why}; video on vLLM: "
-                   f"{', '.join(VLLM_VIDEO_FAMILIES)}); use rollout.backend=hf")
+                   f"{', '.join(vllm_video_families())}); use rollout.backend=hf")
     return out
 
 

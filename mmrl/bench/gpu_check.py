@@ -54,18 +54,19 @@ def sizes(cpu: bool) -> dict:
 
 
 def bundle(cpu: bool, layers: int | None, checkpointing: bool = False):
-    """(adapter, model, processor): the tiny twin on CPU, the 3B shape on CUDA (bf16)."""
+    """(codec, model): the tiny twin on CPU, the 3B shape on CUDA (bf16)."""
     from mmrl.models import get_adapter, shapes
+    from mmrl.models.codec import Codec
 
     adapter = get_adapter("qwen2_5_vl")
     if cpu:
         model, processor = adapter.tiny(seed=0, min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 512)
-        return adapter, model, processor
+        return Codec(adapter, processor), model
     model, processor = shapes.build(STEP_SHAPE, layers, dtype=torch.bfloat16, device="cuda")
     model.set_attn_implementation("sdpa")
     if checkpointing:  # as the recipes train: the 4096-token video cells fit on one GPU
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return adapter, model, processor
+    return Codec(adapter, processor), model
 
 
 def environment(cpu: bool) -> dict:

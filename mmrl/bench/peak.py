@@ -81,14 +81,14 @@ def _watch_prompts(trainer) -> dict:
     must be told about the data)."""
     seen = {"tokens": [0], "vision": [0], "audio": [0]}
     draw = trainer.prompts.next
-    adapter, processor = trainer.policy.adapter, trainer.policy.processor
+    codec = trainer.policy.codec
 
     def next_(n):
         out = draw(n)
         for p in out:
             ids = p.tensors["input_ids"].reshape(1, -1)
             seen["tokens"].append(ids.shape[1])
-            types = adapter.token_type_ids(processor, ids)
+            types = codec.adapter.token_type_ids(codec.processor, ids)
             seen["vision"].append(int(((types == 1) | (types == 2)).sum()))
             seen["audio"].append(int((types == 3).sum()))
         return out

@@ -118,7 +118,7 @@ def _checked(name: str, step) -> Step:
     return step
 
 
-def make_environments(cfg, processor, adapter, toolbox=None):
+def make_environments(cfg, codec, toolbox=None):
     """The run's environment kind from `env:` (and `tools:` for the tools): built once per run.
     `toolbox`: the tools' Toolbox when the caller has one (else built here)."""
     name = cfg.env_name
@@ -127,7 +127,7 @@ def make_environments(cfg, processor, adapter, toolbox=None):
         from mmrl.tools import Toolbox
 
         box = toolbox if toolbox is not None else Toolbox.from_config(cfg.tools, cfg.data)
-        return ToolEnvironments(box, processor, adapter, cfg.tools.call_format)
+        return ToolEnvironments(box, codec, cfg.tools.call_format)
     try:
         cls = ENVIRONMENTS.get(name)
     except KeyError as e:
@@ -140,7 +140,7 @@ def make_environments(cfg, processor, adapter, toolbox=None):
                         workers=cfg.env.workers, trajectories=cfg.multi_turn)
 
 
-def prompt_features(envs, adapter, processor, sample: Sample, load) -> PromptFeatures:
+def prompt_features(envs, codec, sample: Sample, load) -> PromptFeatures:
     """The one prompt of `sample`: the environment's first user turn (reset; `envs` None: the
     sample as it is), its media decoded by `load` (a media loader: reset may name other media
     files than the record's), processed once, the decoded media kept (engines and tool contexts
@@ -148,7 +148,7 @@ def prompt_features(envs, adapter, processor, sample: Sample, load) -> PromptFea
     prompted = sample if envs is None else envs.reset(sample)
     media = load(prompted)
     with processor_errors(prompted):  # e.g. aspect ratio: a media error naming the record
-        feats = adapter.prompt_features(processor, prompted, tools=prompted.chat_tools, **media)
+        feats = codec.prompt_features(prompted, tools=prompted.chat_tools, **media)
     feats.media = media
     if prompted is not sample:
         feats.record = sample

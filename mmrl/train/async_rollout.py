@@ -118,15 +118,14 @@ class AsyncRollout:
             model = copy.deepcopy(policy.model)  # the sampler's own weights
             model.requires_grad_(False)
             self.worker = ProcessWorker(
-                SamplerSettings(cfg.rollout, cfg.tools, cfg.model.family, policy.placeholder_ids,
-                                policy.pad_id, policy.sequence, policy.info,
+                SamplerSettings(cfg.rollout, cfg.tools, policy.sequence, policy.info,
                                 self.sampler_threads, cfg.train.seed + 1, flushes_denormals(),
                                 cfg.data, cfg.env),
-                model, policy.processor, self.weights)
+                model, policy.codec, self.weights)
         else:  # a vLLM server (config_rules refuses colocated vLLM): async_server.py
             from mmrl.train.async_server import ServerWeights, ServerWorker
 
-            self.weights = ServerWeights(policy.adapter, keep=self.k + 2)
+            self.weights = ServerWeights(policy.codec.adapter, keep=self.k + 2)
             self.worker = ServerWorker(cfg, policy, self.weights, prompts.envs)
         self._cond = threading.Condition()
         self._todo: deque[_Job] = deque()  # submitted, not started

@@ -72,9 +72,7 @@ class _ServerPolicy:
 
     def __init__(self, policy: Policy):
         self.model = torch.nn.Module()
-        self.processor, self.adapter = policy.processor, policy.adapter
-        self.placeholder_ids, self.pad_id = policy.placeholder_ids, policy.pad_id
-        self.sequence, self.info = policy.sequence, policy.info
+        self.codec, self.sequence, self.info = policy.codec, policy.sequence, policy.info
 
     def full_params(self, enabled: bool = True):
         return nullcontext()
@@ -94,8 +92,7 @@ class ServerWorker:
         self.rollout = Rollout(cfg, local, envs, model=local.model)
         # The client that pushes the weights (and reads the server's fingerprint of them);
         # the Rollout's own client samples.
-        self.engine = VLLMServerEngine.from_config(cfg.rollout.vllm, policy.processor,
-                                                   policy.adapter)
+        self.engine = VLLMServerEngine.from_config(cfg.rollout.vllm, policy.codec)
         self.loaded, self.fp = -1, None
 
     def describe(self) -> str:

@@ -86,13 +86,12 @@ class Trainer:
                              sequence=self.layout.sequence)
         self.learner = Learner(cfg, self.info, strategy, self.policy, data=data)
         # The run's environment kind, built once (with tools: the one Toolbox of the run).
-        self.envs = make_environments(cfg, self.policy.processor, adapter)
+        self.envs = make_environments(cfg, self.policy.codec)
         self.rollout = Rollout(cfg, self.policy, self.envs)
         self.policy.choose_layout(cfg.train.shared_prefix)
         self.scorer = Scorer(cfg, data)
         self.timer, self.phases = StageTimer(), speed.PhaseTotals()  # where the seconds go
-        self.prompts = PromptSource(cfg, train_set, adapter, self.policy.processor, data,
-                                    self.envs)
+        self.prompts = PromptSource(cfg, train_set, self.policy.codec, data, self.envs)
         main = self.info.main  # only rank 0 writes the run dir; other ranks keep a local log
         self.log = logger or RunLogger(
             self.run_dir if main else self.run_dir / f"rank{self.info.rank}",
@@ -101,7 +100,7 @@ class Trainer:
             config=asdict(cfg))
         if main and not (self.run_dir / "config.yaml").is_file():  # a resume keeps the original
             save_config(cfg, self.run_dir / "config.yaml")
-            cut = answer_budget(train_set, self.policy.processor.tokenizer, cfg.sft.target,
+            cut = answer_budget(train_set, self.policy.codec.tokenizer, cfg.sft.target,
                                 cfg.rollout.max_new_tokens)
             if cut:
                 self.log.warn(format_answer_budget(cut, cfg.rollout.max_new_tokens))
@@ -173,7 +172,7 @@ class Trainer:
             rows = torch.isin(batch.group_ids, ids[keep]).nonzero().flatten().tolist()
             pieces.append((batch.select(rows), scores[rows],
                            {k: [v[i] for i in rows] for k, v in per.items()}))
-        batch, scores, per = concat_rollouts(pieces, self.policy.pad_id)
+        batch, scores, per = concat_rollouts(pieces, self.policy.codec.pad_id)
         rows = torch.isin(batch.group_ids, torch.tensor(acc.take())).nonzero().flatten().tolist()
         return (batch.select(rows), scores[rows], {k: [v[i] for i in rows] for k, v in per.items()},
                 {"sampling/rounds": acc.round})
@@ -187,9 +186,7 @@ class Trainer:
                                      self.policy)
         sb = ScoredBatch(rollout=batch, scores=scores, per_reward=per_reward, advantages=scores)
         with timer("logprob"):
-            policy.begin_step(batch)  # frozen encoders: once per prompt, here
-            sb.old_logp = policy.old_logprobs(batch)
-            sb.ref_logp = policy.reference_logprobs(batch)
+            sb.old_logp, sb.ref_logp = policy.step_logprobs(batch)  # frozen encoders: once
         with timer("advantage"):
             rewards = (self.scorer.kl_in_reward(sb, self.state_extra, extra)
                        if ac.kl_reward_coef > 0 else scores)
@@ -199,7 +196,7 @@ class Trainer:
             sb.advantages = self.prompts.weight_advantages(sb.advantages, batch)
         with timer("update"):
             metrics = self.learner.update(sb, self.step)
-        policy.refresh_reference(self.step + 1)  # ProRL (algo.ref_reset_every)
+        policy.fix_reference(self.step + 1)  # ProRL's refresh (algo.ref_reset_every)
         with timer("sync"):
             if self.sampler is None:
                 self.rollout.sync()

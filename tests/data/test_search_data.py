@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from mmrl.models.codec import Codec
 from mmrl.data.media import fit_image, load_video
 from mmrl.data.schema import RecordError, load_samples, to_sample
 from mmrl.data.synthetic import GENERATORS
@@ -142,7 +143,7 @@ def test_records_name_tools_and_keep_full_resolution_originals(tmp_path):
     Image.new("RGB", (560, 560), "red").save(tmp_path / "big.png")
     with Image.open(tmp_path / "small.png") as small:
         prompt = adapter.prompt_features(processor, s, [small.convert("RGB")])
-    ctx = box.context(prompt, processor)
+    ctx = box.context(prompt, Codec(adapter, processor))
     assert ctx.images == [str(tmp_path / "big.png")] and ctx.input_sizes == [(56, 56)]
     out = crop(ctx, [0, 0, 28, 28])[0]  # the top-left quarter of the 560-px original
     assert out.size == (280, 280) and out.getpixel((0, 0)) == (255, 0, 0)

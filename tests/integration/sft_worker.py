@@ -31,7 +31,7 @@ def main(out_path: str, *config_args: str) -> None:
 
     trainer.prompts.load, ev._draw_rows = counting_load, counting_draw
     sft = sft_warmup(cfg, trainer.policy, trainer.prompts, trainer.log)
-    result = ev.evaluate(trainer.policy.model, trainer.policy.processor, trainer.policy.adapter,
+    result = ev.evaluate(trainer.policy.model, trainer.policy.codec,
                          trainer.eval_set, cfg, out_file=out.with_suffix(".jsonl"),
                          info=trainer.info)
     counts = dist.all_gather_object({"loaded": loaded, "drawn": drawn}, trainer.info)

@@ -29,6 +29,7 @@ try:
 except Exception as e:
     pytest.skip(f"vllm is not importable ({type(e).__name__}: {e})", allow_module_level=True)
 
+from mmrl.models.codec import Codec
 from mmrl.models import get_adapter
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.rollout.hf import HFEngine
@@ -93,7 +94,7 @@ def test_server_generation_and_weight_push(server):
         {"role": "user", "content": [{"type": "text", "text": "Say hi"}]}]))
     text_prompt.media = {}
     prompts = [image_prompt, text_prompt]
-    engine = VLLMServerEngine(server, processor, adapter)
+    engine = VLLMServerEngine(server, Codec(adapter, processor))
 
     def max_err(policy, temperature=1.0):
         gen = engine.generate(prompts, SamplingParams(num_generations=G, max_new_tokens=8, temperature=temperature,
@@ -123,7 +124,7 @@ def test_server_generation_and_weight_push(server):
         for p in again.parameters():
             p.add_(0.05 * torch.randn_like(p))
     assert max_err(again) > 1e-2
-    engine = VLLMServerEngine(server, processor, adapter, weight_transfer="store",
+    engine = VLLMServerEngine(server, Codec(adapter, processor), weight_transfer="store",
                               weight_transfer_port=_free_port())
     engine.sync_weights(again)
     assert max_err(again) <= 1e-4
@@ -141,14 +142,14 @@ def test_tool_trajectory_continues_by_token_ids_on_the_server(server, tmp_path):
     prompts = _prompts(adapter, processor, tmp_path)
     toolbox = Toolbox([load_tool("crop"), load_tool("frames")], timeout_s=10)
     _teach(adapter, model, processor, toolbox, prompts)
-    engine = VLLMServerEngine(server, processor, adapter)
+    engine = VLLMServerEngine(server, Codec(adapter, processor))
     engine.sync_weights(model)
     settings = TrajectorySettings(max_turns=3, max_tokens=700, max_observation_tokens=400)
     params = dict(num_generations=1, max_new_tokens=80, do_sample=False, seed=0,
                   suppress_ids=adapter.placeholder_token_ids(processor))
 
     def rollout(engine, **sampling):
-        loop = TrajectoryRollout(engine, processor, adapter, toolbox, settings)
+        loop = TrajectoryRollout(engine, Codec(adapter, processor), toolbox, settings)
         return loop.rollout([prompts["image"]], SamplingParams(**{**params, **sampling}))
 
     def max_err(batch):
