@@ -36,6 +36,7 @@ class Environments:
         self.make, self.name, self.timeout_s = make, name, timeout_s
         self.workers, self.trajectories = max(1, int(workers)), trajectories
         self._prompt_env: Environment | None = None  # resets samples into prompts
+        self._late: set[int] = set()  # id() of instances whose step ran past the timeout
 
     def reset(self, sample: Sample) -> Sample:
         if self._prompt_env is None:
@@ -72,12 +73,18 @@ class Environments:
         for slot in slots:
             while slot.thread.is_alive() and time.monotonic() < deadline:  # wakes for signals
                 slot.thread.join(min(WAKE_S, max(0.0, deadline - time.monotonic())))
-            steps.append(slot.result(self.name, self.timeout_s))
+            if slot.abandon():
+                self._late.add(id(slot.env))
+                steps.append(Step(done=True, info={"env_timeout": True}))
+            else:
+                steps.append(slot.result(self.name))
         return steps
 
     def close(self, envs: Sequence) -> None:
         for env in envs:
-            if not getattr(env, "_mmrl_abandoned", False):
+            if id(env) in self._late:  # its own thread closes it when the step returns
+                self._late.discard(id(env))
+            else:
                 env.close()
 
 
@@ -87,7 +94,7 @@ class _Slot:
     def __init__(self, env):
         self.env, self.step, self.error, self.lock = env, None, None, threading.Lock()
         self.thread: threading.Thread | None = None
-        self.late = False
+        self.late = self.done = False
 
     def run(self, trajectory, text) -> None:
         try:
@@ -95,16 +102,17 @@ class _Slot:
         except BaseException as e:  # noqa: BLE001 -- raised again on the loop's thread
             step, self.error = None, e
         with self.lock:
-            self.step, late = step, self.late
+            self.step, self.done, late = step, True, self.late
         if late:
             self.env.close()
 
-    def result(self, name: str, timeout_s: float) -> Step:
+    def abandon(self) -> bool:
+        """True when the step is still running: it is left to finish (and close) on its own."""
         with self.lock:
-            if self.thread.is_alive():
-                self.late = True
-                self.env._mmrl_abandoned = True  # closed by its own thread when step returns
-                return Step(done=True, info={"env_timeout": True})
+            self.late = not self.done
+            return self.late
+
+    def result(self, name: str) -> Step:
         if self.error is not None:
             raise RuntimeError(f"env {name}: step raised {type(self.error).__name__}: "
                                f"{self.error}") from self.error
