@@ -184,6 +184,32 @@ class ToolsConfig:
 
 
 @dataclass
+class EnvConfig:
+    """The environment every trajectory talks to between its model turns (docs/environments.md):
+    one instance per trajectory, built from `name` and `args`. The budgets below are a user
+    environment's; the tools environment keeps tools.*."""
+
+    # auto: the tools environment when tools.use is set, else single_turn; or a registered name
+    # (`mmrl.envs.ENVIRONMENTS`), or a user class "pkg.mod:Class".
+    name: str = "auto"
+    args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of its constructor
+    max_turns: int = 4  # model turns per trajectory in training
+    eval_max_turns: Optional[int] = None  # at evaluation (may be larger); None: max_turns
+    max_tokens: int = 1024  # completion tokens of a trajectory: model and observation turns
+    max_observation_tokens: int = 512  # one observation; a longer one ends the trajectory
+    # Per step() call; past it the trajectory ends (info env_timeout: true). Python cannot kill
+    # a thread: the late step finishes in the background and its result is dropped.
+    timeout_s: float = 30.0
+    workers: int = 8  # step() calls running at once (threads)
+
+    def resolved(self, tools: bool) -> str:
+        """The environment's name with "auto" resolved (`tools`: tools.use is set)."""
+        if self.name == "auto":
+            return "tools" if tools else "single_turn"
+        return self.name
+
+
+@dataclass
 class RewardSpec:
     name: str = MISSING  # a reward in `mmrl ls rewards`, or "pkg.mod:fn"
     weight: float = 1.0  # the total reward is the weighted sum; 0 = logged, not trained on
@@ -307,6 +333,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     rewards: list[RewardSpec] = field(default_factory=list)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -316,6 +343,17 @@ class RunConfig:
     @property
     def run_dir(self) -> Path:
         return Path(self.log.run_dir or f"runs/{self.name}")
+
+    @property
+    def env_name(self) -> str:
+        """The environment the run's trajectories talk to: "tools", "single_turn", or env.name."""
+        return self.env.resolved(self.tools.enabled)
+
+    @property
+    def multi_turn(self) -> bool:
+        """Whether rows are trajectories (observations inside completions): every environment
+        but single_turn."""
+        return self.env_name != "single_turn"
 
 
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")

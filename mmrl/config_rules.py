@@ -225,6 +225,7 @@ def problems(cfg, world: int = 1) -> list[str]:
     if cfg.sft.turn_targets and not cfg.tools.enabled:
         out.append("sft.turn_targets: a demonstration trajectory needs tools (tools.use is "
                    "empty); use sft.target for a one-turn warm-up")
+    out += _env_problems(cfg)
     if cfg.tools.enabled:
         out += _not_with_tools(cfg)
     else:
@@ -328,4 +329,24 @@ def _tool_problems(t, r) -> list[str]:
     names = [spec.name for spec in t.use]
     if len(set(names)) != len(names):
         out.append(f"tools.use: {names} names a tool twice")
+    return out
+
+
+def _env_problems(cfg) -> list[str]:
+    e, name = cfg.env, cfg.env_name
+    if cfg.tools.enabled and name not in ("tools", "auto"):
+        return [f"env.name={e.name} with tools.use: tools are their own environment; set "
+                f"env.name=auto (or tools.use=[])"]
+    if name == "tools" and not cfg.tools.enabled:
+        return ["env.name=tools: tools.use is empty; name the tools there"]
+    out = []
+    if name not in ("tools", "single_turn"):
+        if e.max_observation_tokens >= e.max_tokens:
+            out.append(f"env.max_observation_tokens={e.max_observation_tokens}: must be below "
+                       f"env.max_tokens={e.max_tokens}")
+        if cfg.rollout.max_new_tokens > e.max_tokens:
+            out.append(f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}: must be <= "
+                       f"env.max_tokens={e.max_tokens} (a model turn is part of the trajectory)")
+        out += [f"{key}={_get(cfg, key)} cannot run with a multi-turn env.name ({why})"
+                for key, on, why in _NOT_WITH_TOOLS if on(cfg)]
     return out

@@ -54,6 +54,9 @@ class Sample:
     audios: list[str] = field(default_factory=list)
     fields: dict[str, Any] = field(default_factory=dict)  # options, duration, image size, ...
     source: str = ""  # "file:line" for error messages
+    # Function specs for a chat template that renders `tools` (set by the tools environment's
+    # reset, mmrl/rollout/tool_env.py); None: the template gets none.
+    chat_tools: list[dict] | None = None
 
 
 @dataclass
@@ -65,6 +68,9 @@ class PromptFeatures:
     sample: Sample
     tensors: dict[str, torch.Tensor]
     media: dict[str, list] | None = None  # the decoded media, for engines that take raw media
+    # The record before the environment's reset (mmrl/envs): what each trajectory's environment
+    # is reset with. None: `sample` itself.
+    record: Sample | None = None
 
     @property
     def input_ids(self) -> torch.Tensor:  # [P]
@@ -113,6 +119,8 @@ class Trajectory:
     turn_texts: list[str] = field(default_factory=list)  # each model turn, decoded
     calls: list[ToolCallRecord] = field(default_factory=list)
     hit_turn_cap: bool = False  # still calling tools when max_turns ran out
+    # The environment's Step.info, merged turn by turn (mmrl/envs); rewards get it as `info`.
+    info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def observation_tokens(self) -> int:

@@ -169,3 +169,14 @@ def test_the_product_imports_nothing_from_research():
     bad = {m: sorted(i for i in _imports(m, p) if i.split(".")[0] in names)
            for m, p in product.items()}
     assert {m: i for m, i in bad.items() if i} == {}
+
+
+def test_envs_import_only_the_types_and_the_registry():
+    """DESIGN.md's arrow `mmrl/envs -> types, registry`: the Environment contract knows no
+    engine, model, tool or device, so a user environment depends on nothing heavier."""
+    graph = _graph()
+    allowed = {"mmrl.types", "mmrl.registry", "mmrl.loader", "mmrl.envs", "mmrl.envs.base"}
+    found = {name: sorted(t for t in targets if t.startswith(("mmrl.", "rewards")) and
+                          t not in allowed)
+             for name, targets in graph.items() if name.startswith("mmrl.envs")}
+    assert found and all(not v for v in found.values()), found

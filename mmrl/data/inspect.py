@@ -242,10 +242,11 @@ def reward_scorability(specs, samples: list[Sample], max_new_tokens: int = 1024)
         if rows:
             keys = {k for s in rows for k in s.fields}
             fields = {k: [s.fields.get(k) for s in rows] for k in keys}
-            # calls: a trajectory without tool calls (the tool_use reward reads them)
+            # calls: a trajectory without tool calls (the tool_use reward reads them); info:
+            # one whose environment said nothing (mmrl/envs)
             fields.update(task=[s.task for s in rows], completion_length=[1] * len(rows),
                           max_completion_length=[max_new_tokens] * len(rows),
-                          calls=[[] for _ in rows])
+                          calls=[[] for _ in rows], info=[{} for _ in rows])
             scores = call_reward(fn, spec.name, [probe_completion(s.solution) for s in rows],
                                  [s.solution for s in rows], fields,
                                  [f"{s.id} ({s.source})" for s in rows])

@@ -38,11 +38,14 @@ class Step:
     (frames + fps) or a 1-D float waveform at 16 kHz, as a tool returns them (tools/base.py
     as_items checks them against the records' media guards). Ignored when `done`.
     `info`: merged into the trajectory's info, which the rewards receive (`info=` keyword).
+    `role`: "user" (a user turn of the items above: every user environment) or "tool" (the tools
+    environment's: `observation` holds its answered calls, rendered as tool responses).
     """
 
     observation: list[Any] = field(default_factory=list)
     done: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    role: str = "user"
 
 
 class Environment:

@@ -84,11 +84,14 @@ def media_budget(cfg, f: Facts, temporal_patch: int = 2) -> tuple[int, int, str]
 
 
 def _completion_bound(cfg) -> int:
-    """Completion tokens a row may hold: rollout.max_new_tokens, or with tools a whole
-    trajectory's model and observation tokens (tools.max_tokens), if larger. Observation media
+    """Completion tokens a row may hold: rollout.max_new_tokens, or with tools or a user
+    environment a whole trajectory's model and observation tokens (tools.max_tokens,
+    env.max_tokens), if larger. Observation media
     are counted as text tokens: their vision-encoder activations are not in the plan."""
     r = cfg.rollout.max_new_tokens
-    return max(r, cfg.tools.max_tokens) if cfg.tools.enabled else r
+    if not cfg.multi_turn:
+        return r
+    return max(r, cfg.tools.max_tokens if cfg.tools.enabled else cfg.env.max_tokens)
 
 
 def config_workload(cfg, f: Facts, world: int, *, media_tokens: int | None = None,

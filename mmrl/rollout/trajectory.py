@@ -1,16 +1,23 @@
-"""Multi-turn rollouts: the model generates a turn, its tool calls run, their results come back
-as the next (observation) turn, and generation continues -- on any rollout engine.
+"""The trajectory loop: every rollout, in training, the SFT warm-up and evaluation, is a
+trajectory of model turns and environment steps, on any rollout engine.
+
+Each trajectory has its own environment instance (mmrl/envs; built by its kind,
+mmrl/rollout/environments.py and tool_env.py). After each model turn the environment steps: its
+Step ends the trajectory (`done`), or gives the next observation, a user turn (text, images,
+video, audio) or the tools' results, encoded by the processor on the new content only.
+Single-turn is the environment done after the first turn: its batch is that first generation
+itself, bit for bit what the engine returned (no trajectories, no loss mask).
 
 Turn 1 samples G trajectories per prompt; every later turn continues each trajectory by one
 `engine.generate` call over its whole sequence so far (prompt, model turns, observations, with
 all their media), one sample per row. On the HF engine that prefill runs `get_rope_index` over
 the whole sequence, as the training forward does, so positions agree by construction; the
 colocated vLLM engine places them with the same `get_rope_index` (worker_ext.py) and gets the
-trajectory's media in sequence order (vllm_io.build_request). A
-trajectory ends on a final answer (or a turn without a call), at `max_turns` (the turn cap: a
-turn still calling tools there is not answered), when a turn is cut without its end token, or
-when the next observation does not fit the trajectory's token budget -- that observation and its
-media are then dropped whole, so no cut ever falls inside one.
+trajectory's media in sequence order (vllm_io.build_request). A trajectory ends when its
+environment says so (the tools: a final answer, or a turn without a call), at `max_turns` (the
+turn cap: a turn still calling tools there is not answered), when a turn is cut without its end
+token (no step then), or when the next observation does not fit the trajectory's token budget --
+that observation and its media are then dropped whole, so no cut ever falls inside one.
 """
 from __future__ import annotations
 
@@ -24,11 +31,10 @@ from mmrl.models.codec import Codec
 from mmrl.models.forward import upcast
 from mmrl.models.trajectory import (ObservationStyle, completion_token_types, encode_observation,
                                     observation_style, row_media)
-from mmrl.tools import Toolbox, ToolContext, as_content, error_text, parse_turn
-from mmrl.tools.calls import ToolCall
-from mmrl.tools.toolbox import Outcome
+from mmrl.rollout.tool_env import ToolEnvironments, encode_tool_turn
+from mmrl.tools import Toolbox, as_content, as_items
+from mmrl.tools.base import MediaLimits
 from mmrl.types import Observation, PromptFeatures, RolloutBatch, SamplingParams, Trajectory
-
 
 @dataclass(frozen=True)
 class TrajectorySettings:
@@ -39,10 +45,24 @@ class TrajectorySettings:
 
     @classmethod
     def from_config(cls, tc, evaluation: bool = False) -> "TrajectorySettings":
-        """From a ToolsConfig; `evaluation` uses tools.eval_max_turns (may exceed max_turns)."""
+        """From a ToolsConfig or EnvConfig; `evaluation` uses its eval_max_turns (may exceed
+        max_turns)."""
         turns = tc.eval_max_turns if evaluation and tc.eval_max_turns else tc.max_turns
-        return cls(call_format=tc.call_format, max_turns=turns, max_tokens=tc.max_tokens,
-                   max_observation_tokens=tc.max_observation_tokens)
+        return cls(call_format=getattr(tc, "call_format", "qwen"), max_turns=turns,
+                   max_tokens=tc.max_tokens, max_observation_tokens=tc.max_observation_tokens)
+
+    @classmethod
+    def for_run(cls, cfg, evaluation: bool = False) -> "TrajectorySettings":
+        """A run's budgets: tools.* with tools, env.* for a user environment; single-turn is one
+        turn, bounded by the turn's max_new_tokens alone."""
+        if cfg.tools.enabled:
+            return cls.from_config(cfg.tools, evaluation)
+        if cfg.multi_turn:
+            return cls.from_config(cfg.env, evaluation)
+        return cls(max_turns=1, max_tokens=1 << 40)
+
+
+USER_TURN = ObservationStyle("user", False, "observations: user turns")
 
 
 @dataclass
@@ -50,15 +70,13 @@ class _Row:
     """One trajectory being generated."""
 
     prompt: PromptFeatures
-    context: ToolContext
-    offered: list[str]
+    env: object  # its environment instance
     ids: list[torch.Tensor] = field(default_factory=list)  # completion pieces in order
     logp: list[torch.Tensor] = field(default_factory=list)
     policy: list[torch.Tensor] = field(default_factory=list)  # 1 on model tokens
     record: Trajectory = field(default_factory=lambda: Trajectory(turns=0))
     truncated: bool = False
     done: bool = False
-    pending: list[ToolCall] = field(default_factory=list)
 
     @property
     def length(self) -> int:
@@ -72,13 +90,18 @@ class _Row:
 
 
 class TrajectoryRollout:
-    """Trajectories with tools on `engine` (anything with `generate(prompts, sampling)`, the
-    RolloutEngine contract); `codec` renders and encodes observation turns."""
+    """Trajectories on `engine` (anything with `generate(prompts, sampling)`, the RolloutEngine
+    contract) with the environments `envs` (an environment kind, mmrl/rollout/environments.py;
+    a Toolbox means the tools); `codec` renders and encodes observation turns;
+    `limits` guard a user environment's observation media (the records' rules)."""
 
-    def __init__(self, engine, codec: Codec, toolbox: Toolbox,
-                 settings: TrajectorySettings = TrajectorySettings()):
+    def __init__(self, engine, codec: Codec, envs,
+                 settings: TrajectorySettings = TrajectorySettings(),
+                 limits: MediaLimits = MediaLimits()):
+        if isinstance(envs, Toolbox):
+            envs = ToolEnvironments(envs, codec, settings.call_format)
         self.engine, self.codec = engine, codec
-        self.toolbox, self.settings = toolbox, settings
+        self.envs, self.settings, self.limits = envs, settings, limits
         self.tokenizer = codec.tokenizer
         self.style: ObservationStyle = observation_style(codec.processor)
         # The most characters one token stands for (byte-level: a vocabulary entry's length is
@@ -86,39 +109,58 @@ class TrajectoryRollout:
         # refused by its length before the tokenizer spends time and memory on it.
         self.token_chars = max(map(len, self.tokenizer.get_vocab()), default=1)
 
+    @property
+    def toolbox(self) -> Toolbox | None:
+        return getattr(self.envs, "toolbox", None)
+
     @classmethod
     def from_config(cls, tc, engine, codec: Codec,
                     evaluation: bool = False, data=None) -> "TrajectoryRollout":
-        """From a ToolsConfig (its tools, call format, budgets; eval_max_turns when
+        """With tools, from a ToolsConfig (its tools, call format, budgets; eval_max_turns when
         `evaluation`) over any rollout engine; `data` (a DataConfig) gives the tools' results
         the records' media limits."""
         return cls(engine, codec, Toolbox.from_config(tc, data),
                    TrajectorySettings.from_config(tc, evaluation))
 
+    @classmethod
+    def for_run(cls, cfg, engine, codec: Codec, envs,
+                evaluation: bool = False) -> "TrajectoryRollout":
+        """The run's loop over `engine` with its environment kind `envs` (built once per run:
+        environments.make_environments) and budgets (TrajectorySettings.for_run)."""
+        d = cfg.data
+        limits = MediaLimits(frames=d.video_max_frames, audio_seconds=d.audio_max_seconds)
+        return cls(engine, codec, envs, TrajectorySettings.for_run(cfg, evaluation), limits)
+
     def rollout(self, prompts: Sequence[PromptFeatures], sampling: SamplingParams,
                 group_offset: int = 0) -> RolloutBatch:
-        """G trajectories per prompt as a RolloutBatch (rows group-major, like single-turn
-        ones): completion = model and observation turns, `loss_mask` 1 on model tokens,
-        `sampler_logp` 0 on observations, `texts` the final turns, `trajectories` the rest."""
+        """G trajectories per prompt as a RolloutBatch (rows group-major): completion = model
+        and observation turns, `loss_mask` 1 on model tokens, `sampler_logp` 0 on observations,
+        `texts` the final turns, `trajectories` the rest. Single-turn: the first generation."""
         g = sampling.num_generations
-        contexts = [self.toolbox.context(p, self.codec) for p in prompts]
-        rows = [_Row(prompt=p, context=c, offered=self.toolbox.offered(p.sample))
-                for p, c in zip(prompts, contexts) for _ in range(g)]
-        turn = 0
-        while not all(r.done for r in rows):
-            active = [r for r in rows if not r.done]
-            self._turn(active, turn, sampling, first=turn == 0, prompts=prompts)
-            self._observe([r for r in active if not r.done])
-            turn += 1
+        envs = self.envs.start(prompts, g, self.settings.max_turns)
+        rows = [_Row(prompt=p, env=e)
+                for p, e in zip([p for p in prompts for _ in range(g)], envs)]
+        turn, first = 0, None
+        try:
+            while turn == 0 or not all(r.done for r in rows):
+                active = [r for r in rows if not r.done]
+                gen = self._turn(active, turn, sampling, first=turn == 0, prompts=prompts)
+                first = gen if turn == 0 else first
+                self._step([r for r in active if not r.done])
+                turn += 1
+        finally:
+            self.envs.close(envs)
+        if not self.envs.trajectories:
+            return self._plain(prompts, first, rows, group_offset, g)
         return self._batch(rows, group_offset, g)
 
     # ------------------------------------------------------------------------ turns ---------
 
     def _turn(self, rows: list[_Row], turn: int, sampling: SamplingParams, *, first: bool,
-              prompts: Sequence[PromptFeatures]) -> None:
+              prompts: Sequence[PromptFeatures]):
         s = self.settings
         left = [s.max_tokens - r.length for r in rows]
-        limit = min(sampling.max_new_tokens, max(left))
+        limit = min(sampling.max_new_tokens, max(left, default=sampling.max_new_tokens))
         seed = None if sampling.seed is None else sampling.seed + 7919 * turn
         if first:
             params = dataclasses.replace(sampling, max_new_tokens=limit, seed=seed)
@@ -135,67 +177,50 @@ class TrajectoryRollout:
             if ids.shape[0] > left[i]:  # past this row's own budget: cut there
                 ids, logp, cut = ids[:left[i]], logp[:left[i]], True
             row.add(ids, logp)
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
             row.record.turns += 1
-            row.record.turn_texts.append(text)
-            parsed = parse_turn(text, s.call_format)
-            if cut:
+            row.record.turn_texts.append(self.tokenizer.decode(ids, skip_special_tokens=True))
+            if cut:  # no step: the turn was not finished
                 row.truncated = row.done = True
-            elif parsed.final:
+        return gen
+
+    def _step(self, rows: list[_Row]) -> None:
+        """Every row's environment answers its last turn (all at once), then each row ends or
+        gets its observation turn."""
+        if not rows:
+            return
+        steps = self.envs.step([r.env for r in rows], [r.record for r in rows],
+                               [r.record.turn_texts[-1] for r in rows])
+        for row, step in zip(rows, steps):
+            row.record.info.update(step.info)
+            if step.done:
                 row.done = True
-            elif row.record.turns >= s.max_turns:
+            elif row.record.turns >= self.settings.max_turns:
                 row.record.hit_turn_cap = row.done = True
             else:
-                row.pending = parsed.calls
+                OBSERVE[step.role](self, row, step.observation)
 
-    def _observe(self, rows: list[_Row]) -> None:
-        """Run every pending call (all rows at once), then give each row its observation turn."""
-        jobs = [(call, r.context, r.offered) for r in rows for call in r.pending]
-        outcomes = iter(self.toolbox.run(jobs))
-        for row in rows:
-            answered = [(call, next(outcomes)) for call in row.pending]
-            row.pending = []
-            self._answer(row, answered)
+    def encode(self, results, media: dict, after: str, start: int,
+               style: ObservationStyle) -> tuple[torch.Tensor, Observation]:
+        return encode_observation(self.codec, results, media, after, start, style)
 
-    def _answer(self, row: _Row, answered: list[tuple[ToolCall, Outcome]]) -> None:
-        s, turn = self.settings, row.record.turns - 1
-        after = self.tokenizer.decode(row.ids[-1][-1:])
-        chars = sum(len(x) for _, o in answered for x in o.items or () if isinstance(x, str))
-        if chars > s.max_observation_tokens * self.token_chars:
-            answered = _instead(answered, "too_long", f"the result is {chars} characters, more "
-                                f"than {s.max_observation_tokens} tokens can hold; ask for less")
-        try:
-            ids, obs = self._encode(answered, after, row.length)
-        except ValueError as e:  # the processor refused a result (a last line behind as_items)
-            answered = _instead(answered, "bad_result", "the result could not be shown: "
-                                f"{str(e).splitlines()[0][:200]}")
-            ids, obs = self._encode(answered, after, row.length)
-        if obs.length > s.max_observation_tokens:  # the results say so instead
-            answered = _instead(answered, "too_long", f"the result is {obs.length} tokens, over "
-                                f"the limit of {s.max_observation_tokens}; ask for less")
-            ids, obs = self._encode(answered, after, row.length)
-        row.record.calls += [o.record(c, turn) for c, o in answered]
-        if row.length + obs.length + 1 > s.max_tokens:  # no room for a model token after it
-            row.truncated = row.done = True  # the observation and its media are dropped whole
+    def append_observation(self, row: _Row, ids: torch.Tensor, obs: Observation) -> None:
+        """The observation joins the row, or, when no model token would fit after it, the row
+        ends (the observation and its media dropped whole)."""
+        if row.length + obs.length + 1 > self.settings.max_tokens:
+            row.truncated = row.done = True
             return
         row.add(ids, None)
         row.record.observations.append(obs)
 
-    def _encode(self, answered, after: str, start: int) -> tuple[torch.Tensor, Observation]:
-        results, media = [], {"images": [], "videos": [], "audios": []}
-        for _, outcome in answered:
-            if outcome.error is not None:
-                results.append([{"type": "text", "text": error_text(outcome.error,
-                                                                     outcome.message)}])
-                continue
-            content, items = as_content(outcome.items)
-            results.append(content)
-            for kind, values in items.items():
-                media[kind] += values
-        return encode_observation(self.codec, results, media, after, start,
-                                  self.style)
-
     # ------------------------------------------------------------------------ batch ---------
+
+    def _plain(self, prompts, gen, rows: list[_Row], group_offset: int, g: int) -> RolloutBatch:
+        """The single-turn batch: the engine's own tensors, as it returned them."""
+        return RolloutBatch(
+            prompts=[p for p in prompts for _ in range(g)], completion_ids=gen.completion_ids,
+            completion_mask=gen.completion_mask, texts=[r.record.turn_texts[0] for r in rows],
+            truncated=gen.truncated, sampler_logp=gen.sampler_logp,
+            group_ids=torch.arange(len(prompts)).repeat_interleave(g) + group_offset)
 
     def _batch(self, rows: list[_Row], group_offset: int, g: int) -> RolloutBatch:
         pad_id = self.tokenizer.pad_token_id
@@ -219,17 +244,35 @@ class TrajectoryRollout:
             trajectories=[r.record for r in rows])
 
 
+def encode_user_turn(loop: TrajectoryRollout, row: _Row, observation: list) -> None:
+    """A user environment's observation as a user turn (text, images, video, audio items, under
+    the records' media guards). One over max_observation_tokens ends the row (info
+    observation_too_long), as does one the trajectory's budget cannot hold."""
+    s = loop.settings
+    try:
+        items = as_items(observation, loop.limits)
+    except TypeError as e:
+        raise TypeError(f"env {getattr(loop.envs, 'name', '')}: its observation: {e}") from None
+    chars = sum(len(x) for x in items if isinstance(x, str))
+    if chars <= s.max_observation_tokens * loop.token_chars:
+        content, media = as_content(items)
+        after = loop.tokenizer.decode(row.ids[-1][-1:])
+        ids, obs = loop.encode([content], media, after, row.length, USER_TURN)
+        if obs.length <= s.max_observation_tokens:
+            loop.append_observation(row, ids, obs)
+            return
+    row.record.info["observation_too_long"] = True
+    row.truncated = row.done = True
+
+
+# How a Step's observation becomes a turn, by its role (mmrl/envs/base.py Step.role).
+OBSERVE = {"user": encode_user_turn, "tool": encode_tool_turn}
+
+
 def _logp_dtype(rows) -> torch.dtype:
     """float32, or float64 when the engine sampled in float64 (tests that tell rounding apart)."""
     return torch.float64 if any(p.dtype == torch.float64 for r in rows for p in r.logp) \
         else torch.float32
-
-
-def _instead(answered: list[tuple[ToolCall, Outcome]], kind: str, message: str):
-    """Every answered call that succeeded becomes an error of `kind` (the turn's observation
-    could not carry the results); calls that failed keep their own error."""
-    return [(c, o if o.error else Outcome(error=kind, message=message, seconds=o.seconds))
-            for c, o in answered]
 
 
 def continuation(prompt: PromptFeatures, pieces: Sequence[torch.Tensor],

@@ -120,13 +120,13 @@ class AsyncRollout:
             self.worker = ProcessWorker(
                 SamplerSettings(cfg.rollout, cfg.tools, policy.sequence, policy.info,
                                 self.sampler_threads, cfg.train.seed + 1, flushes_denormals(),
-                                cfg.data),
+                                cfg.data, cfg.env),
                 model, policy.codec, self.weights)
         else:  # a vLLM server (config_rules refuses colocated vLLM): async_server.py
             from mmrl.train.async_server import ServerWeights, ServerWorker
 
             self.weights = ServerWeights(policy.codec.adapter, keep=self.k + 2)
-            self.worker = ServerWorker(cfg, policy, self.weights)
+            self.worker = ServerWorker(cfg, policy, self.weights, prompts.envs)
         self._cond = threading.Condition()
         self._todo: deque[_Job] = deque()  # submitted, not started
         self._ready: deque[_Drawn] = deque()  # drawn, not yet taken

@@ -82,13 +82,14 @@ class ServerWorker:
     """What async_rollout's dispatcher calls: `draw(prompts, published)` -> (RolloutBatch,
     version of the weights the server held, the server's fingerprint of them)."""
 
-    def __init__(self, cfg: RunConfig, policy: Policy, weights: ServerWeights):
+    def __init__(self, cfg: RunConfig, policy: Policy, weights: ServerWeights, envs=None):
+        """`envs`: the run's environment kind (built once per run; None: built here)."""
         from mmrl.rollout.vllm_server import VLLMServerEngine
         from mmrl.train.generation import Rollout
 
         self.weights, self.url = weights, cfg.rollout.vllm.server_url
         local = _ServerPolicy(policy)
-        self.rollout = Rollout(cfg.rollout, local, cfg.tools, cfg.data, model=local.model)
+        self.rollout = Rollout(cfg, local, envs, model=local.model)
         # The client that pushes the weights (and reads the server's fingerprint of them);
         # the Rollout's own client samples.
         self.engine = VLLMServerEngine.from_config(cfg.rollout.vllm, policy.codec)

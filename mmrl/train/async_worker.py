@@ -45,6 +45,7 @@ class SamplerSettings:
     # them); a spawned process starts without it.
     flush_denormal: bool = False
     data: object = None  # DataConfig: tool results pass the records' media guards
+    env: object = None  # EnvConfig: the trajectories' environment
 
 
 def flushes_denormals() -> bool:
@@ -66,6 +67,7 @@ class _SamplerPolicy:
 def _main(settings: SamplerSettings, model, codec: Codec, staging: dict, version, lock,
           requests, replies) -> None:
     """The sampler process: load the newest staged weights when asked, draw, reply."""
+    from mmrl.config import DataConfig, EnvConfig, RunConfig
     from mmrl.train.generation import Rollout
 
     # The trainer decides when this process ends (signals.py: it finishes or abandons its step,
@@ -77,8 +79,9 @@ def _main(settings: SamplerSettings, model, codec: Codec, staging: dict, version
     torch.manual_seed(settings.seed)
     try:
         policy = _SamplerPolicy(model, codec, settings)
-        rollout = Rollout(settings.rollout, policy, settings.tools, settings.data,
-                          model=model)
+        run = RunConfig(rollout=settings.rollout, tools=settings.tools,
+                        data=settings.data or DataConfig(), env=settings.env or EnvConfig())
+        rollout = Rollout(run, policy, model=model)  # its own environments, in its process
         params = dict(model.named_parameters())
         loaded, fp, parent = -1, None, os.getppid()
         replies.put((True, os.getpid()))  # replies: (ok, payload), else (False, traceback)

@@ -15,16 +15,16 @@ from rich.console import Console
 from rich.progress import track
 
 from mmrl.config import RewardSpec, RunConfig
-from mmrl.data.media import MediaError, processor_errors
+from mmrl.data.media import MediaError
 from mmrl.data.prepare import media_loader
-from mmrl.models.forward import generate
+from mmrl.rollout.environments import make_environments, prompt_features
 from mmrl.rollout.hf import HFEngine
 from mmrl.rollout.trajectory import TrajectoryRollout
-from mmrl.tools import call_fields, tool_prompt, trajectory_metrics
+from mmrl.tools import call_fields, trajectory_metrics
 from mmrl.train import dist
 from mmrl.train.logging import json_safe
 from mmrl.train.metrics import summarize
-from mmrl.train.scoring import RewardSet, rewards_at
+from mmrl.train.scoring import RewardSet, rewards_at, trajectory_fields
 from mmrl.types import Sample, SamplingParams, Trajectory
 from rewards import extract_answer
 
@@ -61,16 +61,11 @@ def row_metrics(rewards: RewardSet, name: str, per: dict[str, list]) -> list[flo
 
 
 def _decode_chunk(samples, codec: Codec, load, cfg: RunConfig,
-                  loop: TrajectoryRollout | None) -> tuple[list[Sample], list, int]:
+                  loop: TrajectoryRollout) -> tuple[list[Sample], list, int]:
     chunk, feats, failed = [], [], 0
     for s in samples:
         try:
-            media = load(s)
-            prompted, chat_tools = (s, None) if loop is None else tool_prompt(
-                s, loop.toolbox, codec.processor, cfg.tools.call_format)
-            with processor_errors(s):
-                feats.append(codec.prompt_features(prompted, tools=chat_tools, **media))
-                feats[-1].media = media  # the tools' context reads the decoded media
+            feats.append(prompt_features(loop.envs, codec, s, load))
             chunk.append(s)
         except MediaError:
             if not cfg.data.skips_bad_samples:
@@ -79,14 +74,24 @@ def _decode_chunk(samples, codec: Codec, load, cfg: RunConfig,
     return chunk, feats, failed
 
 
+def eval_loop(model, codec: Codec, cfg: RunConfig, envs=None) -> TrajectoryRollout:
+    """The trajectory loop of held-out generation: the model's own generate (greedy unless
+    eval.num_samples), the run's environments (`envs`: built once per run; None: built here),
+    eval_max_turns for multi-turn ones."""
+    envs = envs if envs is not None else make_environments(cfg, codec)
+    return TrajectoryRollout.for_run(cfg, HFEngine(model, codec.processor), codec, envs,
+                                     evaluation=True)
+
+
 @torch.no_grad()
 def evaluate(model, codec: Codec, samples: list[Sample], cfg: RunConfig, *,
              out_file: Path | None = None, shuffled: bool = False,
-             info: dist.DistInfo | None = None) -> dict:
+             info: dist.DistInfo | None = None, envs=None) -> dict:
     """Generate for every sample (greedy, or `eval.num_samples` draws at `eval.temperature`),
     score with the run's rewards, and report accuracy, pass@k and the task metrics. With `info`
     (every rank calls it), each rank draws its contiguous share of the samples and every rank
-    gets the whole result; rank 0 writes `out_file`."""
+    gets the whole result; rank 0 writes `out_file`. `envs`: the run's environment kind (built
+    once per run; None: built here)."""
     if shuffled:
         samples = shuffle_media(samples, cfg.train.seed)
     info = info or dist.DistInfo()
@@ -94,7 +99,8 @@ def evaluate(model, codec: Codec, samples: list[Sample], cfg: RunConfig, *,
     mine = samples[n * info.rank // info.world:n * (info.rank + 1) // info.world]
     was_training = model.training
     model.eval()
-    rows, trajectories, failed = _draw_rows(model, codec, mine, cfg)
+    rows, trajectories, failed = _draw_rows(eval_loop(model, codec, cfg, envs),
+                                            mine, cfg)
     model.train(was_training)
     if info.enabled:  # in rank order, as one process would have drawn them
         parts = dist.all_gather_object(
@@ -114,18 +120,15 @@ def _light(t: Trajectory) -> Trajectory:
         dataclasses.replace(o, tensors={}, media={}) for o in t.observations])
 
 
-def _draw_rows(model, codec: Codec, samples: list[Sample], cfg: RunConfig
+def _draw_rows(loop: TrajectoryRollout, samples: list[Sample], cfg: RunConfig
                ) -> tuple[list[dict], list[Trajectory], int]:
-    """(one row per draw, their trajectories with tools (else none), samples that failed)."""
+    """(one row per draw, their trajectories when multi-turn (else none), samples that failed)."""
     ec, rewards = cfg.eval, metric_rewards(cfg)
+    codec = loop.codec
     max_new = ec.max_new_tokens or cfg.rollout.max_new_tokens
     k, suppress, load = max(1, ec.num_samples), codec.placeholder_ids, \
         media_loader(cfg, codec.image_factor)
     rows, failed, trajectories = [], 0, []
-    # With tools, every draw is a trajectory, up to tools.eval_max_turns model turns.
-    loop = (TrajectoryRollout.from_config(cfg.tools, HFEngine(model, codec.processor), codec,
-                                          evaluation=True, data=cfg.data)
-            if cfg.tools.enabled else None)
     starts = range(0, len(samples), ec.batch_size)
     # A bar on a terminal only: logs of long evaluations stay clean.
     for start in track(starts, description="eval", transient=True, console=Console(stderr=True),
@@ -138,7 +141,7 @@ def _draw_rows(model, codec: Codec, samples: list[Sample], cfg: RunConfig
         params = SamplingParams(num_generations=k, max_new_tokens=max_new,
                                 temperature=ec.temperature, top_p=1.0, top_k=0, do_sample=k > 1,
                                 suppress_ids=suppress)
-        texts, fields, drawn_trajectories = _draw(model, codec, feats, params, loop)
+        texts, fields, drawn_trajectories = _draw(feats, params, loop)
         drawn = [s for s in chunk for _ in range(k)]
         with rewards_at("evaluation"):
             totals, per = rewards.score(drawn, texts, {
@@ -154,21 +157,21 @@ def _draw_rows(model, codec: Codec, samples: list[Sample], cfg: RunConfig
                 t = drawn_trajectories[i]
                 rows[-1].update(turns=t.turn_texts, calls=fields["calls"][i],
                                 hit_turn_cap=t.hit_turn_cap, seen=[c.seen for c in t.calls])
+                if t.info:
+                    rows[-1]["info"] = t.info
                 trajectories.append(t)
     return rows, trajectories, failed
 
 
 @torch.no_grad()
 def draw_texts(model, codec: Codec, samples: list[Sample], cfg: RunConfig,
-               max_new_tokens: int) -> list[str | None]:
+               max_new_tokens: int, envs=None) -> list[str | None]:
     """One greedy completion per sample on the held-out evaluation's path (its batches, media
     loader, tools when configured); None for a sample whose media failed to load (a counted skip
     under data.on_bad_sample=skip). The field benchmarks (mmrl/benchmarks) score these."""
     suppress = codec.placeholder_ids
     load = media_loader(cfg, codec.image_factor)
-    loop = (TrajectoryRollout.from_config(cfg.tools, HFEngine(model, codec.processor), codec,
-                                          evaluation=True)
-            if cfg.tools.enabled else None)
+    loop = eval_loop(model, codec, cfg, envs)
     params = SamplingParams(num_generations=1, max_new_tokens=max_new_tokens, temperature=1.0,
                             top_p=1.0, top_k=0, do_sample=False, suppress_ids=suppress)
     was_training, out = model.training, {}
@@ -177,7 +180,7 @@ def draw_texts(model, codec: Codec, samples: list[Sample], cfg: RunConfig,
         chunk, feats, _ = _decode_chunk(samples[start:start + cfg.eval.batch_size], codec,
                                         load, cfg, loop)
         if chunk:
-            texts = _draw(model, codec, feats, params, loop)[0]
+            texts = _draw(feats, params, loop)[0]
             out.update({id(s): t for s, t in zip(chunk, texts)})
     model.train(was_training)
     return [out.get(id(s)) for s in samples]
@@ -207,17 +210,15 @@ def _result(rows: list[dict], trajectories: list[Trajectory], failed: int,
     return result
 
 
-def _draw(model, codec: Codec, feats, params: SamplingParams, loop: TrajectoryRollout | None):
-    """-> (final texts, reward fields, trajectories or None) of k draws per prompt: one turn of
-    the model's generate, or trajectories over the same generate with tools."""
-    if loop is not None:
-        batch = loop.rollout(feats, params)
-        return batch.texts, {"completion_length": batch.policy_mask.sum(1).tolist(),
-                             "calls": call_fields(batch.trajectories)}, batch.trajectories
-    ids, mask, _, _ = generate(model, codec.processor, feats, params)
-    texts = codec.tokenizer.batch_decode([r[m.bool()] for r, m in zip(ids, mask)],
-                                             skip_special_tokens=True)
-    return texts, {"completion_length": mask.sum(1).tolist()}, None
+def _draw(feats, params: SamplingParams, loop: TrajectoryRollout):
+    """-> (final texts, reward fields, trajectories or None) of k draws per prompt through the
+    trajectory loop: one turn of the model's generate for single-turn, else trajectories."""
+    batch = loop.rollout(feats, params)
+    if batch.trajectories is None:
+        return batch.texts, {"completion_length": batch.completion_mask.sum(1).tolist(),
+                             "info": [{} for _ in batch.texts]}, None
+    return batch.texts, {"completion_length": batch.policy_mask.sum(1).tolist(),
+                         **trajectory_fields(batch.trajectories)}, batch.trajectories
 
 
 def _unscored_reason(metric: str, n: int, failed: int) -> str:

@@ -2,9 +2,10 @@
 
 It asks the engine what it is (`samples_from_training_model`) instead of its type: an engine that
 samples with the training model needs the weights whole while it generates and never needs a
-sync; one with its own copy (vLLM) needs the new weights after every update. With tools
-(`tools.use`), each of the G samples is a trajectory (mmrl/rollout/trajectory.py) over the same
-engine: model turns, tool calls, observation turns.
+sync; one with its own copy (vLLM) needs the new weights after every update. Every rollout runs
+through the trajectory loop (mmrl/rollout/trajectory.py) over that engine with the run's
+environment: single-turn is its first generation as the engine returned it; with tools or a user
+environment each of the G samples is a trajectory of model and observation turns.
 """
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import torch
 
 from typing import TYPE_CHECKING
 
-from mmrl.config import RolloutConfig, ToolsConfig
+from mmrl.config import RunConfig
 from mmrl.rollout import make_engine
+from mmrl.rollout.environments import make_environments
 from mmrl.rollout.trajectory import TrajectoryRollout
 from mmrl.train import sp, speed
 from mmrl.types import PromptFeatures, RolloutBatch, SamplingParams
@@ -26,22 +28,22 @@ class Rollout:
     # What other files may read (tests/train/test_structure.py checks it).
     PUBLIC = ("generate", "sync", "close", "metrics")
 
-    def __init__(self, rc: RolloutConfig, policy: Policy, tools: ToolsConfig | None = None,
-                 data=None, model=None):
-        """`data`: the data section (tool results pass the records' media guards). `model`:
-        sample from this model instead of the policy's (the async sampler's own copy of the
-        weights, mmrl/train/async_rollout.py)."""
+    def __init__(self, cfg: RunConfig, policy: Policy, envs=None, model=None):
+        """`envs`: the run's environment kind (built once per run, environments.py; None: built
+        here). `model`: sample from this model instead of the policy's (the async sampler's own
+        copy of the weights, mmrl/train/async_rollout.py)."""
+        rc = cfg.rollout
         self.rc, self.policy = rc, policy
         self.model = policy.model if model is None else model
         self._weight_bytes = None  # of the weights a decode step reads (speed.py), once
         self.tokenizer = policy.codec.tokenizer
         with policy.full_params():  # a colocated engine starts from the whole weights
             self.engine = make_engine(rc, self.model, policy.codec)
-        self.trajectories = (TrajectoryRollout.from_config(tools, self.engine, policy.codec,
-                                                           data=data)
-                             if tools is not None and tools.enabled else None)
-        if self.trajectories is not None and policy.info.main:
-            print(self.trajectories.style.reason, flush=True)  # tool role or <tool_response>
+        if envs is None:
+            envs = make_environments(cfg, policy.codec)
+        self.loop = TrajectoryRollout.for_run(cfg, self.engine, policy.codec, envs)
+        if cfg.tools.enabled and policy.info.main:
+            print(self.loop.style.reason, flush=True)  # tool role or <tool_response>
 
     @torch.no_grad()
     def generate(self, prompts: list[PromptFeatures], group_offset: int = 0) -> RolloutBatch:
@@ -68,12 +70,7 @@ class Rollout:
         # once, not once per token.
         sampling = SamplingParams.from_rollout(rc, suppress_ids=policy.codec.placeholder_ids)
         with policy.full_params(self.engine.samples_from_training_model):
-            if self.trajectories is not None:
-                return self.trajectories.rollout(prompts, sampling, group_offset)
-            ids, mask, slogp, truncated = self.engine.generate(prompts, sampling)
-        texts = self.tokenizer.batch_decode(
-            [row[m.bool()] for row, m in zip(ids, mask)], skip_special_tokens=True)
-        return self._batch(prompts, group_offset, ids, mask, slogp, truncated, texts)
+            return self.loop.rollout(prompts, sampling, group_offset)
 
     def _batch(self, prompts, group_offset, ids, mask, slogp, truncated, texts) -> RolloutBatch:
         g = self.rc.num_generations

@@ -33,6 +33,7 @@ from mmrl.config import RunConfig, save as save_config
 from mmrl.data.inspect import answer_budget, format_answer_budget
 from mmrl.data.prepare import build_datasets, check_datasets
 from mmrl.models import get_adapter
+from mmrl.rollout.environments import make_environments
 from mmrl.train import checkpoint, dist, methods, parallel, setup, sp, speed
 from mmrl.train.async_rollout import IN_FLIGHT, AsyncRollout
 from mmrl.train.checkpointer import Checkpointer
@@ -53,8 +54,8 @@ FROM_CONFIG = object()  # Trainer(resume=...): resolve train.resume here
 
 class Trainer:
     # What other files may read (tests/train/test_structure.py checks it).
-    PUBLIC = ("cfg", "run_dir", "info", "layout", "policy", "prompts", "scorer", "rollout", "log",
-              "eval_set", "step", "state_extra", "train_step", "sample_batch", "learn",
+    PUBLIC = ("cfg", "run_dir", "info", "layout", "policy", "envs", "prompts", "scorer",
+              "rollout", "log", "eval_set", "step", "state_extra", "train_step", "sample_batch", "learn",
               "check_finite", "sync_engine", "save", "rewind", "stop", "memory", "close",
               "phases")
 
@@ -84,11 +85,13 @@ class Trainer:
                              resume if checkpoint.has_weights(resume) else None,
                              sequence=self.layout.sequence)
         self.learner = Learner(cfg, self.info, strategy, self.policy, data=data)
-        self.rollout = Rollout(cfg.rollout, self.policy, cfg.tools, cfg.data)
+        # The run's environment kind, built once (with tools: the one Toolbox of the run).
+        self.envs = make_environments(cfg, self.policy.codec)
+        self.rollout = Rollout(cfg, self.policy, self.envs)
         self.policy.choose_layout(cfg.train.shared_prefix)
         self.scorer = Scorer(cfg, data)
         self.timer, self.phases = StageTimer(), speed.PhaseTotals()  # where the seconds go
-        self.prompts = PromptSource(cfg, train_set, self.policy.codec, data)
+        self.prompts = PromptSource(cfg, train_set, self.policy.codec, data, self.envs)
         main = self.info.main  # only rank 0 writes the run dir; other ranks keep a local log
         self.log = logger or RunLogger(
             self.run_dir if main else self.run_dir / f"rank{self.info.rank}",

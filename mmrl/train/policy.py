@@ -68,8 +68,8 @@ class Policy:
         # Frozen encoders' outputs, once per prompt per step (begin_step). Tool-use rows carry
         # observation media the cache does not hold: there every forward encodes.
         self.encoders = EncoderCache(
-            self.model, cfg.train.cache_frozen_encoders and not cfg.tools.use,
-            off="tool-use rows carry observation media" if cfg.tools.use
+            self.model, cfg.train.cache_frozen_encoders and not cfg.multi_turn,
+            off="multi-turn rows carry observation media" if cfg.multi_turn
             else "train.cache_frozen_encoders=false")
         self._cached_batch: RolloutBatch | None = None  # the batch the cache was filled for
         self._reference_dir = Path(cfg.run_dir) / "reference"

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from mmrl.config import RunConfig
-from mmrl.data.media import MediaError, processor_errors
+from mmrl.data.media import MediaError
 from mmrl.data.prepare import media_loader
+from mmrl.rollout.environments import make_environments, prompt_features
 from mmrl.train import dist
-from mmrl.tools import Toolbox, tool_prompt
 from mmrl.train.methods import HistoryFilter
 from mmrl.types import PromptFeatures, RolloutBatch, Sample
 
@@ -27,12 +27,14 @@ if TYPE_CHECKING:
 
 class PromptSource:
     # What other files may read (tests/train/test_structure.py checks it).
-    PUBLIC = ("dataset", "features", "next", "load", "group_base", "observe",
+    PUBLIC = ("dataset", "envs", "features", "next", "load", "group_base", "observe",
               "weight_advantages", "end_step", "metrics", "say", "skip_summary", "state_dict",
               "load_state_dict", "last_drawn")
 
     def __init__(self, cfg: RunConfig, dataset: Sequence[Sample], codec: Codec,
-                 info: dist.DistInfo):
+                 info: dist.DistInfo, envs=None):
+        """`envs`: the run's environment kind (built once per run; None: built here), whose
+        reset makes each prompt."""
         self.dataset, self.codec, self.info = dataset, codec, info
         self.cache_size, self.skips_bad_samples = cfg.data.feature_cache, cfg.data.skips_bad_samples
         self.media_stats: dict[str, int] = {}  # e.g. audio_truncated, counted into metrics
@@ -42,9 +44,8 @@ class PromptSource:
         self.history = HistoryFilter.make(cfg.algo)
         self.bad = BadRecords(len(dataset), cfg.data.max_bad_fraction)
         self.say = print  # the trainer's log.warn once it exists
-        # With tools, every prompt tells the model about the tools its record offers.
-        self.tools = cfg.tools if cfg.tools.enabled else None
-        self.toolbox = Toolbox.from_config(cfg.tools) if self.tools is not None else None
+        # Every prompt is the environment's first user turn (with tools: the tools offered).
+        self.envs = envs if envs is not None else make_environments(cfg, codec)
         self._features: OrderedDict[int, PromptFeatures] = OrderedDict()
         self.last_drawn: list[int] = []  # the dataset indices `next` returned last (async queue)
 
@@ -53,14 +54,7 @@ class PromptSource:
         if key is not None and key in self._features:
             self._features.move_to_end(key)
             return self._features[key]
-        media = self.load_media(sample)
-        chat_tools = None
-        if self.toolbox is not None:
-            sample, chat_tools = tool_prompt(sample, self.toolbox, self.codec.processor,
-                                             self.tools.call_format)
-        with processor_errors(sample):  # e.g. aspect ratio: a media error naming the record
-            feats = self.codec.prompt_features(sample, tools=chat_tools, **media)
-        feats.media = media
+        feats = prompt_features(self.envs, self.codec, sample, self.load_media)
         if key is not None and self.cache_size > 0:  # bounded: media tensors are big
             self._features[key] = feats
             while len(self._features) > self.cache_size:

@@ -102,7 +102,7 @@ def _stages(trainer: Trainer, stop: StopSignals, started: float, single: bool) -
 
     def run_eval(name: str, **kw) -> dict:
         with stop.interruptible(single):
-            return _eval(policy, evals, cfg, trainer.run_dir, name, **kw)
+            return _eval(policy, evals, cfg, trainer.run_dir, name, envs=trainer.envs, **kw)
 
     def halt(what: str, save: bool = True, why: str = ""):
         summary["wall_seconds"] = summary.get("wall_seconds", 0.0) + time.perf_counter() - started

@@ -167,8 +167,10 @@ class Scorer:
         lengths = batch.policy_mask.sum(1).tolist()  # the model's tokens (not observations)
         extra = {"completion_length": lengths, "group_id": batch.group_ids.tolist(),
                  "max_completion_length": [self.max_new_tokens] * batch.n}
-        if batch.trajectories is not None:  # the tool_use reward reads each row's calls
-            extra["calls"] = call_fields(batch.trajectories)
+        if batch.trajectories is not None:  # calls (tool_use reads them), the env's info
+            extra.update(trajectory_fields(batch.trajectories))
+        else:  # single-turn: an environment that said nothing
+            extra["info"] = [{} for _ in range(batch.n)]
         totals, per = self.rewards.score([p.sample for p in batch.prompts], batch.texts, extra)
         return torch.tensor(totals, dtype=torch.float32), per
 
@@ -205,6 +207,12 @@ class Scorer:
         metrics.update({"kl_reward/kl": kl, "kl_reward/coef": ctl.coef})
         state["kl_reward_coef"] = ctl.update(kl, sb.rollout.n * self.info.world)
         return scores
+
+
+def trajectory_fields(trajectories) -> dict[str, list]:
+    """What rewards read of multi-turn rows: `calls` (each row's tool calls as dicts) and `info`
+    (the environment's Step.info merged over the trajectory, a dict per row)."""
+    return {"calls": call_fields(trajectories), "info": [dict(t.info) for t in trajectories]}
 
 
 def _field_lists(samples: list[Sample], extra: dict[str, list]) -> dict[str, list]:

@@ -16,6 +16,7 @@ import torch
 from mmrl.config import RunConfig, SFTConfig
 from mmrl.data.media import MediaError
 from mmrl.models.forward import collate, completion_logprobs
+from mmrl.rollout.environments import make_environments
 from mmrl.rollout.trajectory import TrajectoryRollout
 from mmrl.train import dist
 from mmrl.train.evaluate import evaluate
@@ -68,10 +69,12 @@ class Demonstrations:
     indices) each is built once and kept, as the prompt features are (data.feature_cache records,
     least recently used out): on the visual_search row this was 40% of the warm-up's time."""
 
-    def __init__(self, cfg: RunConfig, policy: Policy):
+    def __init__(self, cfg: RunConfig, policy: Policy, envs=None):
+        """`envs`: the run's environment kind (the tools; built once per run, None: here)."""
         self.targets, self.tokenizer = cfg.sft.turn_targets, policy.codec.tokenizer
-        self.loop = TrajectoryRollout.from_config(cfg.tools, self, policy.codec,
-                                                  data=cfg.data)
+        if envs is None:
+            envs = make_environments(cfg, policy.codec)
+        self.loop = TrajectoryRollout.for_run(cfg, self, policy.codec, envs)
         # As many turns as targets, whatever tools.max_turns: a demonstration may look again
         # after a miss (a turn more than RL allows, whose cap RL then unlearns). One turn more,
         # so a last target that still calls is the error below, not a silent turn cap.
@@ -204,7 +207,7 @@ def sft_warmup(cfg: RunConfig, policy: Policy, prompts: PromptSource, log: RunLo
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=sc.lr)
     gen = torch.Generator().manual_seed(cfg.train.seed + 1)
     history, acc, step = [], float("nan"), 0
-    demos = Demonstrations(cfg, policy) if sc.turn_targets else None
+    demos = Demonstrations(cfg, policy, prompts.envs) if sc.turn_targets else None
     in_a_row = "" if sc.stop_checks == 1 else f" on {sc.stop_checks} checks in a row"
     what = "val accuracy" if sc.stop_metric == "accuracy" else f"val {sc.stop_metric}"
     log.print(f"SFT warm-up: {sc.steps} steps, {what} every {sc.eval_every}"
@@ -220,7 +223,7 @@ def sft_warmup(cfg: RunConfig, policy: Policy, prompts: PromptSource, log: RunLo
         opt.step()
         checks = step % sc.eval_every == 0 or step == sc.steps
         if checks:
-            result = evaluate(model, policy.codec, val, cfg, info=policy.info)
+            result = evaluate(model, policy.codec, val, cfg, info=policy.info, envs=prompts.envs)
             acc = result["accuracy"]
             history.append({"step": step, "loss": float(loss.detach()), "val_accuracy": acc,
                             "val_stop": stop_reading(result, sc.stop_metric)})

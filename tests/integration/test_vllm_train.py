@@ -97,7 +97,7 @@ def test_a_tool_step_on_vllm_trains_on_the_samplers_logprobs(tmp_path, monkeypat
         "rollout.max_new_tokens=96", "tools.max_tokens=256", "sft.steps=0", "train.steps=1"])
     t = Trainer(cfg)
     try:
-        policy, toolbox = t.policy, t.prompts.toolbox
+        policy, toolbox = t.policy, t.envs.toolbox
         turns = [_call("crop", {"bbox_2d": [0, 0, 28, 28]}), "<answer>A</answer>"]
         prompt = t.prompts.features(t.prompts.dataset[0])
         ids, observations, mask = _scripted(policy.codec, toolbox, prompt,
