@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, get_args
+from typing import Any, Optional, get_args
 
 import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -21,27 +21,11 @@ from mmrl import config_rules
 from mmrl.config_algo import (  # noqa: F401  (config.AlgoConfig, config.Agg, ... are the API)
     KL, PRESETS, Agg, AlgoConfig, HistoryMode, ISLevel, ISMode, LossType, Preset, Ratio,
     ScaleRewards)
-
-# The legal values of every option, in one place. OmegaConf (>= 2.4) rejects anything else at load
-# time with the key's path; code downstream may rely on the value being one of these.
-OnBadSample = Literal["error", "skip"]  # error: stop naming record and file | skip: skip and count
-AudioTruncate = Literal["error", "head"]  # longer audio: error (name the file) | head (keep start)
-DType = Literal["float32", "bfloat16", "float16"]
-AttnImplementation = Literal["sdpa", "eager", "flash_attention_2", "mmrl_prefix_varlen"]
-WeightTransfer = Literal["auto", "bytes", "direct", "http", "nccl", "store"]
-Backend = Literal["hf", "vllm"]
-# hf backend: decode on a static KV cache with a compiled step (docs/performance.md). auto:
-# compiled on CUDA where the family compiles, else eager; compiled: always (a config error where
-# the family cannot compile); eager: the model's own forward per token.
-CompileDecode = Literal["auto", "compiled", "eager"]
-LRSchedule = Literal["constant", "linear", "cosine"]
-Parallel = Literal["auto", "ddp", "deepspeed", "fsdp2"]
-Progress = Literal["auto", "bar", "lines", "off"]
-# Before loading the model on CUDA, the memory plan (docs/memory.md) for the device, process
-# count and strategy: refuse (stop, with the fix) | warn (say so, go on) | off.
-MemoryCheck = Literal["refuse", "warn", "off"]
-# <tool_call>{"name", "arguments"}</tool_call> | MGPO's {"bbox_2d"} (crop) | {"span"} (frames)
-CallFormat = Literal["qwen", "json_box", "json_span"]
+from mmrl.config_eval import BenchmarkSpec, EvalConfig  # noqa: F401  (config.BenchmarkSpec: the API)
+from mmrl.config_env import EnvConfig, ToolsConfig, ToolSpec  # noqa: F401  (config.ToolsConfig: the API)
+from mmrl.config_options import (  # noqa: F401  (config.Backend, ... are the API)
+    AttnImplementation, AudioTruncate, Backend, CallFormat, CompileDecode, DType, LRSchedule,
+    MemoryCheck, OnBadSample, Parallel, Progress, WeightTransfer)
 
 
 @dataclass
@@ -168,65 +152,6 @@ class RolloutConfig:
 
 
 @dataclass
-class ToolSpec:
-    name: str = MISSING  # crop | frames | audio_clip (`mmrl.tools.TOOLS`), or "pkg.mod:fn"
-    params: dict[str, Any] = field(default_factory=dict)  # settings: the tool's keyword-only args
-
-
-@dataclass
-class ToolsConfig:
-    """Multi-turn rollouts with tools (docs/tools.md). `use` empty: single-turn, as before."""
-
-    use: list[ToolSpec] = field(default_factory=list)
-    call_format: CallFormat = "qwen"
-    # The system-message text that tells the model how to call (e.g. a paper's own tool prompt);
-    # it replaces call_format's built-in instructions and a chat template's own `tools` block.
-    # None: the built-in ones (docs/tools.md); "": none (no text, no `tools` block).
-    instructions: Optional[str] = None
-    max_turns: int = 3  # model turns per trajectory in training
-    eval_max_turns: Optional[int] = None  # at evaluation (may be larger); None: max_turns
-    # Completion tokens of a whole trajectory (model and observation turns); each model turn is
-    # also capped by rollout.max_new_tokens. An observation that would not fit is dropped whole.
-    max_tokens: int = 1024
-    max_observation_tokens: int = 512  # one observation turn; longer: a too_long error instead
-    # Trajectories that hit max_turns still calling tools leave the loss (Mini-o3's over-turn
-    # masking) instead of training as failures.
-    mask_truncated_trajectories: bool = False
-    timeout_s: float = 30.0  # per tool call; past it the model reads a timeout error
-    workers: int = 8  # tool calls running at once
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.use)
-
-
-@dataclass
-class EnvConfig:
-    """The environment every trajectory talks to between its model turns (docs/environments.md):
-    one instance per trajectory, built from `name` and `args`. The budgets below are a user
-    environment's; the tools environment keeps tools.*."""
-
-    # auto: the tools environment when tools.use is set, else single_turn; or a registered name
-    # (`mmrl.envs.ENVIRONMENTS`), or a user class "pkg.mod:Class".
-    name: str = "auto"
-    args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of its constructor
-    max_turns: int = 4  # model turns per trajectory in training
-    eval_max_turns: Optional[int] = None  # at evaluation (may be larger); None: max_turns
-    max_tokens: int = 1024  # completion tokens of a trajectory: model and observation turns
-    max_observation_tokens: int = 512  # one observation; a longer one ends the trajectory
-    # Per step() call; past it the trajectory ends (info env_timeout: true). Python cannot kill
-    # a thread: the late step finishes in the background and its result is dropped.
-    timeout_s: float = 30.0
-    workers: int = 8  # step() calls running at once (threads)
-
-    def resolved(self, tools: bool) -> str:
-        """The environment's name with "auto" resolved (`tools`: tools.use is set)."""
-        if self.name == "auto":
-            return "tools" if tools else "single_turn"
-        return self.name
-
-
-@dataclass
 class RewardSpec:
     name: str = MISSING  # a reward in `mmrl ls rewards`, or "pkg.mod:fn"
     weight: float = 1.0  # the total reward is the weighted sum; 0 = logged, not trained on
@@ -328,41 +253,6 @@ class TrainConfig:
     def resumes_latest(self) -> bool:
         """resume=auto: continue from the newest checkpoint in the run dir, if any."""
         return self.resume == "auto"
-
-
-@dataclass
-class BenchmarkSpec:
-    """One field benchmark (docs/benchmarks-eval.md): `mmrl.benchmarks.BENCHMARKS` name, its
-    local copy (None: $MMRL_BENCHMARKS_DIR/NAME or data/benchmarks/NAME; "fixture": a small
-    copy in its layout, written in the run dir), run before RL, every `every` steps (0: only
-    before and after) and after RL, on the first `limit` rows (None: all)."""
-
-    name: str = MISSING  # refcoco, mmau, vstar, mathvista, ... (docs/benchmarks-eval.md)
-    path: Optional[str] = None  # the local copy's root, or "fixture"
-    every: int = 0  # also every N RL steps (0: before and after RL only)
-    limit: Optional[int] = None  # the first N rows (None: all)
-    family_coords: bool = False  # boxes in the model family's convention, not the task's own
-    max_new_tokens: Optional[int] = None  # None: the task's own (its generation_kwargs)
-    tools: bool = True  # false: without the run's tools.use (results as NAME_no_tools)
-
-    @property
-    def key(self) -> str:
-        """Its results' name: NAME, or NAME_no_tools for the tool-less setting."""
-        return self.name if self.tools else f"{self.name}_no_tools"
-
-
-@dataclass
-class EvalConfig:
-    max_samples: Optional[int] = None  # evaluate on the first N eval records
-    batch_size: int = 32  # prompts generated at once
-    max_new_tokens: Optional[int] = None  # default: rollout.max_new_tokens
-    metric_reward: str = "accuracy"  # reward whose mean is reported as `accuracy`
-    num_samples: int = 1  # k draws per sample: 1 = greedy; > 1 = sampled, reports pass@k
-    temperature: float = 1.0  # for num_samples > 1
-    pass_threshold: float = 1.0  # a draw counts as correct when the metric reward >= this
-    before_rl: bool = True  # evaluate before RL (after SFT) for summary.json
-    shuffled_images: bool = False  # also evaluate with images shuffled across samples
-    benchmarks: list[BenchmarkSpec] = field(default_factory=list)  # field benchmarks, as lmms-eval
 
 
 @dataclass
@@ -542,7 +432,8 @@ def _is_layer(item: str) -> bool:
 def check(cfg: RunConfig, world: int = 1, where: str = "",
           set_by: dict[str, str] | None = None) -> None:
     """Raise ConfigError with one line naming the first key out of its legal range (ranges and
-    cross-field rules: mmrl/config_rules.py; legal values are the Literal types above), and
+    cross-field rules: mmrl/config_rules.py; legal values are the Literal types of
+    config_options.py and config_algo.py), and
     what set it (`set_by`: key -> the YAML file or "override k=v" that set it last) where known,
     else `where` (the base recipe)."""
     found = config_rules.problems(cfg, world)

@@ -243,8 +243,9 @@ def problems(cfg, world: int = 1) -> list[str]:
 
 def _async_problems(cfg, world: int) -> list[str]:
     """rollout.max_staleness >= 1 runs the HF engine on its own copy of the weights in a
-    process beside the one training process (mmrl/train/async_rollout.py). Where that
-    cannot run, the run stops here: an async config never runs synchronously without a word."""
+    process beside the one training process, or samples from a vLLM server while the trainer
+    updates (mmrl/train/async_rollout.py, async_server.py). Where neither can run, the run stops
+    here: an async config never runs synchronously without a word."""
     k, r, a = cfg.rollout.max_staleness, cfg.rollout, cfg.algo
     if k < 0:
         return [f"rollout.max_staleness={k}: must be >= 0 (0: synchronous)"]
@@ -253,9 +254,13 @@ def _async_problems(cfg, world: int) -> list[str]:
     why = (f"rollout.max_staleness={k} (asynchronous rollouts, docs/async.md) with {{}}: "
            f"not built yet; set rollout.max_staleness=0")
     out = []
-    if r.backend != "hf":
-        out.append(why.format(f"rollout.backend={r.backend}") + " (the async sampler is the "
-                   "HF engine on a copy of the weights; vLLM would sample synchronously)")
+    if r.vllm_colocated:
+        out.append(f"rollout.max_staleness={k} (asynchronous rollouts, docs/async.md) with a "
+                   f"colocated vLLM engine (no rollout.vllm.server_url): not supported: the "
+                   f"colocated engine shares the trainer's process and GPU memory, so it cannot "
+                   f"sample while the trainer updates; use a vLLM server (scripts/vllm_server.sh, "
+                   f"rollout.vllm.server_url=...) or rollout.backend=hf, or set "
+                   f"rollout.max_staleness=0")
     if world > 1:
         out.append(why.format(f"{world} processes") + " (the sampler copies one "
                    "process's weights)")
@@ -276,18 +281,22 @@ _NOT_WITH_TOOLS = (
      "the shuffled-frame re-rollout is single-turn"),
 )
 
-# Families whose video the colocated vLLM engine places where the trainer does (M-RoPE
-# positions, one placeholder per video: tests/integration/test_vllm.py); a built-in tool that
-# returns video runs on vLLM for these only. Images and audio continue on every family.
-VLLM_VIDEO_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+# Built-in tools that return video: on vLLM they run only for families whose adapter says
+# `vllm_video` (the adapter class's capability, looked up without building a processor).
 _VIDEO_TOOLS = ("frames",)
-_VLLM_VIDEO_REFUSED = {
-    "qwen3_vl": "vLLM expands Qwen3-VL's timestamped video prompt to the trainer's ids, but "
-                "its logprobs after a video are 0.05-0.12 off the trainer's forward",
-    "qwen2_5_omni": "vLLM's Qwen2.5-Omni processor expands a video to another size than the "
-                    "trainer's (4 frames of 56 px: about 280 tokens against 8), so the prompt "
-                    "check fails",
-}
+
+
+def vllm_video_families() -> tuple[str, ...]:
+    """The registered families whose video the colocated vLLM engine places as the trainer does."""
+    from mmrl.models import MODELS, get_adapter
+
+    return tuple(name for name in MODELS.names() if get_adapter(name).vllm_video)
+
+
+def _adapter(family: str):
+    from mmrl.models import get_adapter
+
+    return get_adapter(family)
 
 
 def _not_with_tools(cfg) -> list[str]:
@@ -301,11 +310,11 @@ def _not_with_tools(cfg) -> list[str]:
                    f"takes media as data URLs and would decode and sample a video's frames "
                    f"again); unset server_url for the colocated engine, or use "
                    f"rollout.backend=hf")
-    elif cfg.rollout.backend == "vllm" and video and family not in VLLM_VIDEO_FAMILIES:
-        why = _VLLM_VIDEO_REFUSED.get(family, "its video positions on vLLM are not verified")
+    elif cfg.rollout.backend == "vllm" and video and not _adapter(family).vllm_video:
+        why = _adapter(family).vllm_video_refused
         out.append(f"tools.use {video[0]} with model.family={family} cannot run on "
                    f"rollout.backend=vllm ({why}; video on vLLM: "
-                   f"{', '.join(VLLM_VIDEO_FAMILIES)}); use rollout.backend=hf")
+                   f"{', '.join(vllm_video_families())}); use rollout.backend=hf")
     return out
 
 

@@ -46,6 +46,9 @@ def validate(cfg, world: int = 1) -> list[str]:
     if cfg.tools.use:  # every tool imports and takes its settings
         from mmrl.tools import Toolbox
         check("tools.use", lambda: Toolbox.from_config(cfg.tools))
+    if cfg.multi_turn and not cfg.tools.use:  # the class imports and takes env.args
+        from mmrl.rollout.environments import make_environments
+        check("env", lambda: make_environments(cfg, None).make())
     if cfg.rollout.runs_hf_generate:  # compile_decode=on where the family cannot compile
         from mmrl.rollout.hf import family_decode_path
         check("rollout.compile_decode",

@@ -72,7 +72,10 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "grid_nav_blank": ("grid_nav", ["env.args={blank: true}"]),
 }
 # Rows whose records a generator writes directly (mmrl records, no anchor conversion):
-# row -> (generator, arguments).
+# row -> (generator, arguments). The search rows' generators are research's own
+# (search_variants.py: the product's writer with the layouts these rows tuned), run by the CLI
+# through its "module:function" escape hatch.
+SEARCH_VARIANTS = "research.search_variants:"
 # visual_search: 1344-px scenes seen at 84 x 84 (9 visual tokens); the patch mid-cell of a
 # 3 x 3 grid, each cell one visual token (the detection row's geometry), and 224 px: a whole
 # 14-px input patch of yellow, the pattern (8 px, half an input pixel) in its middle; a crop of
@@ -201,14 +204,16 @@ WARMUP = {"visual_search": lambda r: {"warmup_box": search_warmup(r)},
                                      "warmup_mixed": video_mixed(r),
                                      "warmup_wide": video_wide(r),
                                      **video_looks(r)}}
-GENERATED = {"visual_search": ("visual_search", _SEARCH),
-             "visual_search_no_tool": ("visual_search", {**_SEARCH, "tools": False}),
+GENERATED = {"visual_search": (SEARCH_VARIANTS + "visual_search", _SEARCH),
+             "visual_search_no_tool": (SEARCH_VARIANTS + "visual_search",
+                                       {**_SEARCH, "tools": False}),
              # 8 s at 2 fps, 28-px frames. The 3 s card lies in one half (card_at) and holds a
              # frame of the 4 sampled (0, 2.5 s | 5, 7.5 s): the first look's two temporal
              # tokens say which half to ask for. A quarter of the training records show their
              # flash at first look (`seen`: the warm-up's answers).
-             "video_search": ("video_search", _VIDEO),
-             "video_search_no_tool": ("video_search", {**_VIDEO, "tools": False}),
+             "video_search": (SEARCH_VARIANTS + "video_search", _VIDEO),
+             "video_search_no_tool": (SEARCH_VARIANTS + "video_search",
+                                      {**_VIDEO, "tools": False}),
              "grid_nav": ("grid_nav", _GRID), "grid_nav_blank": ("grid_nav", _GRID)}
 # Rows launched on more than one process (data-parallel through torchrun, one thread each, the
 # warm-up's batches, RL's groups and the evaluations split between them). None yet: visual_search

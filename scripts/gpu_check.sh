@@ -5,6 +5,8 @@
 #   bash scripts/gpu_check.sh                  # on a GPU: writes docs/gpu.md and docs/gpu.json
 #   bash scripts/gpu_check.sh --out DIR        # ... into DIR instead
 #   bash scripts/gpu_check.sh --cpu            # every stage at tiny sizes on the CPU (CI)
+#   bash scripts/gpu_check.sh --out DIR --stages "decode,async step"   # only these (and the
+#                                              # environment); merge DIR/gpu.json by hand
 #
 # It needs only torch, transformers, accelerate and what a GPU image usually holds. Python
 # packages the image lacks are installed, offline, from wheels brought along in .gpu_wheels/

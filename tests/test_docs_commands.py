@@ -1,12 +1,13 @@
 """Every GPU command the docs show fits the GPUs it names: each `bash scripts/train.sh N ...` in
 README.md, docs/*.md, every recipe README and the comments of every recipe YAML is run through
-the memory plan (mmrl/bench/plan.py, meta-device builds cached per shape) for N x 80 GB with the
+the memory plan (mmrl/plan/memory.py, meta-device builds cached per shape) for N x 80 GB with the
 strategy the run would use, and must fit with the plan's 10% margin (docs/memory.md)."""
 from pathlib import Path
 
 import pytest
 
-from mmrl.bench import plan, plan_report
+from mmrl import plan
+from mmrl.plan import report as plan_report
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),

@@ -13,6 +13,7 @@ from PIL import Image
 
 from mmrl import config
 from mmrl.models import get_adapter
+from mmrl.models.codec import Codec
 from mmrl.rollout.environments import make_environments, prompt_features
 from mmrl.rollout.trajectory import TrajectoryRollout
 from mmrl.train.scoring import RewardSet
@@ -39,19 +40,18 @@ def test_the_documented_environment_runs_through_the_loop(my_envs, tmp_path):
     cfg = config.load(None, ["data.train=x.jsonl", "env.name=my_envs:Line", "env.args={width: 8}", "env.max_turns=4",
                              "env.max_tokens=600", "env.max_observation_tokens=200",
                              "rewards=[{name: my_envs:success}]"])
-    adapter = get_adapter("qwen2_5_vl")
-    model, processor = adapter.tiny(seed=0)
-    envs = make_environments(cfg, processor, adapter)
+    _, codec = Codec.tiny(get_adapter("qwen2_5_vl"), seed=0)
+    envs = make_environments(cfg, codec)
     sample = Sample(id="a", images=[str(tmp_path / "line.png")], fields={"start": 2, "goal": 4},
                     messages=[{"role": "user", "content": [
                         {"type": "image"}, {"type": "text", "text": "Move the dot to 4."}]}])
     from mmrl.data.media import load_image
 
-    prompt = prompt_features(envs, adapter, processor, sample,
+    prompt = prompt_features(envs, codec, sample,
                              lambda s: {"images": [load_image(p) for p in s.images]})
-    engine = ScriptedEngine(processor.tokenizer, [["right", "left"], ["right", "left"],
+    engine = ScriptedEngine(codec.tokenizer, [["right", "left"], ["right", "left"],
                                                   ["left"], ["left"]])
-    loop = TrajectoryRollout.for_run(cfg, engine, processor, adapter, envs)
+    loop = TrajectoryRollout.for_run(cfg, engine, codec, envs)
     batch = loop.rollout([prompt], SamplingParams(num_generations=2, max_new_tokens=20))
     good, bad = batch.trajectories
     assert good.turn_texts == ["right", "right"] and good.info == {"success": True, "moves": 2}

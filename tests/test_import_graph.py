@@ -134,12 +134,23 @@ def test_algos_import_only_torch_the_standard_library_and_stdlib_only_leaves():
     assert _algos_outside_imports() == {}
 
 
+def test_the_plan_imports_nothing_from_the_benchmarks():
+    """`mmrl plan` and the memory check are user-facing and run before training: they predict,
+    mmrl/bench measures. The benchmarks may use the plan (the GPU check compares it to a
+    measured peak), never the other way."""
+    graph = _graph()
+    plan = {m: ts for m, ts in graph.items() if m == "mmrl.plan" or m.startswith("mmrl.plan.")}
+    assert "mmrl.plan.memory" in plan and "mmrl.plan.fit" in plan
+    assert {m: sorted(t for t in ts if t.startswith("mmrl.bench"))
+            for m, ts in plan.items() if any(t.startswith("mmrl.bench") for t in ts)} == {}
+
+
 def test_no_private_names_imported_across_modules_in_data_and_rollout():
     """A `_private` helper used by another module is a shared helper: make it public where it
     belongs (e.g. rollout/vllm_io.py) instead of reaching into a sibling."""
     bad = []
     for name, path in MODULES.items():
-        if not name.startswith(("mmrl.data", "mmrl.rollout")):
+        if not name.startswith(("mmrl.data", "mmrl.rollout", "mmrl.plan")):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mmrl"):

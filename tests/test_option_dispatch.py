@@ -13,7 +13,8 @@ from pathlib import Path
 from mmrl import config
 
 ROOT = Path(__file__).parents[1]
-VALIDATION_HOME = {"mmrl/config.py", "mmrl/config_algo.py", "mmrl/config_rules.py"}
+VALIDATION_HOME = {"mmrl/config.py", "mmrl/config_algo.py", "mmrl/config_env.py",
+                   "mmrl/config_rules.py"}
 
 # (module, enclosing function, string): why that comparison is not one of an mmrl option.
 NOT_OPTIONS = {

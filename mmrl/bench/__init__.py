@@ -138,6 +138,8 @@ def run_benchmarks(out_dir: str | Path, which=BENCHMARKS, *, quick: bool = False
             log(f"[bench] async: k=1 x{results['async']['speedup']:.2f} RL steps/s over k=0")
     results["load_average_end"] = list(os.getloadavg())
     results["seconds"] = time.time() - started
+    for line in report.headline(results):  # #54's ratios, side by side, from this one run
+        log(f"[bench] {line}")
     (out / "bench.json").write_text(json.dumps(results, indent=2))
     (out / "bench.md").write_text(report.markdown(results))
     log(f"[bench] wrote {out / 'bench.json'} and {out / 'bench.md'} in {results['seconds']:.0f} s")

@@ -14,8 +14,12 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from mmrl.models.codec import Codec
 
 # Text tokens around the image in the benchmark prompt (chat template + question): the image
 # gets the rest of the prompt length.
@@ -177,11 +181,12 @@ def tiny_vl(family: str = "qwen2_5_vl", seed: int = 0, max_image_tokens: int = 4
     """The tiny offline model the unit tests use (hidden 128, 4 layers, vision depth 2), with an
     image budget large enough for the longest benchmark prompt."""
     from mmrl.models import get_adapter
+    from mmrl.models.codec import Codec
 
     adapter = get_adapter(family)
     model, processor = adapter.tiny(seed=seed, min_pixels=28 * 28 * 4,
                                     max_pixels=28 * 28 * max_image_tokens)
-    return adapter, model, processor
+    return Codec(adapter, processor), model
 
 
 def image_grid(n_tokens: int) -> tuple[int, int]:
@@ -190,7 +195,7 @@ def image_grid(n_tokens: int) -> tuple[int, int]:
     return rows, max(1, n_tokens // rows)
 
 
-def prompt_of_length(adapter, processor, prompt_tokens: int, seed: int = 0):
+def prompt_of_length(codec: Codec, prompt_tokens: int, seed: int = 0):
     """PromptFeatures of one image + a question, about `prompt_tokens` tokens long, nearly all
     of them image tokens (a 28 px cell per merged token)."""
     import numpy as np
@@ -200,11 +205,11 @@ def prompt_of_length(adapter, processor, prompt_tokens: int, seed: int = 0):
 
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
     sample = Sample(id=f"bench-{prompt_tokens}-{seed}", messages=messages)
-    probe = adapter.prompt_features(processor, sample, [Image.new("RGB", (56, 56))])
+    probe = codec.prompt_features(sample, [Image.new("RGB", (56, 56))])
     text_tokens = probe.input_ids.shape[0] - 4  # a 56x56 image is 4 tokens
     rows, cols = image_grid(max(4, prompt_tokens - text_tokens))
     pixels = np.random.RandomState(seed).randint(0, 255, (rows * 28, cols * 28, 3)).astype(np.uint8)
-    return adapter.prompt_features(processor, sample, [Image.fromarray(pixels)])
+    return codec.prompt_features(sample, [Image.fromarray(pixels)])
 
 
 def random_completions(n: int, length: int, pad_id: int, seed: int = 0, vocab: int = 700,

@@ -32,10 +32,10 @@ def bench_decode(*, family: str = "qwen2_5_vl", prompt_tokens: int = 256, group:
     from mmrl.train.speed import copy_bandwidth, decode_weight_bytes
     from mmrl.types import SamplingParams
 
-    adapter, model, processor = model_bundle or tiny_vl(family)
+    codec, model = model_bundle or tiny_vl(family)
     model.eval()
-    prompts = [prompt_of_length(adapter, processor, prompt_tokens)]
-    suppress = adapter.placeholder_token_ids(processor)
+    prompts = [prompt_of_length(codec, prompt_tokens)]
+    suppress = codec.placeholder_ids
     # EOS = a suppressed placeholder, never sampled: every row decodes the full budget.
     sampling = SamplingParams(num_generations=group, max_new_tokens=completion_tokens,
                               suppress_ids=suppress, seed=0, eos_ids=[suppress[0]],
@@ -45,10 +45,10 @@ def bench_decode(*, family: str = "qwen2_5_vl", prompt_tokens: int = 256, group:
     # HF's greedy generate takes one sequence per prompt: the prompt repeated G times instead.
     hf_sampling = dataclasses.replace(sampling, num_generations=1)
     runners = {
-        "eager": lambda stats: generate_shared(model, processor, prompts, sampling, stats=stats),
-        "compiled": lambda stats: generate_shared(model, processor, prompts, sampling,
+        "eager": lambda stats: generate_shared(model, codec.processor, prompts, sampling, stats=stats),
+        "compiled": lambda stats: generate_shared(model, codec.processor, prompts, sampling,
                                                   stats=stats, decoder=decoder),
-        "hf_generate": lambda stats: generate(model, processor, prompts * group, hf_sampling,
+        "hf_generate": lambda stats: generate(model, codec.processor, prompts * group, hf_sampling,
                                               stats=stats)}
 
     def run(which: str) -> tuple[dict, torch.Tensor]:

@@ -14,6 +14,7 @@ stages that would run past the time budget are skipped and say so):
                 tokens/s and % of the bandwidth floor (weights + KV read per step)
   grpo step     one real GRPO step (mmrl's Trainer) of a Qwen2.5-VL-3B-shaped model, against
                 the memory model's prediction
+  async step    the same step with rollout.max_staleness 0 vs 1 (docs/async.md): steps/s, ratio
   trl           the same step through TRL's GRPOTrainer, where TRL imports
 """
 from __future__ import annotations
@@ -34,6 +35,8 @@ from mmrl.bench import gpu_stages as stages
 # Bf16 dense peaks from the datasheets (SXM parts), for MFU; other devices use the measured rate.
 PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.1}
 STEP_SHAPE = "qwen2_5_vl-3b"
+STAGES = ("environment", "correctness", "update", "generation", "decode", "grpo step",
+          "async step", "trl")
 UPDATE_LAYERS = 8  # the update/generation stages run 8 of the 36 layers; seconds are scaled
 
 
@@ -51,18 +54,19 @@ def sizes(cpu: bool) -> dict:
 
 
 def bundle(cpu: bool, layers: int | None, checkpointing: bool = False):
-    """(adapter, model, processor): the tiny twin on CPU, the 3B shape on CUDA (bf16)."""
+    """(codec, model): the tiny twin on CPU, the 3B shape on CUDA (bf16)."""
     from mmrl.models import get_adapter, shapes
+    from mmrl.models.codec import Codec
 
     adapter = get_adapter("qwen2_5_vl")
     if cpu:
         model, processor = adapter.tiny(seed=0, min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 512)
-        return adapter, model, processor
+        return Codec(adapter, processor), model
     model, processor = shapes.build(STEP_SHAPE, layers, dtype=torch.bfloat16, device="cuda")
     model.set_attn_implementation("sdpa")
     if checkpointing:  # as the recipes train: the 4096-token video cells fit on one GPU
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return adapter, model, processor
+    return Codec(adapter, processor), model
 
 
 def environment(cpu: bool) -> dict:
@@ -128,12 +132,8 @@ def decode_stage(cpu: bool, part, s: dict) -> dict:
                         mode=None if cpu else "reduce-overhead")
 
 
-def grpo_step(cpu: bool, s: dict, workdir: Path, gpu_gib: float) -> dict:
-    """One real GRPO step of the step shape (the tiny twin with --cpu), measured in a fresh
-    process, beside the memory model's prediction for the same config."""
-    from mmrl.bench import peak, plan
-    from mmrl.config import load
-
+def step_overrides(cpu: bool, s: dict, workdir: Path) -> list[str]:
+    """The GRPO step's config (the step shape; the tiny twin, widened, with --cpu)."""
     st = s["step"]
     path = "tiny" if cpu else f"shape:{STEP_SHAPE}"
     size = s["step_image"]
@@ -152,7 +152,19 @@ def grpo_step(cpu: bool, s: dict, workdir: Path, gpu_gib: float) -> dict:
     if cpu:  # wide enough that tensors, not the interpreter, dominate the resident set
         overrides.append("model.tiny={hidden_size: 256, intermediate_size: 768, "
                          "num_hidden_layers: 4, num_attention_heads: 4, num_key_value_heads: 2, "
-                         "vocab_size: 32768, max_pixels: %d}" % (size * size))
+                         "vocab_size: 32768, max_pixels: %d}" % (s["step_image"] ** 2))
+    return overrides
+
+
+def grpo_step(cpu: bool, s: dict, workdir: Path, gpu_gib: float) -> dict:
+    """One real GRPO step of the step shape (the tiny twin with --cpu), measured in a fresh
+    process, beside the memory model's prediction for the same config."""
+    from mmrl import plan
+    from mmrl.bench import peak
+    from mmrl.config import load
+
+    st = s["step"]
+    overrides = step_overrides(cpu, s, workdir)
     measured = peak.measure(None, overrides, steps=st["steps"])
     cfg = load(None, overrides)
     facts, what = plan.config_facts(cfg)
@@ -168,6 +180,31 @@ def grpo_step(cpu: bool, s: dict, workdir: Path, gpu_gib: float) -> dict:
             "prompt_tokens": measured["prompt_tokens"], "stages": med,
             "steps_measured": len(later), "group": st["group"], "prompts": st["prompts"],
             "completion": st["completion"]}
+
+
+def async_step(cpu: bool, s: dict, workdir: Path) -> dict:
+    """The GRPO step's config run with rollout.max_staleness 0 and then 1 (docs/async.md), each
+    in a fresh process (bench/peak.py's child: mmrl's Trainer, `train_step` in a loop), one
+    step more than the step stage. Steps/s: the steps after the first over the sum of their
+    wall times (`time/step`): the first step of k = 1 waits for the first batch, as k = 0's
+    does, so both are read in the steady state."""
+    from mmrl.bench import peak
+
+    steps = s["step"]["steps"] + 1
+    out: dict = {"steps": steps, "steps_timed": steps - 1}
+    for k in (0, 1):
+        overrides = [*step_overrides(cpu, s, workdir / f"k{k}"), f"train.steps={steps}",
+                     f"rollout.max_staleness={k}"]
+        measured = peak.measure(None, overrides, steps=steps)
+        later = measured["stages"][1:]
+        wall = sum(st_["step"] for st_ in later)
+        out[f"k{k}"] = {"steps_per_s": len(later) / wall, "step_s": [st_["step"] for st_ in later],
+                        "rollout_s": sum(st_.get("rollout", 0.0) for st_ in later) / len(later),
+                        "update_s": sum(st_.get("update", 0.0) for st_ in later) / len(later),
+                        "staleness": [a.get("async/staleness") for a in measured["async"]]}
+    out["ratio"] = out["k1"]["steps_per_s"] / out["k0"]["steps_per_s"]
+    out["overrides"] = overrides[:-1]
+    return out
 
 
 def trl_step(cpu: bool, s: dict, workdir: Path) -> dict:
@@ -195,7 +232,9 @@ def trl_step(cpu: bool, s: dict, workdir: Path) -> dict:
     return out
 
 
-def run(out: Path, cpu: bool, budget_s: float, log=print) -> dict:
+def run(out: Path, cpu: bool, budget_s: float, log=print, only: set[str] | None = None) -> dict:
+    """Every stage (`only`: these stages and the environment; the others are left out of
+    gpu.json, to be merged into docs/gpu.json by hand)."""
     import tempfile
 
     from mmrl.bench import gpu_report
@@ -210,6 +249,8 @@ def run(out: Path, cpu: bool, budget_s: float, log=print) -> dict:
     work = Path(tempfile.mkdtemp(prefix="mmrl-gpu-check-"))
 
     def stage(name, fn, needs_s: float):
+        if only is not None and name not in only | {"environment"}:
+            return
         left = budget_s - (time.perf_counter() - started)
         if left < needs_s:
             results["stages"][name] = {
@@ -245,6 +286,7 @@ def run(out: Path, cpu: bool, budget_s: float, log=print) -> dict:
     del part
     gib = env.get("memory_gib", 24.0)
     stage("grpo step", lambda: grpo_step(cpu, s, work / "step", gib), 90)
+    stage("async step", lambda: async_step(cpu, s, work / "async"), 200)
     stage("trl", lambda: trl_step(cpu, s, work / "trl"), 150)
     results["seconds"] = time.perf_counter() - started
     out.mkdir(parents=True, exist_ok=True)
@@ -274,11 +316,17 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=None,
                     help="skip stages that would end after this many seconds (default 460 on "
                          "a GPU, none on CPU)")
+    ap.add_argument("--stages", default=None,
+                    help=f"comma-separated stages to run besides the environment, of "
+                         f"{', '.join(STAGES)} (default: all); their gpu.json holds only them")
     args = ap.parse_args(argv)
     out = Path(args.out or ("runs/gpu_check_cpu" if args.cpu else "docs"))
     budget = args.budget_s if args.budget_s is not None else (1e9 if args.cpu else 460)
     torch.manual_seed(0)
-    run(out, args.cpu, budget)
+    only = None if args.stages is None else {x.strip() for x in args.stages.split(",")}
+    if only is not None and only - set(STAGES):
+        ap.error(f"--stages: unknown {sorted(only - set(STAGES))}; choose from {STAGES}")
+    run(out, args.cpu, budget, only=only)
     return 0
 
 

@@ -17,7 +17,8 @@ def markdown(r: dict) -> str:
                 "the tokenizer is a tiny one, the vocabulary size the real one."), ""]
     for name, fn in (("environment", _environment), ("correctness", _correctness),
                      ("update", _update), ("generation", _generation), ("decode", _decode),
-                     ("grpo step", _grpo), ("trl", _trl), ("recipes", _recipes),
+                     ("grpo step", _grpo), ("async step", _async), ("trl", _trl),
+                     ("recipes", _recipes),
                      ("benchmark", _benchmark)):
         part = s.get(name, {"skipped": "not yet measured" if name == "benchmark" else "not run"})
         lines += [f"## {_TITLES[name]}", ""]
@@ -41,15 +42,20 @@ _AGAIN = ["## Measuring again", "",
           "bash scripts/gpu_check.sh                 # rewrites docs/gpu.md and docs/gpu.json",
           'bash scripts/gpu_check.sh --out "$OUT"    # into a folder the machine hands back',
           "bash scripts/gpu_check.sh --cpu           # the same stages at tiny sizes (CI runs it)",
+          'bash scripts/gpu_check.sh --out "$OUT" --stages "decode,async step"  # the new rows only',
           "```", "",
-          "Stages that would end after `--budget-s` seconds (default 460) are skipped and say so."]
+          "Stages that would end after `--budget-s` seconds (default 460) are skipped and say so. "
+          "With `--stages`, gpu.json holds those stages and the environment: merge them into "
+          "docs/gpu.json and render gpu.md from it (`gpu_report.markdown`)."]
 
 
 _TITLES = {"environment": "Environment", "correctness": "Correctness on the device",
            "update": "Update phase: naive vs shared prefix",
            "generation": "Generation: HF generate vs prefill once",
            "decode": "Decode: eager vs compiled (static KV cache + torch.compile)",
-           "grpo step": "One full GRPO step", "trl": "TRL's GRPOTrainer on the same step",
+           "grpo step": "One full GRPO step",
+           "async step": "The step with rollout.max_staleness k = 0 vs k = 1",
+           "trl": "TRL's GRPOTrainer on the same step",
            "recipes": "The recipes' 1-GPU commands: predicted and measured peak",
            "benchmark": "A field benchmark end to end (`mmrl eval --benchmark`)"}
 
@@ -155,6 +161,21 @@ def _grpo(g: dict, r: dict) -> list[str]:
             f"| peak memory, `mmrl plan` | {g['predicted_peak'] / GIB:.2f} GiB "
             f"({g['predicted_phase']}); predicted / measured = {ratio:.2f} |", "",
             "Overrides: `" + " ".join(g["overrides"]) + "`"]
+
+
+def _async(a: dict, r: dict) -> list[str]:
+    """The async stage (gpu_check.async_step): steps/s at k = 0 and k = 1, and their ratio."""
+    lines = [f"The GRPO step's config above, {a['steps']} steps in a fresh process per k "
+             f"(docs/async.md: at k = 1 the HF engine samples in its own process from a copy of "
+             f"the weights while the trainer updates); steps/s over the {a['steps_timed']} steps "
+             f"after the first (each step's wall time).", "",
+             "| max_staleness | steps/s | s per step | rollout s (wait at k = 1) | update s |",
+             "|---|---:|---:|---:|---:|"]
+    for k in (0, 1):
+        v = a[f"k{k}"]
+        lines.append(f"| {k} | {v['steps_per_s']:.3f} | {1 / v['steps_per_s']:.2f} | "
+                     f"{v['rollout_s']:.2f} | {v['update_s']:.2f} |")
+    return lines + ["", f"k = 1 over k = 0: x{a['ratio']:.2f} steps/s."]
 
 
 def _trl(t: dict, r: dict) -> list[str]:

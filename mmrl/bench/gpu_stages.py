@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from mmrl.bench.common import prompt_of_length, random_completions
+from mmrl.models.codec import Codec
 from mmrl.types import PromptFeatures, Sample
 
 
@@ -43,23 +44,23 @@ def timed(fn, trials: int, warmup: int = 1) -> tuple[float, float]:
     return statistics.median(times), peak
 
 
-def video_prompt(adapter, processor, tokens: int, seed: int = 0) -> PromptFeatures:
+def video_prompt(codec: Codec, tokens: int, seed: int = 0) -> PromptFeatures:
     """A question about one video of about `tokens` vision tokens: frames of 16x16 merged tokens
     (448 px at 28 px a token), two frames per temporal token."""
-    factor = adapter.image_factor
+    factor = codec.image_factor
     side = 16
     groups = max(1, tokens // (side * side))
     frames = np.random.RandomState(seed).randint(
         0, 255, (2 * groups, side * factor, side * factor, 3)).astype(np.uint8)
     sample = Sample(id=f"video-{tokens}", messages=[{"role": "user", "content": [
         {"type": "video"}, {"type": "text", "text": "What happens in the video?"}]}])
-    return adapter.prompt_features(processor, sample, videos=[frames], video_fps=2.0)
+    return codec.prompt_features(sample, videos=[frames], video_fps=2.0)
 
 
-def make_prompt(adapter, processor, kind: str, tokens: int) -> PromptFeatures:
+def make_prompt(codec: Codec, kind: str, tokens: int) -> PromptFeatures:
     if kind == "video":
-        return video_prompt(adapter, processor, tokens)
-    return prompt_of_length(adapter, processor, tokens)
+        return video_prompt(codec, tokens)
+    return prompt_of_length(codec, tokens)
 
 
 def vision_tokens(p: PromptFeatures) -> int:
@@ -108,9 +109,9 @@ def forward_flops(model, layout: str, prompt: int, patches: int, group: int,
 def correctness(bundle, *, prompt_tokens: int, group: int, completion: int, kernels) -> dict:
     """Per kernel: the shared-prefix layout's and the naive layout's errors against a float32
     naive reference (logprobs: max abs; gradients: worst relative error over tensors)."""
-    adapter, model, processor = bundle
-    pad = processor.tokenizer.pad_token_id
-    prompt = make_prompt(adapter, processor, "image", prompt_tokens)
+    codec, model = bundle
+    pad = codec.pad_id
+    prompt = make_prompt(codec, "image", prompt_tokens)
     prompts = [prompt] * group
     ids, mask = random_completions(group, completion, pad, seed=1)
     weights = torch.randn(group, completion, generator=torch.Generator().manual_seed(2))
@@ -163,12 +164,12 @@ def update_phase(bundle, *, cells, completion: int, micro_batch: int, trials: in
     over the time: work done), MFU on the FLOPs that layout runs, peak memory."""
     from mmrl.bench.update import update_phase as run_update
 
-    adapter, model, processor = bundle
+    codec, model = bundle
     ref = copy.deepcopy(model).eval().requires_grad_(False)
-    pad = processor.tokenizer.pad_token_id
+    pad = codec.pad_id
     rows = []
     for kind, prompt_tokens, group in cells:
-        prompt = make_prompt(adapter, processor, kind, prompt_tokens)
+        prompt = make_prompt(codec, kind, prompt_tokens)
         p_len, patches = prompt.input_ids.shape[0], vision_tokens(prompt) * 4
         ids, mask = random_completions(group, completion, pad, seed=0)
         adv = torch.randn(group, generator=torch.Generator().manual_seed(1))
@@ -196,13 +197,13 @@ def generation(bundle, *, prompt_tokens: int, group: int, completion: int, trial
     """HF generate (G prefills) vs prefill once: seconds and new tokens per second."""
     from mmrl.bench.rollout import MODES, _generate
 
-    adapter, model, processor = bundle
-    prompts = [make_prompt(adapter, processor, "image", prompt_tokens)]
-    suppress = adapter.placeholder_token_ids(processor)
+    codec, model = bundle
+    prompts = [make_prompt(codec, "image", prompt_tokens)]
+    suppress = codec.placeholder_ids
     out = {"prompt_tokens": prompts[0].input_ids.shape[0], "group": group,
            "completion": completion}
     for mode in MODES[:2]:
-        seconds, peak = timed(lambda: _generate(mode, model, processor, prompts, group=group,
+        seconds, peak = timed(lambda: _generate(mode, model, codec.processor, prompts, group=group,
                                                 completion_tokens=completion, rounds_of=group,
                                                 suppress=suppress), trials)
         out[mode] = {"seconds": seconds, "tokens_per_s": group * completion / seconds,

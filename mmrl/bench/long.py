@@ -37,6 +37,7 @@ import torch
 from mmrl import algos
 from mmrl.bench.common import PeakAllocated, interleaved, random_completions
 from mmrl.models import get_adapter, prefix_attention
+from mmrl.models.codec import Codec
 from mmrl.models.encoder_cache import EncoderCache
 from mmrl.models.shared_prefix import shared_prefix_logprobs
 from mmrl.types import RolloutBatch, Sample
@@ -50,10 +51,10 @@ def model_and_processor(seed: int = 0):
     adapter = get_adapter("qwen2_5_vl")
     model, processor = adapter.tiny(seed=seed, **TINY)
     model.set_attn_implementation(prefix_attention.NAME)
-    return adapter, model, processor
+    return Codec(adapter, processor), model
 
 
-def media_prompt(adapter, processor, i: int, *, frames: int = 0, image: int = 0):
+def media_prompt(codec: Codec, i: int, *, frames: int = 0, image: int = 0):
     """A prompt with one video of `frames` frames or one image of `image` px square."""
     rng = np.random.default_rng(i)
     kind = "video" if frames else "image"
@@ -61,10 +62,10 @@ def media_prompt(adapter, processor, i: int, *, frames: int = 0, image: int = 0)
         {"type": kind}, {"type": "text", "text": "What happens? Answer with <answer>N</answer>."}]}])
     if frames:
         video = rng.integers(0, 256, (frames, FRAME, FRAME, 3), dtype=np.uint8)
-        return adapter.prompt_features(processor, sample, videos=[video], video_fps=2.0)
+        return codec.prompt_features(sample, videos=[video], video_fps=2.0)
     from PIL import Image
     pixels = rng.integers(0, 256, (image, image, 3), dtype=np.uint8)
-    return adapter.prompt_features(processor, sample, [Image.fromarray(pixels)])
+    return codec.prompt_features(sample, [Image.fromarray(pixels)])
 
 
 def _loss(logp, old, adv, mask, normalizer):
@@ -87,11 +88,11 @@ def _sp_worker(spec: dict) -> None:
     torch.set_flush_denormal(True)
     info = init()
     sp = make_layout(info, info.world).sequence
-    adapter, model, processor = model_and_processor()
+    codec, model = model_and_processor()
     ulysses.install(model, sp)
     model.train()
-    prompt = media_prompt(adapter, processor, 0, frames=spec["frames"])
-    pad = processor.tokenizer.pad_token_id
+    prompt = media_prompt(codec, 0, frames=spec["frames"])
+    pad = codec.pad_id
     ids, mask = random_completions(spec["group"], spec["completion"], pad)
     rows = [prompt] * spec["group"]
 
@@ -184,11 +185,11 @@ class MixedBatch:
                  dict(frames=8), dict(frames=8), dict(frames=64), dict(frames=64)]
         self.trainer, self.policy, self.group = trainer, trainer.policy, group
         policy = trainer.policy
-        prompts = [media_prompt(policy.adapter, policy.processor, seed + i, **s)
+        prompts = [media_prompt(policy.codec, seed + i, **s)
                    for i, s in enumerate(specs)]
         self.rows = [p for p in prompts for _ in range(group)]
         n = len(self.rows)
-        ids, self.mask = random_completions(n, completion, policy.pad_id, seed=seed, uneven=True)
+        ids, self.mask = random_completions(n, completion, policy.codec.pad_id, seed=seed, uneven=True)
         self.batch = RolloutBatch(prompts=self.rows, completion_ids=ids, completion_mask=self.mask,
                                   group_ids=torch.arange(n) // group, sampler_logp=None,
                                   texts=[""] * n, truncated=torch.zeros(n, dtype=torch.bool))
@@ -284,12 +285,12 @@ def timed_module(modules, box: list):
 
 def bench_encoder_cache(*, group: int = 4, completion: int = 32, frames: int = 32, prompts: int = 4,
                         trials: int = 5, log=print) -> dict:
-    adapter, model, processor = model_and_processor()
+    codec, model = model_and_processor()
     model.model.visual.requires_grad_(False)  # model.freeze: [vision]
     ref = copy.deepcopy(model).requires_grad_(False).eval()
-    feats = [media_prompt(adapter, processor, i, frames=frames) for i in range(prompts)]
+    feats = [media_prompt(codec, i, frames=frames) for i in range(prompts)]
     rows = [p for p in feats for _ in range(group)]
-    pad = processor.tokenizer.pad_token_id
+    pad = codec.pad_id
     ids, mask = random_completions(len(rows), completion, pad, uneven=True)
     adv = torch.randn(len(rows), generator=torch.Generator().manual_seed(0))
     batches = [list(range(i, i + group)) for i in range(0, len(rows), group)]

@@ -60,10 +60,11 @@ def _child(spec: dict) -> dict:
     trainer = Trainer(cfg)
     trainer.policy.fix_reference()
     prompts = _watch_prompts(trainer)
-    stages = []
+    stages, sampler = [], []
     for _ in range(spec["steps"]):
         metrics = trainer.train_step()
         stages.append({k[len("time/"):]: v for k, v in metrics.items() if k.startswith("time/")})
+        sampler.append({k: v for k, v in metrics.items() if k.startswith("async/")})
     seconds = time.perf_counter() - start
     if cuda:
         peak = torch.cuda.max_memory_allocated() - base
@@ -71,7 +72,7 @@ def _child(spec: dict) -> dict:
         peak = peak_rss_bytes() - base
     trainer.close()
     return {"peak_bytes": peak, "baseline_bytes": base, "device": "cuda" if cuda else "cpu",
-            "seconds": seconds, "stages": stages, "prompt_tokens": max(prompts["tokens"]),
+            "seconds": seconds, "stages": stages, "async": sampler, "prompt_tokens": max(prompts["tokens"]),
             "vision_tokens": max(prompts["vision"]), "audio_tokens": max(prompts["audio"])}
 
 
@@ -80,14 +81,14 @@ def _watch_prompts(trainer) -> dict:
     must be told about the data)."""
     seen = {"tokens": [0], "vision": [0], "audio": [0]}
     draw = trainer.prompts.next
-    adapter, processor = trainer.policy.adapter, trainer.policy.processor
+    codec = trainer.policy.codec
 
     def next_(n):
         out = draw(n)
         for p in out:
             ids = p.tensors["input_ids"].reshape(1, -1)
             seen["tokens"].append(ids.shape[1])
-            types = adapter.token_type_ids(processor, ids)
+            types = codec.adapter.token_type_ids(codec.processor, ids)
             seen["vision"].append(int(((types == 1) | (types == 2)).sum()))
             seen["audio"].append(int((types == 3).sum()))
         return out

@@ -112,8 +112,39 @@ def e2e_table(r: dict) -> list[str]:
     return lines
 
 
+def headline(results: dict) -> list[str]:
+    """Issue #54's two ratios, where this run measured them, against their bars, with what they
+    are worth: ratios of one run on this machine, its cores and load named."""
+    lines = []
+    if "async" in results:
+        a = results["async"]
+        bar = "met" if a["speedup"] >= 1.3 else "not met"
+        learned = ", ".join(f"{k} {'yes' if run['meets_bar'] else 'no'}"
+                            for k, run in a["runs"].items())
+        lines.append(f"k = 1 / k = 0 RL steps/s (quickstart): x{a['speedup']:.2f} (bar >= 1.3x: "
+                     f"{bar}); the learning meets its bar: {learned}")
+    if "decode" in results:
+        d = results["decode"]
+        met = lambda x: "met" if x >= 2 else "not met"  # noqa: E731
+        lines.append(f"compiled / eager decode tokens/s (tiny Qwen2.5-VL, bar >= 2x): "
+                     f"x{d['speedup']:.2f} over mmrl's eager static-cache loop "
+                     f"({met(d['speedup'])}), x{d['speedup_vs_hf_generate']:.2f} over HF "
+                     f"generate's decode ({met(d['speedup_vs_hf_generate'])})")
+    if lines:
+        m, load = results.get("machine", {}), results.get("load_average", [float("nan")])
+        end = results.get("load_average_end", load)
+        lines.append(f"Ratios of one run on {m.get('cpus', '?')} cores, load {load[0]:.1f} at "
+                     f"start and {end[0]:.1f} at end: each side runs after the other, so a "
+                     f"load that changes between them moves the ratio (docs/benchmarks.md)"
+                     + ("; --quick: tiny sizes, not numbers to report" if results.get("quick")
+                        else ""))
+    return lines
+
+
 def markdown(results: dict) -> str:
     lines = ["## Benchmark results", ""] + machine_lines(results) + [""]
+    if headline(results):
+        lines += [f"- {line}" for line in headline(results)] + [""]
     if "update" in results:
         lines += update_table(results["update"]) + [""]
     if "e2e" in results:

@@ -26,23 +26,23 @@ def _generate(mode: str, model, processor, prompts, *, group: int, completion_to
                               suppress_ids=suppress, seed=0, eos_ids=[suppress[0]])
     if mode == "hf_generate":
         return generate(model, processor, prompts, sampling)
-    return generate_shared(model, processor, prompts, sampling, stats=stats,
+    return generate_shared(model, codec.processor, prompts, sampling, stats=stats,
                            rounds_of=rounds_of if mode == "shared_rounds" else None)
 
 
 def bench_rollout(*, family: str = "qwen2_5_vl", prompt_tokens: int = 1024, group: int = 16,
                   completion_tokens: int = 64, rounds_of: int = 4, trials: int = 3,
                   model_bundle=None, memory: bool = True) -> dict:
-    adapter, model, processor = model_bundle or tiny_vl(family)
-    prompts = [prompt_of_length(adapter, processor, prompt_tokens)]
-    suppress = adapter.placeholder_token_ids(processor)
+    codec, model = model_bundle or tiny_vl(family)
+    prompts = [prompt_of_length(codec, prompt_tokens)]
+    suppress = codec.placeholder_ids
     kw = dict(group=group, completion_tokens=completion_tokens, rounds_of=rounds_of, suppress=suppress)
-    timings = interleaved({m: (lambda m=m: _generate(m, model, processor, prompts, **kw)) for m in MODES},
+    timings = interleaved({m: (lambda m=m: _generate(m, model, codec.processor, prompts, **kw)) for m in MODES},
                           trials, warmup=1)
     cache = {}
     for mode in MODES[1:]:
         stats: dict = {}
-        _generate(mode, model, processor, prompts, stats=stats, **kw)
+        _generate(mode, model, codec.processor, prompts, stats=stats, **kw)
         cache[mode] = stats["peak_cache_bytes"] / 2**20
     out = {"family": family, "prompt_tokens": prompts[0].input_ids.shape[0], "group": group,
            "completion_tokens": completion_tokens, "rounds_of": rounds_of, "trials": trials,
@@ -72,12 +72,12 @@ def _memory_main(spec_json: str) -> None:
     spec = json.loads(spec_json)
     torch.set_num_threads(spec["threads"])
     torch.set_flush_denormal(True)
-    adapter, model, processor = tiny_vl(spec["family"], max_image_tokens=max(4096, spec["prompt_tokens"] * 2))
-    prompts = [prompt_of_length(adapter, processor, spec["prompt_tokens"])]
+    codec, model = tiny_vl(spec["family"], max_image_tokens=max(4096, spec["prompt_tokens"] * 2))
+    prompts = [prompt_of_length(codec, spec["prompt_tokens"])]
     with PeakRSS() as mem:
-        _generate(spec["mode"], model, processor, prompts, group=spec["group"],
+        _generate(spec["mode"], model, codec.processor, prompts, group=spec["group"],
                   completion_tokens=spec["completion_tokens"], rounds_of=spec["rounds_of"],
-                  suppress=adapter.placeholder_token_ids(processor))
+                  suppress=codec.placeholder_ids)
     print(f"BENCH_MEMORY {mem.extra / 2**20:.1f}", flush=True)
 
 

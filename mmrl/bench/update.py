@@ -17,6 +17,7 @@ import torch
 
 from mmrl import algos
 from mmrl.bench.common import interleaved, prompt_of_length, random_completions, tiny_vl
+from mmrl.models.codec import Codec
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.models import prefix_attention
 from mmrl.models.shared_prefix import (shared_prefix_logprobs, split_groups,
@@ -121,15 +122,15 @@ def _update_phase(layout, model, ref_model, prompts, ids, mask, adv, *, pad_id, 
 class UpdateCase:
     """One benchmark configuration: B prompts of ~P tokens, G completions of C tokens each."""
 
-    def __init__(self, adapter, model, processor, *, prompt_tokens: int, group: int,
+    def __init__(self, codec: Codec, model, *, prompt_tokens: int, group: int,
                  completion_tokens: int, prompts_per_step: int = 1, seed: int = 0,
                  uneven: bool = False):
         self.model = model
         self.ref = copy.deepcopy(model).eval()
         for p in self.ref.parameters():
             p.requires_grad_(False)
-        self.pad_id = processor.tokenizer.pad_token_id
-        features = [prompt_of_length(adapter, processor, prompt_tokens, seed=seed + i)
+        self.pad_id = codec.pad_id
+        features = [prompt_of_length(codec, prompt_tokens, seed=seed + i)
                     for i in range(prompts_per_step)]
         self.prompt_len = features[0].input_ids.shape[0]
         self.image_tokens = int((features[0].tensors["mm_token_type_ids"] == 1).sum())

@@ -20,6 +20,7 @@ from mmrl.train.logging import json_safe
 
 if TYPE_CHECKING:
     from mmrl.config import BenchmarkSpec, RunConfig
+    from mmrl.models.codec import Codec
 
 FIXTURE = "fixture"  # path: a small copy in the benchmark's layout, written by its fixture writer
 FIXTURE_ROWS = 8
@@ -65,7 +66,7 @@ def budget(cfg: RunConfig) -> dict:
             "audio_max_seconds": d.audio_max_seconds}
 
 
-def run_benchmark(model, processor, adapter, cfg: RunConfig, spec: BenchmarkSpec, out_dir: Path,
+def run_benchmark(model, codec: Codec, cfg: RunConfig, spec: BenchmarkSpec, out_dir: Path,
                   stage: str = "eval", step: int | None = None,
                   info: dist.DistInfo | None = None) -> dict:
     """Run one benchmark; every rank calls it with `info`, each drawing its share. -> metrics
@@ -76,14 +77,14 @@ def run_benchmark(model, processor, adapter, cfg: RunConfig, spec: BenchmarkSpec
         cfg = dataclasses.replace(cfg, tools=dataclasses.replace(cfg.tools, use=[]))
     rows = bench.rows(root)
     rows = rows[:spec.limit] if spec.limit else rows
-    ctx = Context(box_coords=adapter.box_coords if spec.family_coords else "norm1",
+    ctx = Context(box_coords=codec.box_coords if spec.family_coords else "norm1",
                   min_pixels=cfg.data.image_min_pixels, max_pixels=cfg.data.image_max_pixels,
                   rng=random.Random(cfg.train.seed))
     samples = [_sample(bench, row, root, i, ctx) for i, row in enumerate(rows)]
     n = len(samples)
     mine = samples[n * info.rank // info.world:n * (info.rank + 1) // info.world]
     max_new = spec.max_new_tokens or bench.max_new_tokens
-    texts = draw_texts(model, processor, adapter, mine, cfg, max_new)
+    texts = draw_texts(model, codec, mine, cfg, max_new)
     if info.enabled:
         texts = [t for part in dist.all_gather_object(texts, info) for t in part]
     # Scored in row order on every rank: lmms-eval's random fallback draws from one stream.
@@ -143,8 +144,8 @@ def evaluate_checkpoint(cfg: RunConfig, checkpoint: str, specs: list,
 
     check_copies_of(specs)  # a missing copy fails before the model loads
     base = Path(out_dir) if out_dir else Path(checkpoint)
-    model, processor, adapter, _ = load_checkpoint(cfg, checkpoint)
-    return {spec.key: run_benchmark(model, processor, adapter, cfg, spec, base)
+    model, codec, _ = load_checkpoint(cfg, checkpoint)
+    return {spec.key: run_benchmark(model, codec, cfg, spec, base)
             for spec in specs}
 
 
@@ -171,7 +172,7 @@ def run_due(policy, cfg: RunConfig, run_dir: Path, stage: str, step: int) -> dic
     started, out = time.perf_counter(), {}
     with policy.full_params():  # sharded weights: gathered on every rank
         for spec in due:
-            res = run_benchmark(policy.model, policy.processor, policy.adapter, cfg, spec,
+            res = run_benchmark(policy.model, policy.codec, cfg, spec,
                                 run_dir, stage=stage, step=step, info=policy.info)
             out[f"bench/{spec.key}"] = res["score"]
     out["time/benchmarks"] = time.perf_counter() - started

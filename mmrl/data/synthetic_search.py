@@ -17,11 +17,16 @@ right tool call returns:
 `tools=False` writes the same data as single-turn records without tools: the control rows, which
 must stay at chance. The budgets (`budget_pixels`, `sample_fps`) must be the recipe's
 data.image_max_pixels / data.video_fps, else the guarantee above does not hold.
+
+The registered generators take what a recipe sets; `write_visual_search` / `write_video_search`
+take a whole spec (VisualSearchSpec, VideoSearchSpec), with the variants the learning table's
+rows tune (research/search_variants.py).
 """
 from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -79,24 +84,52 @@ def search_image(rng: random.Random, size: int, patch: int, cell: int,
     return im, {"pattern": pattern, "mark_box": box, "patch_box": [x, y, x + patch, y + patch]}
 
 
+@dataclass(frozen=True)
+class VisualSearchSpec:
+    """One visual_search draw. `visual_search` (the registered generator: `mmrl data generate`,
+    the recipes) sets the fields down to `tools`; the three after them are layout variants the
+    learning table's rows use (research/search_variants.py builds them)."""
+
+    n_train: int = 400
+    n_eval: int = 80
+    seed: int = 0
+    size: int = 1792
+    patch: int = 96
+    cell: int = 4
+    budget_pixels: int = 56 * 56
+    tools: bool = True
+    # The patch in the middle of one cell of a grid x grid division (fewer places to look: a
+    # coarse search); 0: anywhere.
+    grid: int = 0
+    # The share of TRAINING records whose image is already the view a crop of the mark returns
+    # (`mark_view`, at the budget; `mark_seen` true, no boxes): reading practice without a
+    # search, as video_search's seen flashes are. Held-out records never.
+    seen: float = 0.0
+    # The records' question text in place of the sentence, the lettered options and the answer
+    # hint (the options stay in the "options" field): a short one for a model that reads no English.
+    prompt: str | None = None
+
+
 @GENERATORS.register("visual_search")
 def visual_search(out_dir: str | Path, n_train: int = 400, n_eval: int = 80, seed: int = 0,
                   size: int = 1792, patch: int = 96, cell: int = 4, budget_pixels: int = 56 * 56,
-                  tools: bool = True, grid: int = 0, seen: float = 0.0,
-                  prompt: str | None = None) -> dict[str, str]:
+                  tools: bool = True) -> dict[str, str]:
     """Which pattern does the yellow patch hold? (4-way multiple choice, letter solution, each
     split's answers balanced).
     At the input budget (`budget_pixels` = data.image_max_pixels; 56x56 for a 1792 image: 32x
     smaller) the 16-px pattern is half a pixel and the four answers' inputs differ by at most a
     level or two; a crop of the patch shows it. Fields: image_size,
     mark_box / patch_box (original pixels), mark_box_resized / patch_box_resized (the model's
-    input frame), and "tools": ["crop"] unless tools=False. `grid` > 0 places the patch in the
-    middle of one cell of a grid x grid division (fewer places to look: a coarse search), else
-    anywhere. `seen`: the share of TRAINING records whose image is already the view a crop of
-    the mark returns (`mark_view`, at the budget; `mark_seen` true, no boxes): reading practice
-    without a search, as video_search's seen flashes are. Held-out records never. `prompt`: the
-    records' question text in place of the sentence, the lettered options and the answer hint
-    (the options stay in the "options" field): a short one for a model that reads no English."""
+    input frame), and "tools": ["crop"] unless tools=False."""
+    return write_visual_search(out_dir, VisualSearchSpec(n_train, n_eval, seed, size, patch, cell,
+                                                         budget_pixels, tools))
+
+
+def write_visual_search(out_dir: str | Path, spec: VisualSearchSpec) -> dict[str, str]:
+    """The records and images of `spec` in out_dir (train.jsonl, eval.jsonl, images/)."""
+    n_train, n_eval, seed, size, patch, cell = (spec.n_train, spec.n_eval, spec.seed, spec.size,
+                                                spec.patch, spec.cell)
+    budget_pixels, grid, seen, prompt = spec.budget_pixels, spec.grid, spec.seen, spec.prompt
     w, h = fit_pixels(size, size, 28 * 28, budget_pixels)
     if 4 * cell * w / size > 0.5:
         raise ValueError(f"visual_search: the pattern ({4 * cell} px) would be "
@@ -145,7 +178,7 @@ def visual_search(out_dir: str | Path, n_train: int = 400, n_eval: int = 80, see
                          if k not in ("mark_box", "patch_box", "mark_box_resized",
                                       "patch_box_resized")},
                       "images": [view], "image_size": [size, size], "mark_seen": True}
-        if tools:
+        if spec.tools:
             record["tools"] = ["crop"]
         records.append(record)
     return write_split(out, records, n_train)
@@ -183,32 +216,65 @@ def flash_frames_missed(n_frames: int, native_fps: float, sample_fps: float, win
     return rng.choice(starts)
 
 
+@dataclass(frozen=True)
+class VideoSearchSpec:
+    """One video_search draw. `video_search` (the registered generator) sets the fields down to
+    `tools`; the ones after them are variants the learning table's rows use
+    (research/search_variants.py builds them)."""
+
+    n_train: int = 200
+    n_eval: int = 40
+    seed: int = 0
+    seconds: int = 16
+    fps: int = 8
+    size: int = 56
+    sample_fps: float = 0.5
+    card_seconds: int = 4
+    flash_frames: int = 2
+    tools: bool = True
+    # The share of TRAINING records whose flash starts on a sampled frame instead (the first
+    # look shows it: no search needed); held-out records never.
+    seen: float = 0.0
+    # The card's start times (seconds) to draw from (None: any frame); with balance_card_at,
+    # each split's cards start at every one as often, in a shuffled order, instead of a draw
+    # per record (so a look fixed on one half cannot pass or fail by the split).
+    card_at: list[float] | None = None
+    balance_card_at: bool = False
+    # Pixels of grey card left around the flash on each side (0: the whole card flashes;
+    # negative: the flash spreads past the card, and -size/4 fills the frame).
+    flash_inset: int = 4
+    # Other looks the hidden flash must also fall between, each as `plan_frames` keywords (fps,
+    # start, end, max_frames: what a `frames` call over that span keeps), e.g.
+    # [{"fps": 2, "start": 0, "end": 7.5, "max_frames": 8}] for a look at a whole 8 s clip.
+    hide_from: list[dict] | None = None
+    prompt: str | None = None  # the question text, as VisualSearchSpec's
+
+
 @GENERATORS.register("video_search")
 def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed: int = 0,
                  seconds: int = 16, fps: int = 8, size: int = 56, sample_fps: float = 0.5,
-                 card_seconds: int = 4, flash_frames: int = 2, tools: bool = True,
-                 seen: float = 0.0, card_at: list[float] | None = None,
-                 flash_inset: int = 4, balance_card_at: bool = False,
-                 hide_from: list[dict] | None = None,
-                 prompt: str | None = None) -> dict[str, str]:
+                 card_seconds: int = 4, flash_frames: int = 2,
+                 tools: bool = True) -> dict[str, str]:
     """What colour flashes while the grey card is shown? (4-way multiple choice.) A `seconds`
     long clip at `fps`; the card is on screen for `card_seconds`, long enough that sampling at
     `sample_fps` (= data.video_fps) sees it; the flash lasts `flash_frames` native frames and
-    falls between sampled frames. `seen`: the share of TRAINING records whose flash starts on a
-    sampled frame instead (the first look shows it: no search needed; a warm-up can learn from
-    them to answer once the colour is in view); held-out records never. `card_at`: the card's
-    start times (seconds) to draw from (default: any frame). `flash_inset`: pixels of grey card
-    left around the flash on each side (0: the whole card flashes; negative: the flash spreads
-    past the card, and -size/4 fills the frame). Each split's answers are
-    balanced (every colour as often, in a shuffled order), so a constant answer scores chance,
-    not a skewed majority. `balance_card_at`: each split's cards start at every `card_at` time
-    as often, in a shuffled order, instead of a draw per record (with card_at [0, 4] the held-out
-    half is exactly half first-half cards, so a look fixed on one half cannot pass or fail by the
-    split). `hide_from`: other looks the hidden flash must also fall between, each as
-    `plan_frames` keywords (fps, start, end, max_frames: what a `frames` call over that span
-    keeps), e.g. [{"fps": 2, "start": 0, "end": 7.5, "max_frames": 8}] for a look at the whole
-    8 s clip. `prompt`: the question text, as visual_search's. Fields: duration,
-    card_span and flash_span (seconds), flash_seen, and "tools": ["frames"] unless tools=False."""
+    falls between sampled frames. Each split's answers are balanced (every colour as often, in a
+    shuffled order), so a constant answer scores chance, not a skewed majority. Fields:
+    duration, card_span and flash_span (seconds), flash_seen, and "tools": ["frames"] unless
+    tools=False."""
+    return write_video_search(out_dir, VideoSearchSpec(n_train, n_eval, seed, seconds, fps, size,
+                                                       sample_fps, card_seconds, flash_frames,
+                                                       tools))
+
+
+def write_video_search(out_dir: str | Path, spec: VideoSearchSpec) -> dict[str, str]:
+    """The records and clips of `spec` in out_dir (train.jsonl, eval.jsonl, videos/)."""
+    n_train, n_eval, seed, seconds, fps, size = (spec.n_train, spec.n_eval, spec.seed,
+                                                 spec.seconds, spec.fps, spec.size)
+    sample_fps, card_seconds, flash_frames = spec.sample_fps, spec.card_seconds, spec.flash_frames
+    seen, card_at, flash_inset, hide_from, prompt = (spec.seen, spec.card_at, spec.flash_inset,
+                                                     spec.hide_from, spec.prompt)
+    balance_card_at = spec.balance_card_at
     if card_seconds * sample_fps < 1:
         raise ValueError("video_search: card_seconds * sample_fps must be >= 1 (the card must be "
                          "in a sampled frame)")
@@ -261,7 +327,7 @@ def video_search(out_dir: str | Path, n_train: int = 200, n_eval: int = 40, seed
             "card_span": [window.start / fps, window.stop / fps],
             "flash_span": [flash / fps, (flash + flash_frames) / fps], "flash_seen": shown,
         }
-        if tools:
+        if spec.tools:
             record["tools"] = ["frames"]
         records.append(record)
     return write_split(out, records, n_train)

@@ -137,6 +137,15 @@ class ModelAdapter:
     # How the family writes a box (rewards.boxes.COORDS): pixels of its resized input
     # (Qwen2.5-VL) or 0..1000 of the image (Qwen2-VL, Qwen3-VL); the crop tool reads boxes so.
     box_coords: str = "resized"
+    # What the engines ask (through mmrl.models.codec.Codec), never a table of family names:
+    # `vllm_video`: the colocated vLLM engine places this family's video where the trainer does
+    # (M-RoPE positions, one placeholder per video: tests/integration/test_vllm.py), else
+    # `vllm_video_refused` says why a video tool cannot run on vLLM (config_rules);
+    # `trainer_rope`: (module, model class) whose `get_rope_index` the vLLM worker must use
+    # because vLLM's M-RoPE rule after a video differs from transformers' (rollout/worker_ext.py).
+    vllm_video: bool = False
+    vllm_video_refused: str = "its video positions on vLLM are not verified"
+    trainer_rope: tuple[str, str] | None = None
 
     # ---- loading ---------------------------------------------------------------------------
 

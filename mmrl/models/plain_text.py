@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 
 from mmrl.models.base import TOKEN_KEYS
+from mmrl.models.codec import Codec
 
 # Markup the processors replace by string though it may be no token (Qwen2.5-Omni's
 # <|image_placeholder|>, ...): every `<|name|>` is treated as markup, with the added tokens.
@@ -103,15 +104,16 @@ def fill(text: str, data: Sequence[str], escape=lambda s: s) -> str:
     return _MARKER_RE.sub(lambda m: escape(data[int(m.group(1))]), text)
 
 
-def encode_with_data(adapter, processor, text: str, data: Sequence[str],
+def encode_with_data(codec: Codec, text: str, data: Sequence[str],
                      **media) -> dict[str, torch.Tensor]:
-    """`adapter.encode` of `text` with its markers filled by `data`, every markup piece of the
+    """`codec.encode` of `text` with its markers filled by `data`, every markup piece of the
     data encoded as plain text (see the module doc)."""
+    processor = codec.processor
     tok = _tokenizer(processor)
     pattern = _markup(tok)[0]
     pieces: list[str] = []
     if not any(pattern.search(s) for s in data):
-        return adapter.encode(processor, fill(text, data), **media)
+        return codec.encode(fill(text, data), **media)
     sentinel, sid = _sentinel(processor, fill(text, [""] * len(data)))
 
     def escape(s: str) -> str:
@@ -120,7 +122,7 @@ def encode_with_data(adapter, processor, text: str, data: Sequence[str],
             return sentinel
         return pattern.sub(stand_in, s)
 
-    tensors = adapter.encode(processor, fill(text, data, escape), **media)
+    tensors = codec.encode(fill(text, data, escape), **media)
     ids = tensors["input_ids"][0]
     at = (ids == sid).nonzero().flatten().tolist()
     if len(at) != len(pieces):

@@ -41,6 +41,11 @@ class Qwen2_5OmniAdapter(Qwen2_5_VLAdapter):
     model_class = "Qwen2_5OmniThinkerForConditionalGeneration"
     processor_class = "Qwen2_5OmniProcessor"
     config_class = "Qwen2_5OmniThinkerConfig"
+    vllm_video = False
+    vllm_video_refused = ("vLLM's Qwen2.5-Omni processor expands a video to another size than the "
+                          "trainer's (4 frames of 56 px: about 280 tokens against 8), so the prompt "
+                          "check fails")
+    trainer_rope = None  # the thinker's model_type had no entry in the worker's old table
     media_keys = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
                   "video_second_per_grid", "input_features", "feature_attention_mask")
     media_kinds = ("images", "videos", "audios")

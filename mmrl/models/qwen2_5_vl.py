@@ -11,6 +11,8 @@ class Qwen2_5_VLAdapter(Qwen2VLAdapter):
     model_class = "Qwen2_5_VLForConditionalGeneration"
     processor_class = "Qwen2_5_VLProcessor"
     config_class = "Qwen2_5_VLConfig"
+    vllm_video = True
+    trainer_rope = ("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl", "Qwen2_5_VLModel")
     media_keys = Qwen2VLAdapter.media_keys + ("second_per_grid_ts",)
 
     def tiny_vision_config(self) -> dict:

@@ -38,6 +38,8 @@ class Qwen2AudioAdapter(ModelAdapter):
     placeholder_attrs = ("audio_token", "audio_bos_token", "audio_eos_token")
     processor_override_keys = ()
     uses_token_type_ids = False  # 1-D RoPE; generate() rejects the key
+    vllm_video = False  # no video
+    trainer_rope = None  # 1-D RoPE: vLLM's positions are the trainer's
     module_prefixes = {"audio": "model.audio_tower.", "projector": "model.multi_modal_projector.",
                        "language": "model.language_model."}
 

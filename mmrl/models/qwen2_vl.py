@@ -27,6 +27,8 @@ class Qwen2VLAdapter(ModelAdapter):
     processor_class = "Qwen2VLProcessor"
     config_class = "Qwen2VLConfig"
     video_processor_class = "Qwen2VLVideoProcessor"
+    vllm_video = True
+    trainer_rope = ("transformers.models.qwen2_vl.modeling_qwen2_vl", "Qwen2VLModel")
     media_keys = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
     media_kinds = ("images", "videos")
     placeholder_attrs = ("image_token", "video_token", "vision_start_token", "vision_end_token",

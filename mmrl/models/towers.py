@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from mmrl.models.codec import Codec
 from mmrl.types import Sample
 
 # media kind -> (model kwarg that carries it, method of the multimodal model that encodes it)
@@ -58,7 +59,7 @@ def model_parts(model):
     return None, None
 
 
-def dummy_inputs(adapter, processor, kinds) -> dict[str, dict[str, torch.Tensor]]:
+def dummy_inputs(codec: Codec, kinds) -> dict[str, dict[str, torch.Tensor]]:
     """Per media kind, the model kwargs of one tiny item (a 56x56 image, a 2-frame video, a
     second of silence), from the family's own processor call."""
     media = {"images": [Image.new("RGB", (56, 56))],
@@ -69,7 +70,7 @@ def dummy_inputs(adapter, processor, kinds) -> dict[str, dict[str, torch.Tensor]
         sample = Sample(id=f"dummy-{kind}", messages=[{"role": "user", "content": [
             {"type": kind[:-1]}, {"type": "text", "text": "."}]}], source="<dummy>")
         extra = {"video_fps": 2.0} if kind == "videos" else {}
-        feats = adapter.prompt_features(processor, sample, **{kind: media[kind]}, **extra)
+        feats = codec.prompt_features(sample, **{kind: media[kind]}, **extra)
         out[kind] = {k: v for k, v in feats.tensors.items()
                      if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}
     return out
@@ -78,16 +79,16 @@ def dummy_inputs(adapter, processor, kinds) -> dict[str, dict[str, torch.Tensor]
 class TowerToucher:
     """`with toucher(): model(**inputs)` runs every tower the model has, present media or not."""
 
-    def __init__(self, model, adapter, processor):
+    def __init__(self, model, codec: Codec):
         owner, _ = model_parts(model)
-        kinds = [k for k in adapter.media_kinds
+        kinds = [k for k in codec.media_kinds
                  if owner is not None and _encoder(owner, k) is not None]
-        missing = [k for k in adapter.media_kinds if k not in kinds]
+        missing = [k for k in codec.media_kinds if k not in kinds]
         if missing:
-            raise ValueError(f"{adapter.family}: ZeRO-2/3 and FSDP2 need every encoder to run on "
+            raise ValueError(f"{codec.family}: ZeRO-2/3 and FSDP2 need every encoder to run on "
                              f"every rank, and this family's model has no "
                              f"{', '.join(KINDS[k][1] for k in missing)}; use ddp or ZeRO-1")
-        self.dummies = dummy_inputs(adapter, processor, kinds)
+        self.dummies = dummy_inputs(codec, kinds)
         self.present: set[str] = set()
         # Kinds never touched: those whose frozen encoder's outputs are cached for the step
         # (models/encoder_cache.py; EncoderCache.fill ran them on every rank already).

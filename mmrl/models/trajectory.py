@@ -18,6 +18,7 @@ from typing import Sequence
 import torch
 
 from mmrl.models.base import TOKEN_KEYS
+from mmrl.models.codec import Codec
 from mmrl.models.plain_text import encode_with_data, fill, with_markers
 from mmrl.types import Observation
 
@@ -83,18 +84,18 @@ def observation_text(processor, messages: list[dict], after: str) -> str:
     return tail[len(after):] if after and tail.startswith(after) else tail
 
 
-def encode_observation(adapter, processor, results: Sequence[Sequence[dict]], media: dict,
+def encode_observation(codec: Codec, results: Sequence[Sequence[dict]], media: dict,
                        after: str, start: int,
                        style: ObservationStyle | None = None) -> tuple[torch.Tensor, Observation]:
     """(token ids [n], Observation) of one observation turn at completion position `start`.
     `media` holds the results' decoded items by kind ("images", "videos", "audios"), in the
     order their items appear in `results`; the processor expands each placeholder. The results'
     text is data: no piece of it becomes a special token (mmrl/models/plain_text.py)."""
-    style = style or observation_style(processor)
+    style = style or observation_style(codec.processor)
     marked, data = with_markers(results)  # the results' text is data, the template's markup
-    marked_text = observation_text(processor, observation_messages(marked, style), after)
+    marked_text = observation_text(codec.processor, observation_messages(marked, style), after)
     text = fill(marked_text, data)
-    tensors = encode_with_data(adapter, processor, marked_text, data,
+    tensors = encode_with_data(codec, marked_text, data,
                                images=media.get("images") or None,
                                videos=media.get("videos") or None,
                                audios=media.get("audios") or None)

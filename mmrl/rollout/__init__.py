@@ -1,4 +1,4 @@
-"""Rollout engines: `make_engine(cfg.rollout, model, processor, adapter)` -> RolloutEngine.
+"""Rollout engines: `make_engine(cfg.rollout, model, codec)` -> RolloutEngine.
 
 hf: the training model's own generate (mmrl.models.forward.generate). vllm: a colocated vLLM
 engine (mmrl.rollout.vllm, imported only when chosen) or a `vllm serve` client. With tools,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence, runtime_checkable
 
+from mmrl.models.codec import Codec
 from mmrl.models.forward import Generation
 from mmrl.types import PromptFeatures, SamplingParams
 
@@ -31,28 +32,28 @@ class RolloutEngine(Protocol):
         """Release the engine's memory and temporary files (idempotent)."""
 
 
-def make_engine(cfg_rollout, model, processor, adapter) -> RolloutEngine:
+def make_engine(cfg_rollout, model, codec: Codec) -> RolloutEngine:
     """The engine `cfg_rollout.backend` (a RolloutConfig) names: "hf" (the training model's own
     generate) or "vllm" (a colocated vLLM engine built from `cfg_rollout.vllm`; with
     `vllm.server_url` set, a client of a running `vllm serve` instead). Each engine reads its
     own options from the config object; the defaults live in mmrl/config.py only."""
-    return ENGINES[cfg_rollout.backend](cfg_rollout, model, processor, adapter)
+    return ENGINES[cfg_rollout.backend](cfg_rollout, model, codec)
 
 
-def _hf_engine(cfg_rollout, model, processor, adapter) -> RolloutEngine:
+def _hf_engine(cfg_rollout, model, codec: Codec) -> RolloutEngine:
     from mmrl.rollout.hf import HFEngine
 
-    return HFEngine.from_config(cfg_rollout, model, processor)
+    return HFEngine.from_config(cfg_rollout, model, codec.processor)
 
 
-def _vllm_engine(cfg_rollout, model, processor, adapter) -> RolloutEngine:
+def _vllm_engine(cfg_rollout, model, codec: Codec) -> RolloutEngine:
     if cfg_rollout.vllm.server_url:
         from mmrl.rollout.vllm_server import VLLMServerEngine
 
-        return VLLMServerEngine.from_config(cfg_rollout.vllm, processor, adapter)
+        return VLLMServerEngine.from_config(cfg_rollout.vllm, codec)
     from mmrl.rollout.vllm import VLLMEngine
 
-    return VLLMEngine.from_config(cfg_rollout.vllm, model, processor, adapter)
+    return VLLMEngine.from_config(cfg_rollout.vllm, model, codec)
 
 
 # The engine builder per rollout.backend; imported lazily (vLLM is an optional dependency).

@@ -36,6 +36,7 @@ class Environments:
         self.make, self.name, self.timeout_s = make, name, timeout_s
         self.workers, self.trajectories = max(1, int(workers)), trajectories
         self._prompt_env: Environment | None = None  # resets samples into prompts
+        self._late: set[int] = set()  # id() of instances whose step ran past the timeout
 
     def reset(self, sample: Sample) -> Sample:
         if self._prompt_env is None:
@@ -72,12 +73,18 @@ class Environments:
         for slot in slots:
             while slot.thread.is_alive() and time.monotonic() < deadline:  # wakes for signals
                 slot.thread.join(min(WAKE_S, max(0.0, deadline - time.monotonic())))
-            steps.append(slot.result(self.name, self.timeout_s))
+            if slot.abandon():
+                self._late.add(id(slot.env))
+                steps.append(Step(done=True, info={"env_timeout": True}))
+            else:
+                steps.append(slot.result(self.name))
         return steps
 
     def close(self, envs: Sequence) -> None:
         for env in envs:
-            if not getattr(env, "_mmrl_abandoned", False):
+            if id(env) in self._late:  # its own thread closes it when the step returns
+                self._late.discard(id(env))
+            else:
                 env.close()
 
 
@@ -87,7 +94,7 @@ class _Slot:
     def __init__(self, env):
         self.env, self.step, self.error, self.lock = env, None, None, threading.Lock()
         self.thread: threading.Thread | None = None
-        self.late = False
+        self.late = self.done = False
 
     def run(self, trajectory, text) -> None:
         try:
@@ -95,16 +102,17 @@ class _Slot:
         except BaseException as e:  # noqa: BLE001 -- raised again on the loop's thread
             step, self.error = None, e
         with self.lock:
-            self.step, late = step, self.late
+            self.step, self.done, late = step, True, self.late
         if late:
             self.env.close()
 
-    def result(self, name: str, timeout_s: float) -> Step:
+    def abandon(self) -> bool:
+        """True when the step is still running: it is left to finish (and close) on its own."""
         with self.lock:
-            if self.thread.is_alive():
-                self.late = True
-                self.env._mmrl_abandoned = True  # closed by its own thread when step returns
-                return Step(done=True, info={"env_timeout": True})
+            self.late = not self.done
+            return self.late
+
+    def result(self, name: str) -> Step:
         if self.error is not None:
             raise RuntimeError(f"env {name}: step raised {type(self.error).__name__}: "
                                f"{self.error}") from self.error
@@ -118,7 +126,7 @@ def _checked(name: str, step) -> Step:
     return step
 
 
-def make_environments(cfg, processor, adapter, toolbox=None):
+def make_environments(cfg, codec, toolbox=None):
     """The run's environment kind from `env:` (and `tools:` for the tools): built once per run.
     `toolbox`: the tools' Toolbox when the caller has one (else built here)."""
     name = cfg.env_name
@@ -127,7 +135,7 @@ def make_environments(cfg, processor, adapter, toolbox=None):
         from mmrl.tools import Toolbox
 
         box = toolbox if toolbox is not None else Toolbox.from_config(cfg.tools, cfg.data)
-        return ToolEnvironments(box, processor, adapter, cfg.tools.call_format)
+        return ToolEnvironments(box, codec, cfg.tools.call_format)
     try:
         cls = ENVIRONMENTS.get(name)
     except KeyError as e:
@@ -140,7 +148,7 @@ def make_environments(cfg, processor, adapter, toolbox=None):
                         workers=cfg.env.workers, trajectories=cfg.multi_turn)
 
 
-def prompt_features(envs, adapter, processor, sample: Sample, load) -> PromptFeatures:
+def prompt_features(envs, codec, sample: Sample, load) -> PromptFeatures:
     """The one prompt of `sample`: the environment's first user turn (reset; `envs` None: the
     sample as it is), its media decoded by `load` (a media loader: reset may name other media
     files than the record's), processed once, the decoded media kept (engines and tool contexts
@@ -148,7 +156,7 @@ def prompt_features(envs, adapter, processor, sample: Sample, load) -> PromptFea
     prompted = sample if envs is None else envs.reset(sample)
     media = load(prompted)
     with processor_errors(prompted):  # e.g. aspect ratio: a media error naming the record
-        feats = adapter.prompt_features(processor, prompted, tools=prompted.chat_tools, **media)
+        feats = codec.prompt_features(prompted, tools=prompted.chat_tools, **media)
     feats.media = media
     if prompted is not sample:
         feats.record = sample

@@ -15,6 +15,7 @@ from typing import Sequence
 import torch
 
 from mmrl.envs.base import Step
+from mmrl.models.codec import Codec
 from mmrl.tools import Toolbox, ToolContext, as_content, error_text, parse_turn, tool_prompt
 from mmrl.tools.calls import ToolCall
 from mmrl.tools.toolbox import Outcome
@@ -58,24 +59,24 @@ class ToolEnvironments:
 
     trajectories = True  # rows are trajectories (tool metrics read their calls)
 
-    def __init__(self, toolbox: Toolbox, processor, adapter, call_format: str = "qwen"):
-        self.toolbox, self.processor, self.adapter = toolbox, processor, adapter
+    def __init__(self, toolbox: Toolbox, codec: Codec, call_format: str = "qwen"):
+        self.toolbox, self.codec = toolbox, codec
         self.call_format = call_format
 
     @classmethod
-    def from_config(cls, tc, processor, adapter, data=None) -> "ToolEnvironments":
-        return cls(Toolbox.from_config(tc, data), processor, adapter, tc.call_format)
+    def from_config(cls, tc, codec: Codec, data=None) -> "ToolEnvironments":
+        return cls(Toolbox.from_config(tc, data), codec, tc.call_format)
 
     def reset(self, sample: Sample) -> Sample:
         """The sample with the tools it is offered: instructions in its system message, or the
         specs in `chat_tools` for a template that renders them (mmrl/tools/prompt.py)."""
-        prompted, chat = tool_prompt(sample, self.toolbox, self.processor, self.call_format)
+        prompted, chat = tool_prompt(sample, self.toolbox, self.codec.processor,
+                                     self.call_format)
         return dataclasses.replace(prompted, chat_tools=chat)
 
     def start(self, prompts: Sequence[PromptFeatures], g: int,
               max_turns: int) -> list[ToolEnvironment]:
-        contexts = [self.toolbox.context(p, self.processor, self.adapter.box_coords)
-                    for p in prompts]
+        contexts = [self.toolbox.context(p, self.codec) for p in prompts]
         return [ToolEnvironment(self.toolbox, c, self.toolbox.offered(p.sample), self.call_format,
                                 max_turns) for p, c in zip(prompts, contexts) for _ in range(g)]
 

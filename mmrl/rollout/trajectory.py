@@ -27,10 +27,10 @@ from typing import Sequence
 
 import torch
 
+from mmrl.models.codec import Codec
 from mmrl.models.forward import upcast
 from mmrl.models.trajectory import (ObservationStyle, completion_token_types, encode_observation,
                                     observation_style, row_media)
-from mmrl.rollout.environments import Environments
 from mmrl.rollout.tool_env import ToolEnvironments, encode_tool_turn
 from mmrl.tools import Toolbox, as_content, as_items
 from mmrl.tools.base import MediaLimits
@@ -92,18 +92,18 @@ class _Row:
 class TrajectoryRollout:
     """Trajectories on `engine` (anything with `generate(prompts, sampling)`, the RolloutEngine
     contract) with the environments `envs` (an environment kind, mmrl/rollout/environments.py;
-    a Toolbox means the tools); `processor`/`adapter` render and encode observation turns;
+    a Toolbox means the tools); `codec` renders and encodes observation turns;
     `limits` guard a user environment's observation media (the records' rules)."""
 
-    def __init__(self, engine, processor, adapter, envs,
+    def __init__(self, engine, codec: Codec, envs,
                  settings: TrajectorySettings = TrajectorySettings(),
                  limits: MediaLimits = MediaLimits()):
         if isinstance(envs, Toolbox):
-            envs = ToolEnvironments(envs, processor, adapter, settings.call_format)
-        self.engine, self.processor, self.adapter = engine, processor, adapter
+            envs = ToolEnvironments(envs, codec, settings.call_format)
+        self.engine, self.codec = engine, codec
         self.envs, self.settings, self.limits = envs, settings, limits
-        self.tokenizer = getattr(processor, "tokenizer", processor)
-        self.style: ObservationStyle = observation_style(processor)
+        self.tokenizer = codec.tokenizer
+        self.style: ObservationStyle = observation_style(codec.processor)
         # The most characters one token stands for (byte-level: a vocabulary entry's length is
         # its bytes): text longer than max_observation_tokens x this cannot fit, so it is
         # refused by its length before the tokenizer spends time and memory on it.
@@ -114,23 +114,22 @@ class TrajectoryRollout:
         return getattr(self.envs, "toolbox", None)
 
     @classmethod
-    def from_config(cls, tc, engine, processor, adapter,
+    def from_config(cls, tc, engine, codec: Codec,
                     evaluation: bool = False, data=None) -> "TrajectoryRollout":
         """With tools, from a ToolsConfig (its tools, call format, budgets; eval_max_turns when
         `evaluation`) over any rollout engine; `data` (a DataConfig) gives the tools' results
         the records' media limits."""
-        return cls(engine, processor, adapter, Toolbox.from_config(tc, data),
+        return cls(engine, codec, Toolbox.from_config(tc, data),
                    TrajectorySettings.from_config(tc, evaluation))
 
     @classmethod
-    def for_run(cls, cfg, engine, processor, adapter, envs,
+    def for_run(cls, cfg, engine, codec: Codec, envs,
                 evaluation: bool = False) -> "TrajectoryRollout":
         """The run's loop over `engine` with its environment kind `envs` (built once per run:
         environments.make_environments) and budgets (TrajectorySettings.for_run)."""
         d = cfg.data
         limits = MediaLimits(frames=d.video_max_frames, audio_seconds=d.audio_max_seconds)
-        return cls(engine, processor, adapter, envs, TrajectorySettings.for_run(cfg, evaluation),
-                   limits)
+        return cls(engine, codec, envs, TrajectorySettings.for_run(cfg, evaluation), limits)
 
     def rollout(self, prompts: Sequence[PromptFeatures], sampling: SamplingParams,
                 group_offset: int = 0) -> RolloutBatch:
@@ -202,8 +201,7 @@ class TrajectoryRollout:
 
     def encode(self, results, media: dict, after: str, start: int,
                style: ObservationStyle) -> tuple[torch.Tensor, Observation]:
-        return encode_observation(self.adapter, self.processor, results, media, after, start,
-                                  style)
+        return encode_observation(self.codec, results, media, after, start, style)
 
     def append_observation(self, row: _Row, ids: torch.Tensor, obs: Observation) -> None:
         """The observation joins the row, or, when no model token would fit after it, the row

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from mmrl.config_rules import WEIGHT_TRANSFER, resolve_weight_transfer
+from mmrl.models.codec import Codec
 from mmrl.models.forward import Generation
 from mmrl.rollout.vllm_io import (ban_fields, build_request, describe, eos_token_ids,
                                   frame_marks, media_pad_ids, to_generation)
@@ -120,7 +121,7 @@ class VLLMEngine:
     """
     samples_from_training_model = False
 
-    def __init__(self, model, processor, adapter=None, *, gpu_memory_utilization: float = 0.3,
+    def __init__(self, model, codec: Codec, *, gpu_memory_utilization: float = 0.3,
                  tensor_parallel_size: int = 1, enable_sleep_mode: bool = False,
                  sleep_level: int = 1, max_model_len: int | None = None,
                  enforce_eager: bool = True, seed: int = 0, multiprocessing: bool = False,
@@ -157,17 +158,16 @@ class VLLMEngine:
         if self.transfer in _IN_PROCESS_ONLY and not self.in_process:
             raise ValueError("weight_transfer=direct needs an in-process engine "
                              "(VLLM_ENABLE_V1_MULTIPROCESSING=0, tensor_parallel_size=1)")
-        self.adapter, self.processor = adapter, processor
-        tokenizer = getattr(processor, "tokenizer", processor)
-        self.tokenizer, self.pad_id = tokenizer, tokenizer.pad_token_id
+        self.codec, processor = codec, codec.processor
+        self.tokenizer, self.pad_id = codec.tokenizer, codec.pad_id
         self.eos_ids = list(eos_ids) if eos_ids is not None else eos_token_ids(model, processor)
         self.pads, self.marks = media_pad_ids(processor), frame_marks(processor)
-        self.placeholder_ids = adapter.placeholder_token_ids(processor) if adapter is not None else []
+        self.placeholder_ids = codec.placeholder_ids
         self.sleep_mode, self.sleep_level, self.asleep = enable_sleep_mode, sleep_level, False
         self._scale = 1.0
         self._bans: dict[tuple[int, ...], dict] = {}
         self._tmp = tempfile.mkdtemp(prefix="mmrl-vllm-", dir=workdir)
-        export_for_vllm(model, processor, self._tmp, adapter)
+        export_for_vllm(model, codec, self._tmp)
         dtype = next(model.parameters()).dtype
         kwargs = dict(
             model=self._tmp, tokenizer=self._tmp, dtype=str(dtype).removeprefix("torch."),
@@ -184,15 +184,15 @@ class VLLMEngine:
         try:
             with _preserve_process_state():
                 self.llm = LLM(**kwargs)
-            self.llm.collective_rpc("use_trainer_positions")
+            self.llm.collective_rpc("use_trainer_positions", args=(codec.trainer_rope,))
         except Exception:
             shutil.rmtree(self._tmp, ignore_errors=True)
             raise
 
     @classmethod
-    def from_config(cls, vcfg, model, processor, adapter=None) -> "VLLMEngine":
+    def from_config(cls, vcfg, model, codec: Codec) -> "VLLMEngine":
         """From a VLLMConfig (`rollout.vllm`): every option but the server-mode ones."""
-        return cls(model, processor, adapter,
+        return cls(model, codec,
                    gpu_memory_utilization=vcfg.gpu_memory_utilization,
                    tensor_parallel_size=vcfg.tensor_parallel_size,
                    enable_sleep_mode=vcfg.enable_sleep_mode, max_model_len=vcfg.max_model_len,
@@ -286,7 +286,7 @@ class VLLMEngine:
         """Copy `model`'s current weights into the engine, then drop every cache computed with
         the old ones (prefix KV blocks, vision/audio encoder outputs)."""
         self._wake(["weights"])
-        state = vllm_state_dict(model, self.adapter)
+        state = vllm_state_dict(model, self.codec.adapter)
         counts = _SENDERS[self.transfer](self.llm, state)
         if any(c != len(state) for c in counts):
             raise RuntimeError(f"weight sync: workers read {counts} tensors, sent {len(state)}")

@@ -7,6 +7,7 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 
 from mmrl.config_rules import WEIGHT_TRANSFER, resolve_weight_transfer
+from mmrl.models.codec import Codec
 from mmrl.models.forward import Generation
 from mmrl.rollout.vllm_io import (ban_fields, build_request, describe, media_pad_ids,
                                   to_generation)
@@ -68,7 +69,7 @@ class VLLMServerEngine:
     """
     samples_from_training_model = False
 
-    def __init__(self, base_url: str, processor, adapter=None, *, model: str | None = None,
+    def __init__(self, base_url: str, codec: Codec, *, model: str | None = None,
                  timeout: float = 600.0, eos_ids: Sequence[int] | None = None,
                  max_workers: int = 16, weight_transfer: str = "auto",
                  weight_transfer_port: int = 51216):
@@ -78,24 +79,24 @@ class VLLMServerEngine:
         self.transfer = resolve_weight_transfer(weight_transfer, "server")
         self.transfer_port, self._comm = weight_transfer_port, None
         self.base_url = base_url.rstrip("/")
-        self.adapter, self.processor, self.timeout = adapter, processor, timeout
-        tokenizer = getattr(processor, "tokenizer", processor)
-        self.tokenizer, self.pad_id = tokenizer, tokenizer.pad_token_id
+        self.codec, self.timeout = codec, timeout
+        tokenizer = codec.tokenizer
+        self.tokenizer, self.pad_id = tokenizer, codec.pad_id
         if eos_ids is None:
             eos = tokenizer.eos_token_id
             eos_ids = [eos] if isinstance(eos, int) else list(eos)
         self.eos_ids = list(eos_ids)
-        self.placeholder_ids = adapter.placeholder_token_ids(processor) if adapter is not None else []
-        self.pads = media_pad_ids(processor)
+        self.placeholder_ids = codec.placeholder_ids
+        self.pads = media_pad_ids(codec.processor)
         self.max_workers = max_workers
         self.model = model or self._get("/v1/models")["data"][0]["id"]
         self._scale = None
-        self._rpc("use_trainer_positions")  # as the colocated engine: see worker_ext.py
+        self._rpc("use_trainer_positions", codec.trainer_rope)  # as the colocated engine
 
     @classmethod
-    def from_config(cls, vcfg, processor, adapter=None) -> "VLLMServerEngine":
+    def from_config(cls, vcfg, codec: Codec) -> "VLLMServerEngine":
         """From a VLLMConfig (`rollout.vllm`) whose server_url is set."""
-        return cls(vcfg.server_url, processor, adapter, weight_transfer=vcfg.weight_transfer,
+        return cls(vcfg.server_url, codec, weight_transfer=vcfg.weight_transfer,
                    weight_transfer_port=vcfg.weight_transfer_port)
 
     def _request(self, method: str, path: str, body: dict | None = None) -> dict:
@@ -169,12 +170,21 @@ class VLLMServerEngine:
 
     def sync_weights(self, model) -> None:
         """Push `model`'s weights (see `weight_transfer`), then reset the server's caches."""
-        state = vllm_state_dict(model, self.adapter)
+        self.push_state(vllm_state_dict(model, self.codec.adapter))
+
+    def push_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Push a `vllm_state_dict` (the async sampler stages one per weight version), then
+        reset the server's caches."""
         counts = self._broadcast(state) if self.transfer in _BROADCASTS else self._send_http(state)
         if any(int(c) != len(state) for c in counts):
             raise RuntimeError(f"weight sync: server workers read {counts} tensors, sent {len(state)}")
         self._post("/reset_prefix_cache")
         self._post("/reset_encoder_cache")
+
+    def loaded_fingerprints(self) -> list[dict[str, list[float]]]:
+        """Per server worker: {name: [float64 sum, sum of absolute values]} of the tensors its
+        last weight load received (worker_ext.WeightSync.loaded_fingerprint)."""
+        return self._rpc("loaded_fingerprint")
 
     def _send_http(self, state: dict[str, torch.Tensor]) -> list:
         import base64
@@ -277,7 +287,7 @@ def _export_main(argv: Sequence[str] | None = None) -> None:
     model, processor = source.parse(args.model).build(
         adapter, dtype=getattr(torch, args.dtype), attn_implementation="sdpa",
         tiny=json.loads(args.tiny_json))
-    print(export_for_vllm(model, processor, args.out, adapter))
+    print(export_for_vllm(model, Codec(adapter, processor), args.out))
 
 
 if __name__ == "__main__":

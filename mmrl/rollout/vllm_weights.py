@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from mmrl.models.codec import Codec
+
 # Trainer parameter names (transformers 5.19 `named_parameters`) -> the checkpoint-format names
 # vLLM's loader accepts, by `config.model_type`; prefixes, first match wins. Families not
 # listed load under their transformers names (vLLM's Qwen2-VL / Qwen2.5-VL loaders map the
@@ -88,7 +90,7 @@ def vllm_state_dict(model, adapter=None) -> dict[str, torch.Tensor]:
     return out
 
 
-def export_for_vllm(model, processor, path: str | Path, adapter=None) -> Path:
+def export_for_vllm(model, codec: Codec, path: str | Path) -> Path:
     """Write an HF-format checkpoint vLLM can load: config (with `architectures`), generation
     config, processor + tokenizer, and the weights under `vllm_state_dict` names."""
     from safetensors.torch import save_file
@@ -108,7 +110,7 @@ def export_for_vllm(model, processor, path: str | Path, adapter=None) -> Path:
     config.save_pretrained(path)
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(path)
-    processor.save_pretrained(path)
-    tensors = {k: v.contiguous().cpu() for k, v in vllm_state_dict(model, adapter).items()}
+    codec.processor.save_pretrained(path)
+    tensors = {k: v.contiguous().cpu() for k, v in vllm_state_dict(model, codec.adapter).items()}
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
     return path

@@ -19,15 +19,6 @@ from typing import Iterable, Iterator
 
 import torch
 
-# Families whose M-RoPE rule differs between vLLM and transformers (module, model class): after a
-# video, vLLM resumes text at the block's largest position + 1 (time axis included, the original
-# Qwen code), transformers 5 at the block start + its larger spatial side; the two disagree as
-# soon as a video's time positions outrun its height and width (e.g. 8 frames of 56 x 56 px).
-_TRAINER_ROPE = {"qwen2_vl": ("transformers.models.qwen2_vl.modeling_qwen2_vl", "Qwen2VLModel"),
-                 "qwen2_5_vl": ("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl",
-                                "Qwen2_5_VLModel")}
-
-
 def _from_safetensors(blob: bytes) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors.torch import load
 
@@ -52,12 +43,15 @@ class WeightSync:
     which is why weights travel as safetensors bytes)."""
 
     def _mmrl_reload(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
-        count = 0
+        count, self._mmrl_fingerprint = 0, {}
 
         def counted():
             nonlocal count
             for name, tensor in weights:
                 count += 1
+                t = tensor.detach()  # what arrived, before the loader fuses or shards it
+                self._mmrl_fingerprint[name] = [float(t.double().sum()),
+                                                float(t.double().abs().sum())]
                 yield name, tensor
 
         reload = getattr(self, "reload_weights", None)  # Worker.reload_weights sets the config context
@@ -123,15 +117,18 @@ class WeightSync:
 
         return self._mmrl_reload(stream())
 
-    def use_trainer_positions(self) -> bool:
+    def use_trainer_positions(self, rope: tuple[str, str] | None = None) -> bool:
         """Make the model's M-RoPE positions those of the trainer's forward: transformers' own
-        `get_rope_index` over the whole prompt (see _TRAINER_ROPE), and every sampled token one
-        past the prompt's last. True when the family needed it."""
-        model = self.model_runner.get_model()
-        model_type = getattr(getattr(model, "config", None), "model_type", None)
-        if model_type not in _TRAINER_ROPE:
+        `get_rope_index` over the whole prompt, and every sampled token one past the prompt's
+        last. `rope`: the family's (module, model class), its adapter's `trainer_rope` (families
+        whose M-RoPE rule differs: after a video, vLLM resumes text at the block's largest
+        position + 1, time axis included, transformers 5 at the block start + its larger spatial
+        side; the two disagree once a video's time positions outrun its height and width).
+        True when the family needed it."""
+        if rope is None:
             return False
-        model.get_mrope_input_positions = _trainer_positions(model.config, model_type,
+        model = self.model_runner.get_model()
+        model.get_mrope_input_positions = _trainer_positions(model.config, tuple(rope),
                                                              model.get_mrope_input_positions)
         return True
 
@@ -158,6 +155,12 @@ class WeightSync:
             raise RuntimeError(f"{type(model).__name__}: no LogitsProcessor found to scale")
         return changed
 
+    def loaded_fingerprint(self) -> dict[str, list[float]]:
+        """{name: [float64 sum, sum of absolute values]} of each tensor the last weight load
+        received: the async sampler checks it against the trainer's staged weights of that
+        version (mmrl/train/async_server.py), so an incomplete push cannot pass for a whole one."""
+        return dict(getattr(self, "_mmrl_fingerprint", {}))
+
     def parameter_count(self) -> int:
         """Number of parameters of this worker's model (also: one result per worker)."""
         return sum(1 for _ in self.model_runner.get_model().parameters())
@@ -169,17 +172,20 @@ class WeightSync:
         return float(params[name].detach().float().sum())
 
 
-def _trainer_positions(config, model_type: str, own):
+def _trainer_positions(config, rope: tuple[str, str], own):
     """vLLM's `get_mrope_input_positions(input_tokens, mm_features)` computed by the transformers
     model class's `get_rope_index` (its only state is `config`)."""
     import importlib
+    import inspect
     from functools import partial
     from types import SimpleNamespace
 
-    module, name = _TRAINER_ROPE[model_type]
+    module, name = rope
     hf_model = getattr(importlib.import_module(module), name)
     owner = SimpleNamespace(config=config)
     owner.get_vision_position_ids = partial(hf_model.get_vision_position_ids, owner)
+    # Qwen2.5-VL's rule takes seconds per temporal patch; Qwen2-VL's has no time scale.
+    timed = "second_per_grid_ts" in inspect.signature(hf_model.get_rope_index).parameters
 
     def positions(input_tokens, mm_features):
         if not mm_features:
@@ -195,7 +201,7 @@ def _trainer_positions(config, model_type: str, own):
             if f.modality == "video":
                 per_grid = f.data.get("second_per_grid_ts")
                 seconds.append(float(per_grid.data) if per_grid is not None else 1.0)
-        extra = {"second_per_grid_ts": torch.tensor(seconds)} if model_type == "qwen2_5_vl" else {}
+        extra = {"second_per_grid_ts": torch.tensor(seconds)} if timed else {}
         pos, _ = hf_model.get_rope_index(
             owner, torch.tensor([list(input_tokens)]), types,
             image_grid_thw=torch.stack(grids["image"]) if grids["image"] else None,

@@ -14,7 +14,7 @@ import pickle
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from mmrl.tools import builtin  # noqa: F401  (registers crop, frames, audio_clip in TOOLS)
 from mmrl.tools.base import TOOLS, ToolContext, model_parameters, spec_of
@@ -22,6 +22,8 @@ from mmrl.tools.calls import ToolCall
 from mmrl.tools.outcome import Outcome, execute
 from mmrl.tools.workers import WAKE_S, WorkerPool
 
+if TYPE_CHECKING:  # a type only: tools import no model code
+    from mmrl.models.codec import Codec
 
 
 @dataclass(frozen=True)
@@ -102,28 +104,22 @@ class Toolbox:
                              f"not configure (tools.use has: {', '.join(self.tools) or 'none'})")
         return named
 
-    def context(self, prompt, processor, coords: str = "resized") -> ToolContext:
+    def context(self, prompt, codec: Codec) -> ToolContext:
         """The tools' view of one prompt (shared by its G trajectories): the frames its images
-        reached the model in, read from the processor's grids (patch size x grid), the budgets
-        of the processor, the family's box convention (`coords`: its adapter's box_coords), and
-        the originals: a record's full_images / full_videos / full_audios when it has them,
-        else its own media."""
-        ip = getattr(processor, "image_processor", None)
-        patch = int(getattr(ip, "patch_size", 14) or 14)
-        factor = patch * int(getattr(ip, "merge_size", 2) or 2)
+        reached the model in, read from the processor's grids (patch size x grid), the codec's
+        image factor, pixel budget and box convention, and the originals: a record's
+        full_images / full_videos / full_audios when it has them, else its own media."""
+        patch = codec.patch_size
         grids = prompt.tensors.get("image_grid_thw")
         sizes = [] if grids is None else [(int(w) * patch, int(h) * patch)
                                           for _, h, w in grids.tolist()]
         s = prompt.sample
-        size = getattr(ip, "size", None)
-        budget = (28 * 28 * 4, 28 * 28 * 256)
-        if size is not None and size.get("shortest_edge") and size.get("longest_edge"):
-            budget = (int(size["shortest_edge"]), int(size["longest_edge"]))
+        budget = codec.pixel_budget() or (28 * 28 * 4, 28 * 28 * 256)
         return ToolContext(prompt=prompt, input_sizes=sizes,
                            images=s.fields.get("full_images") or list(s.images),
                            videos=s.fields.get("full_videos") or list(s.videos),
                            audios=s.fields.get("full_audios") or list(s.audios),
-                           factor=factor, coords=coords, image_pixels=budget,
+                           factor=codec.image_factor, coords=codec.box_coords, image_pixels=budget,
                            max_frames=self.max_frames, max_audio_seconds=self.max_audio_seconds)
 
     def specs(self, names: Sequence[str]) -> list[dict]:

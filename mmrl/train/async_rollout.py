@@ -109,18 +109,24 @@ class AsyncRollout:
         self.k, self.b, self.total = (cfg.rollout.max_staleness, cfg.rollout.prompts_per_step,
                                       cfg.train.steps)
         self.policy, self.prompts = policy, prompts
-        self.weights = WeightBox(policy.model, keep=self.k + 2)
         # Both sides keep every torch thread: each phase mostly runs while the other waits or
         # does Python work, and splitting the cores halved each side's speed (measured on the
         # quickstart, 2 cores: x0.71-1.11 split, x1.68 not; docs/benchmarks.md).
         self.sampler_threads = torch.get_num_threads()
-        model = copy.deepcopy(policy.model)  # the sampler's own weights
-        model.requires_grad_(False)
-        self.worker = ProcessWorker(
-            SamplerSettings(cfg.rollout, cfg.tools, cfg.model.family, policy.placeholder_ids,
-                            policy.pad_id, policy.sequence, policy.info, self.sampler_threads,
-                            cfg.train.seed + 1, flushes_denormals(), cfg.data, cfg.env),
-            model, policy.processor, self.weights)
+        if cfg.rollout.runs_hf_generate:
+            self.weights = WeightBox(policy.model, keep=self.k + 2)
+            model = copy.deepcopy(policy.model)  # the sampler's own weights
+            model.requires_grad_(False)
+            self.worker = ProcessWorker(
+                SamplerSettings(cfg.rollout, cfg.tools, policy.sequence, policy.info,
+                                self.sampler_threads, cfg.train.seed + 1, flushes_denormals(),
+                                cfg.data, cfg.env),
+                model, policy.codec, self.weights)
+        else:  # a vLLM server (config_rules refuses colocated vLLM): async_server.py
+            from mmrl.train.async_server import ServerWeights, ServerWorker
+
+            self.weights = ServerWeights(policy.codec.adapter, keep=self.k + 2)
+            self.worker = ServerWorker(cfg, policy, self.weights, prompts.envs)
         self._cond = threading.Condition()
         self._todo: deque[_Job] = deque()  # submitted, not started
         self._ready: deque[_Drawn] = deque()  # drawn, not yet taken
@@ -132,10 +138,13 @@ class AsyncRollout:
         self._thread.start()
 
     def describe(self) -> str:
-        return (f"rollout.max_staleness={self.k}: asynchronous rollouts: the HF engine samples in "
-                f"its own process (pid {self.worker.process.pid}) from its own copy of the weights "
-                f"(synced by version after each update, up to {self.k} version(s) behind; torch "
-                f"threads: {self.sampler_threads} each)")
+        if isinstance(self.worker, ProcessWorker):
+            return (f"rollout.max_staleness={self.k}: asynchronous rollouts: the HF engine samples "
+                    f"in its own process (pid {self.worker.process.pid}) from its own copy of the "
+                    f"weights (synced by version after each update, up to {self.k} version(s) "
+                    f"behind; torch threads: {self.sampler_threads} each)")
+        return (f"rollout.max_staleness={self.k}: asynchronous rollouts: "
+                f"{self.worker.describe()}; up to {self.k} version(s) behind")
 
     # ---------------------------------------------------------------- trainer side -------------
     def publish(self, version: int) -> None:

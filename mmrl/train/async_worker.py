@@ -23,7 +23,7 @@ import torch
 import torch.multiprocessing as mp
 
 if TYPE_CHECKING:
-    from mmrl.models.base import ModelAdapter
+    from mmrl.models.codec import Codec
 
 
 def fingerprint(tensors) -> torch.Tensor:
@@ -37,9 +37,6 @@ class SamplerSettings:
     """What the sampler process needs to build its `Rollout` (all picklable)."""
     rollout: object  # RolloutConfig
     tools: object  # ToolsConfig
-    family: str
-    placeholder_ids: list
-    pad_id: int
     sequence: object  # the Policy's sequence group (size 1: async runs on one process)
     info: object  # DistInfo
     threads: int
@@ -59,20 +56,18 @@ def flushes_denormals() -> bool:
 class _SamplerPolicy:
     """The few Policy members `Rollout` reads, over the sampler's model copy."""
 
-    def __init__(self, model, processor, adapter: ModelAdapter, s: SamplerSettings):
-        self.model, self.processor, self.adapter = model, processor, adapter
-        self.placeholder_ids, self.pad_id = s.placeholder_ids, s.pad_id
+    def __init__(self, model, codec: Codec, s: SamplerSettings):
+        self.model, self.codec = model, codec
         self.sequence, self.info = s.sequence, s.info
 
     def full_params(self, enabled: bool = True):
         return nullcontext()
 
 
-def _main(settings: SamplerSettings, model, processor, staging: dict, version, lock,
+def _main(settings: SamplerSettings, model, codec: Codec, staging: dict, version, lock,
           requests, replies) -> None:
     """The sampler process: load the newest staged weights when asked, draw, reply."""
     from mmrl.config import DataConfig, EnvConfig, RunConfig
-    from mmrl.models import get_adapter
     from mmrl.train.generation import Rollout
 
     # The trainer decides when this process ends (signals.py: it finishes or abandons its step,
@@ -83,7 +78,7 @@ def _main(settings: SamplerSettings, model, processor, staging: dict, version, l
     torch.set_flush_denormal(settings.flush_denormal)
     torch.manual_seed(settings.seed)
     try:
-        policy = _SamplerPolicy(model, processor, get_adapter(settings.family), settings)
+        policy = _SamplerPolicy(model, codec, settings)
         run = RunConfig(rollout=settings.rollout, tools=settings.tools,
                         data=settings.data or DataConfig(), env=settings.env or EnvConfig())
         rollout = Rollout(run, policy, model=model)  # its own environments, in its process
@@ -116,7 +111,7 @@ class ProcessWorker:
     """The trainer's handle on the sampler process: `draw` blocks (without the interpreter lock)
     until the process has drawn the batch."""
 
-    def __init__(self, settings: SamplerSettings, model, processor, weights):
+    def __init__(self, settings: SamplerSettings, model, codec: Codec, weights):
         """`weights`: the trainer's WeightBox; its staging tensors move to shared memory and its
         lock and version become the process-shared ones."""
         ctx = mp.get_context("spawn")  # a fork would copy the trainer's threads and locks
@@ -126,7 +121,7 @@ class ProcessWorker:
             tensor.share_memory_()
         model.share_memory()
         self.process = ctx.Process(target=_main, name="mmrl-sampler", daemon=True,
-                                   args=(settings, model, processor, weights.staging,
+                                   args=(settings, model, codec, weights.staging,
                                          weights.shared, weights.lock, self.requests,
                                          self.replies))
         # Both processes keep every core (async_rollout.py says why): the sampler's idle OpenMP

@@ -32,7 +32,7 @@ class Checkpointer:
         state = {**learner.state_dict(), **prompts.state_dict(), "extra": extra,
                  "run_id": self.tc.run_id}
         policy = learner.policy
-        checkpoint.save(self.run_dir, step, policy.to_save, policy.processor, state,
+        checkpoint.save(self.run_dir, step, policy.to_save, policy.codec.processor, state,
                         keep=self.tc.keep_checkpoints, strategy=learner.strategy,
                         optimizer=learner.optimizer)
 

@@ -29,7 +29,7 @@ from mmrl.types import Sample, SamplingParams, Trajectory
 from rewards import extract_answer
 
 if TYPE_CHECKING:
-    from mmrl.models.base import ModelAdapter
+    from mmrl.models.codec import Codec
 
 
 def shuffle_media(samples: list[Sample], seed: int) -> list[Sample]:
@@ -60,12 +60,12 @@ def row_metrics(rewards: RewardSet, name: str, per: dict[str, list]) -> list[flo
             for i in range(len(per[keys[0]]))]
 
 
-def _decode_chunk(samples, adapter: ModelAdapter, processor, load, cfg: RunConfig,
+def _decode_chunk(samples, codec: Codec, load, cfg: RunConfig,
                   loop: TrajectoryRollout) -> tuple[list[Sample], list, int]:
     chunk, feats, failed = [], [], 0
     for s in samples:
         try:
-            feats.append(prompt_features(loop.envs, adapter, processor, s, load))
+            feats.append(prompt_features(loop.envs, codec, s, load))
             chunk.append(s)
         except MediaError:
             if not cfg.data.skips_bad_samples:
@@ -74,18 +74,17 @@ def _decode_chunk(samples, adapter: ModelAdapter, processor, load, cfg: RunConfi
     return chunk, feats, failed
 
 
-def eval_loop(model, processor, adapter: ModelAdapter, cfg: RunConfig,
-              envs=None) -> TrajectoryRollout:
+def eval_loop(model, codec: Codec, cfg: RunConfig, envs=None) -> TrajectoryRollout:
     """The trajectory loop of held-out generation: the model's own generate (greedy unless
     eval.num_samples), the run's environments (`envs`: built once per run; None: built here),
     eval_max_turns for multi-turn ones."""
-    envs = envs if envs is not None else make_environments(cfg, processor, adapter)
-    return TrajectoryRollout.for_run(cfg, HFEngine(model, processor), processor, adapter, envs,
+    envs = envs if envs is not None else make_environments(cfg, codec)
+    return TrajectoryRollout.for_run(cfg, HFEngine(model, codec.processor), codec, envs,
                                      evaluation=True)
 
 
 @torch.no_grad()
-def evaluate(model, processor, adapter: ModelAdapter, samples: list[Sample], cfg: RunConfig, *,
+def evaluate(model, codec: Codec, samples: list[Sample], cfg: RunConfig, *,
              out_file: Path | None = None, shuffled: bool = False,
              info: dist.DistInfo | None = None, envs=None) -> dict:
     """Generate for every sample (greedy, or `eval.num_samples` draws at `eval.temperature`),
@@ -100,7 +99,7 @@ def evaluate(model, processor, adapter: ModelAdapter, samples: list[Sample], cfg
     mine = samples[n * info.rank // info.world:n * (info.rank + 1) // info.world]
     was_training = model.training
     model.eval()
-    rows, trajectories, failed = _draw_rows(eval_loop(model, processor, adapter, cfg, envs),
+    rows, trajectories, failed = _draw_rows(eval_loop(model, codec, cfg, envs),
                                             mine, cfg)
     model.train(was_training)
     if info.enabled:  # in rank order, as one process would have drawn them
@@ -125,17 +124,17 @@ def _draw_rows(loop: TrajectoryRollout, samples: list[Sample], cfg: RunConfig
                ) -> tuple[list[dict], list[Trajectory], int]:
     """(one row per draw, their trajectories when multi-turn (else none), samples that failed)."""
     ec, rewards = cfg.eval, metric_rewards(cfg)
-    processor, adapter = loop.processor, loop.adapter
+    codec = loop.codec
     max_new = ec.max_new_tokens or cfg.rollout.max_new_tokens
-    k, suppress, load = max(1, ec.num_samples), adapter.placeholder_token_ids(processor), \
-        media_loader(cfg, adapter.image_factor)
+    k, suppress, load = max(1, ec.num_samples), codec.placeholder_ids, \
+        media_loader(cfg, codec.image_factor)
     rows, failed, trajectories = [], 0, []
     starts = range(0, len(samples), ec.batch_size)
     # A bar on a terminal only: logs of long evaluations stay clean.
     for start in track(starts, description="eval", transient=True, console=Console(stderr=True),
                        disable=not sys.stderr.isatty()):
-        chunk, feats, bad = _decode_chunk(samples[start:start + ec.batch_size], adapter,
-                                          processor, load, cfg, loop)
+        chunk, feats, bad = _decode_chunk(samples[start:start + ec.batch_size], codec,
+                                          load, cfg, loop)
         failed += bad
         if not chunk:
             continue
@@ -165,21 +164,21 @@ def _draw_rows(loop: TrajectoryRollout, samples: list[Sample], cfg: RunConfig
 
 
 @torch.no_grad()
-def draw_texts(model, processor, adapter: ModelAdapter, samples: list[Sample], cfg: RunConfig,
+def draw_texts(model, codec: Codec, samples: list[Sample], cfg: RunConfig,
                max_new_tokens: int, envs=None) -> list[str | None]:
     """One greedy completion per sample on the held-out evaluation's path (its batches, media
     loader, tools when configured); None for a sample whose media failed to load (a counted skip
     under data.on_bad_sample=skip). The field benchmarks (mmrl/benchmarks) score these."""
-    suppress = adapter.placeholder_token_ids(processor)
-    load = media_loader(cfg, adapter.image_factor)
-    loop = eval_loop(model, processor, adapter, cfg, envs)
+    suppress = codec.placeholder_ids
+    load = media_loader(cfg, codec.image_factor)
+    loop = eval_loop(model, codec, cfg, envs)
     params = SamplingParams(num_generations=1, max_new_tokens=max_new_tokens, temperature=1.0,
                             top_p=1.0, top_k=0, do_sample=False, suppress_ids=suppress)
     was_training, out = model.training, {}
     model.eval()
     for start in range(0, len(samples), cfg.eval.batch_size):
-        chunk, feats, _ = _decode_chunk(samples[start:start + cfg.eval.batch_size], adapter,
-                                        processor, load, cfg, loop)
+        chunk, feats, _ = _decode_chunk(samples[start:start + cfg.eval.batch_size], codec,
+                                        load, cfg, loop)
         if chunk:
             texts = _draw(feats, params, loop)[0]
             out.update({id(s): t for s, t in zip(chunk, texts)})
@@ -239,9 +238,10 @@ def majority_baseline(samples: list[Sample]) -> float:
 
 
 def load_checkpoint(cfg: RunConfig, checkpoint: str):
-    """(model, processor, adapter, checkpoint dir) of a saved model; sharded ZeRO-3 / FSDP2
+    """(model, codec, checkpoint dir) of a saved model; sharded ZeRO-3 / FSDP2
     checkpoints are consolidated once beside it; a run dir means its latest checkpoint."""
     from mmrl.models import get_adapter
+    from mmrl.models.codec import Codec
     from mmrl.train.checkpoint import has_weights, latest
     from mmrl.train.consolidate import consolidate, sharded_kind
     from mmrl.train.policy import DTYPES
@@ -262,7 +262,7 @@ def load_checkpoint(cfg: RunConfig, checkpoint: str):
                                     attn_implementation=cfg.model.attn_implementation)
     if torch.cuda.is_available():
         model.cuda()
-    return model, processor, adapter, checkpoint
+    return model, Codec(adapter, processor), checkpoint
 
 
 def evaluate_checkpoint(cfg: RunConfig, checkpoint: str, out_dir: str | None = None) -> dict:
@@ -274,11 +274,11 @@ def evaluate_checkpoint(cfg: RunConfig, checkpoint: str, out_dir: str | None = N
     if not cfg.data.eval:
         raise SystemExit("mmrl eval: the config has no data.eval; pass data.eval=PATH")
     _, samples = build_datasets(cfg, get_adapter(cfg.model.family).image_factor)  # data first
-    model, processor, adapter, checkpoint = load_checkpoint(cfg, checkpoint)
+    model, codec, checkpoint = load_checkpoint(cfg, checkpoint)
     out = Path(out_dir) if out_dir else Path(checkpoint) / "eval"
-    result = evaluate(model, processor, adapter, samples, cfg, out_file=out / "predictions.jsonl")
+    result = evaluate(model, codec, samples, cfg, out_file=out / "predictions.jsonl")
     if cfg.eval.shuffled_images:
         result["accuracy_shuffled_images"] = evaluate(
-            model, processor, adapter, samples, cfg, shuffled=True)["accuracy"]
+            model, codec, samples, cfg, shuffled=True)["accuracy"]
     (out / "metrics.json").write_text(json.dumps(json_safe(result), indent=2, allow_nan=False))
     return result

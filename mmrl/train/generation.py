@@ -36,13 +36,12 @@ class Rollout:
         self.rc, self.policy = rc, policy
         self.model = policy.model if model is None else model
         self._weight_bytes = None  # of the weights a decode step reads (speed.py), once
-        self.tokenizer = policy.processor.tokenizer
+        self.tokenizer = policy.codec.tokenizer
         with policy.full_params():  # a colocated engine starts from the whole weights
-            self.engine = make_engine(rc, self.model, policy.processor, policy.adapter)
+            self.engine = make_engine(rc, self.model, policy.codec)
         if envs is None:
-            envs = make_environments(cfg, policy.processor, policy.adapter)
-        self.loop = TrajectoryRollout.for_run(cfg, self.engine, policy.processor, policy.adapter,
-                                              envs)
+            envs = make_environments(cfg, policy.codec)
+        self.loop = TrajectoryRollout.for_run(cfg, self.engine, policy.codec, envs)
         if cfg.tools.enabled and policy.info.main:
             print(self.loop.style.reason, flush=True)  # tool role or <tool_response>
 
@@ -62,14 +61,14 @@ class Rollout:
             a, b = sp.share(len(prompts), rank, sequence.size)
             pieces.append(self._batch(prompts[a:b], group_offset + a, ids, mask, slogp,
                                       truncated, texts))
-        return RolloutBatch.cat(pieces, self.policy.pad_id)
+        return RolloutBatch.cat(pieces, self.policy.codec.pad_id)
 
     def _generate(self, prompts: list[PromptFeatures], group_offset: int) -> RolloutBatch:
         rc, policy = self.rc, self.policy
         self.model.eval()
         # The training model's own generate under ZeRO-3 / FSDP2: the weights are gathered
         # once, not once per token.
-        sampling = SamplingParams.from_rollout(rc, suppress_ids=policy.placeholder_ids)
+        sampling = SamplingParams.from_rollout(rc, suppress_ids=policy.codec.placeholder_ids)
         with policy.full_params(self.engine.samples_from_training_model):
             return self.loop.rollout(prompts, sampling, group_offset)
 

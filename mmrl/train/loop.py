@@ -23,8 +23,7 @@ metrics stage.
 from __future__ import annotations
 
 import copy
-import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import asdict
 
 import torch
@@ -35,7 +34,6 @@ from mmrl.data.inspect import answer_budget, format_answer_budget
 from mmrl.data.prepare import build_datasets, check_datasets
 from mmrl.models import get_adapter
 from mmrl.rollout.environments import make_environments
-from mmrl.tools import trajectory_metrics
 from mmrl.train import checkpoint, dist, methods, parallel, setup, sp, speed
 from mmrl.train.async_rollout import IN_FLIGHT, AsyncRollout
 from mmrl.train.checkpointer import Checkpointer
@@ -45,9 +43,9 @@ from mmrl.train.logging import RunLogger
 from mmrl.train.policy import Policy
 from mmrl.train.prompts import PromptSource
 from mmrl.train.resume_config import as_plain
-from mmrl.train.rollout_utils import concat_rollouts, rollout_metrics, rollout_records
+from mmrl.train.rollout_utils import concat_rollouts
 from mmrl.train.scoring import Scorer, rewards_at
-from mmrl.train.watch import Watchers
+from mmrl.train.step_metrics import StageTimer, StepMetrics
 from mmrl.types import RolloutBatch, ScoredBatch
 
 
@@ -88,14 +86,12 @@ class Trainer:
                              sequence=self.layout.sequence)
         self.learner = Learner(cfg, self.info, strategy, self.policy, data=data)
         # The run's environment kind, built once (with tools: the one Toolbox of the run).
-        self.envs = make_environments(cfg, self.policy.processor, adapter)
+        self.envs = make_environments(cfg, self.policy.codec)
         self.rollout = Rollout(cfg, self.policy, self.envs)
         self.policy.choose_layout(cfg.train.shared_prefix)
         self.scorer = Scorer(cfg, data)
-        self.watchers = Watchers(cfg.rollout.max_new_tokens, cfg.algo)
         self.timer, self.phases = StageTimer(), speed.PhaseTotals()  # where the seconds go
-        self.prompts = PromptSource(cfg, train_set, adapter, self.policy.processor, data,
-                                    self.envs)
+        self.prompts = PromptSource(cfg, train_set, self.policy.codec, data, self.envs)
         main = self.info.main  # only rank 0 writes the run dir; other ranks keep a local log
         self.log = logger or RunLogger(
             self.run_dir if main else self.run_dir / f"rank{self.info.rank}",
@@ -104,13 +100,15 @@ class Trainer:
             config=asdict(cfg))
         if main and not (self.run_dir / "config.yaml").is_file():  # a resume keeps the original
             save_config(cfg, self.run_dir / "config.yaml")
-            cut = answer_budget(train_set, self.policy.processor.tokenizer, cfg.sft.target,
+            cut = answer_budget(train_set, self.policy.codec.tokenizer, cfg.sft.target,
                                 cfg.rollout.max_new_tokens)
             if cut:
                 self.log.warn(format_answer_budget(cut, cfg.rollout.max_new_tokens))
             for warning in data_warnings:
                 self.log.warn(warning)
         self.prompts.say = self.log.warn  # skipped records: on the terminal and in warnings.txt
+        self.report = StepMetrics(cfg, self.layout, self.policy, self.rollout, self.scorer,
+                                  self.prompts, self.log, self.phases)  # the metrics stage
         self.checkpointer = Checkpointer(self.run_dir, cfg.train, self.info, self.log)
         # Saved with the rest: run.py's stage results (SFT, accuracy before RL) and the
         # algorithms' carried values (the adaptive KL-in-reward coefficient).
@@ -174,7 +172,7 @@ class Trainer:
             rows = torch.isin(batch.group_ids, ids[keep]).nonzero().flatten().tolist()
             pieces.append((batch.select(rows), scores[rows],
                            {k: [v[i] for i in rows] for k, v in per.items()}))
-        batch, scores, per = concat_rollouts(pieces, self.policy.pad_id)
+        batch, scores, per = concat_rollouts(pieces, self.policy.codec.pad_id)
         rows = torch.isin(batch.group_ids, torch.tensor(acc.take())).nonzero().flatten().tolist()
         return (batch.select(rows), scores[rows], {k: [v[i] for i in rows] for k, v in per.items()},
                 {"sampling/rounds": acc.round})
@@ -188,9 +186,7 @@ class Trainer:
                                      self.policy)
         sb = ScoredBatch(rollout=batch, scores=scores, per_reward=per_reward, advantages=scores)
         with timer("logprob"):
-            policy.begin_step(batch)  # frozen encoders: once per prompt, here
-            sb.old_logp = policy.old_logprobs(batch)
-            sb.ref_logp = policy.reference_logprobs(batch)
+            sb.old_logp, sb.ref_logp = policy.step_logprobs(batch)  # frozen encoders: once
         with timer("advantage"):
             rewards = (self.scorer.kl_in_reward(sb, self.state_extra, extra)
                        if ac.kl_reward_coef > 0 else scores)
@@ -200,42 +196,14 @@ class Trainer:
             sb.advantages = self.prompts.weight_advantages(sb.advantages, batch)
         with timer("update"):
             metrics = self.learner.update(sb, self.step)
-        policy.refresh_reference(self.step + 1)  # ProRL (algo.ref_reset_every)
+        policy.fix_reference(self.step + 1)  # ProRL's refresh (algo.ref_reset_every)
         with timer("sync"):
-            self.rollout.sync()
-            if self.sampler is not None:  # the sampler loads them before its next batch
+            if self.sampler is None:
+                self.rollout.sync()
+            else:  # the sampler loads (or pushes) them before its next batch, not the trainer
                 self.sampler.publish(self.step + 1)
         self.step += 1
-        return self._metrics(sb, metrics, extra, timer)
-
-    def _metrics(self, sb: ScoredBatch, metrics: dict, extra: dict, timer: "StageTimer") -> dict:
-        batch = sb.rollout
-        metrics.update(extra)
-        metrics.update(self.prompts.end_step())  # prompt history: commit, kept fraction
-        metrics.update(methods.label_free_metrics(self.cfg, batch))
-        metrics.update(methods.think_metrics(self.cfg, batch))
-        metrics.update(rollout_metrics(sb, self.scorer.keys))
-        if batch.trajectories is not None:  # turns, calls per tool, errors, turn-cap share
-            metrics.update(trajectory_metrics(batch.trajectories))
-        metrics.update(self.scorer.step_metrics())
-        self.watchers(metrics, self.log.warn)
-        metrics.update(timer.metrics())
-        tokens = int(batch.completion_mask.sum()) + sum(p.input_ids.numel() for p in batch.prompts)
-        metrics["time/tokens_per_s"] = tokens / max(timer.total, 1e-9)
-        metrics.update(self.rollout.metrics(int(batch.policy_mask.sum())))  # prefill, decode
-        metrics.update(speed.update_mfu(self.policy.model, batch, timer.times.get("update", 0.0),
-                                        self.cfg.train.shared_prefix))
-        metrics.update(self.learner.metrics())
-        metrics.update(self.policy.metrics())
-        metrics.update(self.prompts.metrics())
-        data = self.layout.data  # a sequence group's ranks hold the same rows: counted once
-        metrics = dist.mean_metrics(metrics, data)
-        if data.enabled:  # each data-parallel rank's loss is its part of the global sum
-            metrics["loss/loss"] *= data.world
-        self.phases.observe(metrics)
-        if self.cfg.log.rollouts_every and self.step % self.cfg.log.rollouts_every == 0:
-            self.log.log_rollouts(self.step, rollout_records(sb, self.cfg.log.rollouts_per_step))
-        return metrics
+        return self.report(sb, metrics, extra, timer, self.step, self.learner.metrics())
 
     # ---------------------------------------------------------------- around the steps ---------
     def sync_engine(self) -> None:
@@ -273,34 +241,3 @@ class Trainer:
         self.rollout.close()
         self.log.close()
 
-
-class StageTimer:
-    def __init__(self, memory=None):
-        self.times: dict[str, float] = {}
-        self.memory = memory  # memory.PhasePeaks: each stage's peak memory too
-
-    @contextmanager
-    def __call__(self, name: str):
-        t = time.perf_counter()
-        with self.memory(name) if self.memory is not None else nullcontext():
-            yield
-        self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t
-
-    @contextmanager
-    def part(self, name: str, of: str):
-        """Time `name` inside stage `of` (running) and take its seconds out of `of`, so the
-        stages still sum to the step (scoring runs inside the rollout stage)."""
-        t = time.perf_counter()
-        yield
-        spent = time.perf_counter() - t
-        self.times[name] = self.times.get(name, 0.0) + spent
-        self.times[of] = self.times.get(of, 0.0) - spent
-
-    @property
-    def total(self) -> float:
-        return sum(self.times.values())
-
-    def metrics(self) -> dict[str, float]:
-        memory = self.memory.metrics() if self.memory is not None else {}
-        return {**{f"time/{k}": v for k, v in self.times.items()}, "time/step": self.total,
-                **memory}

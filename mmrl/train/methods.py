@@ -125,7 +125,7 @@ def inject_ground_truth(ac: AlgoConfig, policy: Policy, scorer: Scorer, batch: R
     metrics = {"gt_guidance/fired_frac": len(rows) / max(n_groups, 1)}
     if not rows:
         return batch, scores, per, guided, metrics
-    tok, pad_id = policy.processor.tokenizer, policy.pad_id
+    tok, pad_id = policy.codec.tokenizer, policy.codec.pad_id
     targets = [tok(ac.gt_template.format(solution=batch.prompts[r].sample.solution),
                    add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for r in rows]
     width = max(batch.completion_ids.shape[1], max(map(len, targets)))
@@ -195,7 +195,7 @@ def temporal_contrast(cfg: RunConfig, step: int, policy: Policy, rollout: Rollou
     for g, i in first.items():
         p = batch.prompts[i]
         media = {**p.media, "videos": [shuffle_frames(v, seed + g) for v in p.media["videos"]]}
-        feats = policy.adapter.prompt_features(policy.processor, p.sample, **media)
+        feats = policy.codec.prompt_features(p.sample, **media)
         feats.media = media
         shuffled.append(feats)
     sb = rollout.generate(shuffled)

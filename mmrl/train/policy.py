@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mmrl.config import RunConfig
+from mmrl.models.codec import Codec
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.models import source, ulysses
 from mmrl.models.encoder_cache import EncoderCache
@@ -37,31 +38,31 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 class Policy:
     # What other files may read (tests/train/test_structure.py holds every file to it).
-    PUBLIC = ("info", "adapter", "model", "processor", "peft", "device", "pad_id",
-              "placeholder_ids", "sequence", "reference", "to_save", "full_params", "attach", "choose_layout",
-              "encoders", "begin_step", "micro_batches", "forward", "logprobs", "old_logprobs",
-              "reference_logprobs", "fix_reference", "refresh_reference", "metrics")
+    PUBLIC = ("info", "codec", "model", "device", "sequence", "to_save", "full_params", "attach",
+              "choose_layout", "micro_batches", "forward", "logprobs", "step_logprobs",
+              "fix_reference", "metrics")
 
     def __init__(self, cfg: RunConfig, info: dist.DistInfo, strategy: Strategy,
                  adapter: ModelAdapter, weights: Path | None = None,
                  sequence: ulysses.SPGroup = ulysses.SPGroup()):
         """`weights`: a checkpoint to load the model from (resume), else model.path.
         `sequence`: the ranks each training forward's sequence is split over (train/sp.py)."""
-        self.info, self.strategy, self.adapter = info, strategy, adapter
+        self.info, self.strategy = info, strategy
         self.sequence = sequence
         self.algo, self.micro_batch_size = cfg.algo, max(1, cfg.train.micro_batch_size)
         self.max_tokens = cfg.train.max_tokens_per_micro_batch  # None: cut by rows
         self.temperature = cfg.rollout.temperature
         strategy.before_model()
-        self.model, self.processor, self.peft = build_model(cfg, adapter, weights)
+        self.model, processor, self.peft = build_model(cfg, adapter, weights)
+        # The family's adapter bound to its processor, once: tokenizer and image facts,
+        # features, decoding, and what the engines ask (models/codec.py).
+        self.codec = Codec(adapter, processor)
         self.device = torch.device(f"cuda:{info.local_rank}" if torch.cuda.is_available()
                                    else "cpu")
         if not strategy.places_model:  # DeepSpeed and FSDP2 place (and shard) it themselves
             self.model.to(self.device)
         self.train_model = self.model  # what training forwards call (attach)
         self.touch_towers: TowerToucher | None = None
-        self.placeholder_ids = adapter.placeholder_token_ids(self.processor)
-        self.pad_id = self.processor.tokenizer.pad_token_id
         self.shared_prefix, self.pack_stats = False, {}  # decided by choose_layout
         self.reference = None  # the KL reference module (fix_reference); None under LoRA
         # Frozen encoders' outputs, once per prompt per step (begin_step). Tool-use rows carry
@@ -78,7 +79,7 @@ class Policy:
         strategy wrapped it in (the Learner calls this once the strategy set it up)."""
         self.train_model = module
         if self.strategy.every_module:
-            self.touch_towers = TowerToucher(self.model, self.adapter, self.processor)
+            self.touch_towers = TowerToucher(self.model, self.codec)
 
     def choose_layout(self, wanted: bool) -> None:
         """One packed row per group: the prompt and its media run once, not G times (same
@@ -177,7 +178,7 @@ class Policy:
         out = ulysses.sequence_parallel_logprobs(
             module, sub.prompts, ids, mask, self.sequence, shared_prefix=self.shared_prefix,
             temperature=self.temperature, return_entropy=entropy,
-            placeholder_ids=self.placeholder_ids, pad_id=self.pad_id, provider=provider,
+            placeholder_ids=self.codec.placeholder_ids, pad_id=self.codec.pad_id, provider=provider,
             stats=self.pack_stats if self.shared_prefix else None)
         return out, width
 
@@ -191,14 +192,14 @@ class Policy:
             return shared_prefix_logprobs(
                 module, sub.prompts, ids.to(self.device), mask.to(self.device),
                 temperature=self.temperature, return_entropy=entropy,
-                placeholder_ids=self.placeholder_ids, pad_id=self.pad_id,
+                placeholder_ids=self.codec.placeholder_ids, pad_id=self.codec.pad_id,
                 stats=self.pack_stats, observations=observations), width
-        inputs = collate(sub.prompts, ids, mask, self.pad_id, observations=observations)
+        inputs = collate(sub.prompts, ids, mask, self.codec.pad_id, observations=observations)
         inputs = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
         out = completion_logprobs(module, inputs, ids.to(self.device),
                                   sub.policy_mask[:, :width].to(self.device),
                                   temperature=self.temperature, return_entropy=entropy,
-                                  placeholder_ids=self.placeholder_ids)
+                                  placeholder_ids=self.codec.placeholder_ids)
         return out, width
 
     @torch.no_grad()
@@ -213,6 +214,12 @@ class Policy:
             if rows:  # an empty micro-batch only keeps the ranks' forwards in step
                 out[rows, :width] = logp.float().cpu()
         return out
+
+    def step_logprobs(self, batch: RolloutBatch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(old, reference) logprobs of a step's `batch`, each None when the step needs none;
+        the frozen encoders run once per prompt first (begin_step)."""
+        self.begin_step(batch)
+        return self.old_logprobs(batch), self.reference_logprobs(batch)
 
     def old_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
         """Stored before the first update when the rollout is reused (num_iterations > 1) or the
@@ -237,10 +244,13 @@ class Policy:
         return out
 
     # ---------------------------------------------------------------- the KL reference ---------
-    def fix_reference(self) -> None:
+    def fix_reference(self, steps_done: int = 0) -> None:
         """Fix the KL reference as the policy is now (RL starts, after any SFT warm-up): none
         without a KL term, the adapter switched off under LoRA, else a frozen copy saved in the
-        run dir once, so that a resumed run keeps this reference, not the resumed policy."""
+        run dir once, so that a resumed run keeps this reference, not the resumed policy.
+        After an update (`steps_done` > 0): ProRL's refresh when it is due (refresh_reference)."""
+        if steps_done:
+            return self.refresh_reference(steps_done)
         if self.algo.ref_reset_every and (self.peft is not None or self.strategy.shards_params):
             raise ValueError("algo.ref_reset_every: resetting the reference needs full fine-tuning "
                              "without ZeRO-3/FSDP2 parameter sharding")
@@ -259,18 +269,18 @@ class Policy:
         self.reference = _frozen(copy.deepcopy(self.model))
         if self.info.main:  # with the processor, so adapter.load can read it back
             self.reference.save_pretrained(self._reference_dir)
-            self.processor.save_pretrained(self._reference_dir)
+            self.codec.processor.save_pretrained(self._reference_dir)
 
     def _save_sharded_reference(self) -> None:
         weights = self.strategy.full_state_dict(self.model)
         if self.info.main:
             self.model.save_pretrained(self._reference_dir, state_dict=weights)
             checkpoint.hf_config(self.model).save_pretrained(self._reference_dir)
-            self.processor.save_pretrained(self._reference_dir)
+            self.codec.processor.save_pretrained(self._reference_dir)
         dist.barrier(self.info)
 
     def _load_reference(self):
-        ref, _ = self.adapter.load(str(self._reference_dir),
+        ref, _ = self.codec.adapter.load(str(self._reference_dir),
                                    dtype=next(self.model.parameters()).dtype)
         if not self.strategy.places_model:
             ref.to(self.device)

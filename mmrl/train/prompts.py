@@ -22,7 +22,7 @@ from mmrl.train.methods import HistoryFilter
 from mmrl.types import PromptFeatures, RolloutBatch, Sample
 
 if TYPE_CHECKING:
-    from mmrl.models.base import ModelAdapter
+    from mmrl.models.codec import Codec
 
 
 class PromptSource:
@@ -31,21 +31,21 @@ class PromptSource:
               "weight_advantages", "end_step", "metrics", "say", "skip_summary", "state_dict",
               "load_state_dict", "last_drawn")
 
-    def __init__(self, cfg: RunConfig, dataset: Sequence[Sample], adapter: ModelAdapter,
-                 processor, info: dist.DistInfo, envs=None):
+    def __init__(self, cfg: RunConfig, dataset: Sequence[Sample], codec: Codec,
+                 info: dist.DistInfo, envs=None):
         """`envs`: the run's environment kind (built once per run; None: built here), whose
         reset makes each prompt."""
-        self.dataset, self.adapter, self.processor, self.info = dataset, adapter, processor, info
+        self.dataset, self.codec, self.info = dataset, codec, info
         self.cache_size, self.skips_bad_samples = cfg.data.feature_cache, cfg.data.skips_bad_samples
         self.media_stats: dict[str, int] = {}  # e.g. audio_truncated, counted into metrics
-        self.load_media = media_loader(cfg, adapter.image_factor, self.media_stats)
+        self.load_media = media_loader(cfg, codec.image_factor, self.media_stats)
         self.sampler = PromptSampler(len(dataset), cfg.train.seed, cfg.data.shuffle,
                                      blocks=getattr(dataset, "blocks", None))
         self.history = HistoryFilter.make(cfg.algo)
         self.bad = BadRecords(len(dataset), cfg.data.max_bad_fraction)
         self.say = print  # the trainer's log.warn once it exists
         # Every prompt is the environment's first user turn (with tools: the tools offered).
-        self.envs = envs if envs is not None else make_environments(cfg, processor, adapter)
+        self.envs = envs if envs is not None else make_environments(cfg, codec)
         self._features: OrderedDict[int, PromptFeatures] = OrderedDict()
         self.last_drawn: list[int] = []  # the dataset indices `next` returned last (async queue)
 
@@ -54,7 +54,7 @@ class PromptSource:
         if key is not None and key in self._features:
             self._features.move_to_end(key)
             return self._features[key]
-        feats = prompt_features(self.envs, self.adapter, self.processor, sample, self.load_media)
+        feats = prompt_features(self.envs, self.codec, sample, self.load_media)
         if key is not None and self.cache_size > 0:  # bounded: media tensors are big
             self._features[key] = feats
             while len(self._features) > self.cache_size:

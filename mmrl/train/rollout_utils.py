@@ -1,6 +1,7 @@
 """Helpers over rollout batches: concatenation (dynamic sampling), metrics, logged records."""
 from __future__ import annotations
 
+import json
 import statistics
 
 import torch
@@ -82,12 +83,16 @@ def rollout_records(sb: ScoredBatch, limit: int) -> list[dict]:
 def _trajectory_record(t) -> dict:
     """A trajectory's turns, calls (with their arguments, errors and what of the original media
     each read: `seen`, paths and boxes/spans) and observation texts (the returned media stay
-    out: the report redraws them from the originals and `seen`)."""
-    return {"turns": list(t.turn_texts), "hit_turn_cap": t.hit_turn_cap,
+    out: the report redraws them from the originals and `seen`), and the environment's info
+    when it said any."""
+    record = {"turns": list(t.turn_texts), "hit_turn_cap": t.hit_turn_cap,
             "calls": [{"name": c.name, "arguments": c.arguments, "turn": c.turn,
                        "error": c.error, "message": c.message, "seen": c.seen} for c in t.calls],
             "observations": [{"start": o.start, "length": o.length, "text": o.text}
                              for o in t.observations]}
+    if t.info:  # what JSON cannot hold is written as its str
+        record["info"] = json.loads(json.dumps(t.info, default=str))
+    return record
 
 
 def _prompt_text(messages: list[dict]) -> str:

@@ -52,7 +52,7 @@ def _eval(policy: Policy, eval_set: list[Sample], cfg: RunConfig, out_dir: Path,
     """Held-out evaluation, each rank drawing its share of the records; every rank gets the
     result, rank 0 writes eval/NAME.jsonl."""
     with policy.full_params():  # sharded weights: gathered on every rank
-        return evaluate(policy.model, policy.processor, policy.adapter, eval_set, cfg,
+        return evaluate(policy.model, policy.codec, eval_set, cfg,
                         out_file=out_dir / "eval" / f"{name}.jsonl", info=policy.info, **kw)
 
 
@@ -153,9 +153,9 @@ def _stages(trainer: Trainer, stop: StopSignals, started: float, single: bool) -
     summary["skipped_records"] = trainer.prompts.skip_summary()
     summary["phases"] = trainer.phases.summary()  # this process's steps (a resume: since it)
     trainer.save()
-    if policy.peft is not None and trainer.info.main:
+    if policy.to_save is not policy.model and trainer.info.main:  # LoRA: its wrapper
         summary["merged_model"] = str(lora.export_merged(
-            policy.peft, policy.processor, trainer.run_dir / "merged"))
+            policy.to_save, policy.codec.processor, trainer.run_dir / "merged"))
     dist.destroy(trainer.info)
     return summary
 

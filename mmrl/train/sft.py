@@ -71,10 +71,10 @@ class Demonstrations:
 
     def __init__(self, cfg: RunConfig, policy: Policy, envs=None):
         """`envs`: the run's environment kind (the tools; built once per run, None: here)."""
-        self.targets, self.tokenizer = cfg.sft.turn_targets, policy.processor.tokenizer
+        self.targets, self.tokenizer = cfg.sft.turn_targets, policy.codec.tokenizer
         if envs is None:
-            envs = make_environments(cfg, policy.processor, policy.adapter)
-        self.loop = TrajectoryRollout.for_run(cfg, self, policy.processor, policy.adapter, envs)
+            envs = make_environments(cfg, policy.codec)
+        self.loop = TrajectoryRollout.for_run(cfg, self, policy.codec, envs)
         # As many turns as targets, whatever tools.max_turns: a demonstration may look again
         # after a miss (a turn more than RL allows, whose cap RL then unlearns). One turn more,
         # so a last target that still calls is the error below, not a silent turn cap.
@@ -82,7 +82,7 @@ class Demonstrations:
                                                  max_turns=len(self.targets) + 1)
         self.params = SamplingParams(num_generations=1, max_new_tokens=cfg.rollout.max_new_tokens)
         self.turn = 0
-        self.pad_id, self.cache_size = policy.pad_id, cfg.data.feature_cache
+        self.pad_id, self.cache_size = policy.codec.pad_id, cfg.data.feature_cache
         self._rows: OrderedDict[int, RolloutBatch] = OrderedDict()
 
     def demonstrate(self, feats: list[PromptFeatures],
@@ -179,11 +179,11 @@ def _step(sc: SFTConfig, policy: Policy, prompts: PromptSource, demos: Demonstra
         if demos is not None:  # the model's turns of a trajectory through the real tools
             batch = demos.demonstrate(feats, kept)
             ids, mask = batch.completion_ids, batch.policy_mask
-            inputs = collate(batch.prompts, ids, batch.completion_mask, policy.pad_id,
+            inputs = collate(batch.prompts, ids, batch.completion_mask, policy.codec.pad_id,
                              observations=batch.observations())
         else:
-            ids, mask = _targets(sc, policy.processor.tokenizer, policy.pad_id, samples)
-            inputs = collate(feats, ids, mask, policy.pad_id)
+            ids, mask = _targets(sc, policy.codec.tokenizer, policy.codec.pad_id, samples)
+            inputs = collate(feats, ids, mask, policy.codec.pad_id)
         model.train()
         logp = completion_logprobs(model, {k: v.to(device) if torch.is_tensor(v) else v
                                            for k, v in inputs.items()},
@@ -223,8 +223,7 @@ def sft_warmup(cfg: RunConfig, policy: Policy, prompts: PromptSource, log: RunLo
         opt.step()
         checks = step % sc.eval_every == 0 or step == sc.steps
         if checks:
-            result = evaluate(model, policy.processor, policy.adapter, val, cfg, info=policy.info,
-                              envs=prompts.envs)
+            result = evaluate(model, policy.codec, val, cfg, info=policy.info, envs=prompts.envs)
             acc = result["accuracy"]
             history.append({"step": step, "loss": float(loss.detach()), "val_accuracy": acc,
                             "val_stop": stop_reading(result, sc.stop_metric)})

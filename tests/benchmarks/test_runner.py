@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from mmrl.models.codec import Codec
 from mmrl.benchmarks import BENCHMARKS, MissingCopy
 from mmrl.benchmarks.runner import root_of, run_benchmark, summary_rows
 from mmrl.config import BenchmarkSpec, load
@@ -18,9 +19,9 @@ def test_runs_on_fixture_copies_and_writes_rows(tmp_path, family="qwen2_5_vl",
     model, processor = adapter.tiny()
     for name in names:
         spec = BenchmarkSpec(name=name, path="fixture", limit=2, max_new_tokens=8)
-        res = run_benchmark(model, processor, adapter, cfg, spec, tmp_path, stage="before_rl",
+        res = run_benchmark(model, Codec(adapter, processor), cfg, spec, tmp_path, stage="before_rl",
                             step=0)
-        run_benchmark(model, processor, adapter, cfg, spec, tmp_path, stage="after_rl", step=2)
+        run_benchmark(model, Codec(adapter, processor), cfg, spec, tmp_path, stage="after_rl", step=2)
         assert res["n"] == 2 and res["failed"] == 0
         assert res["score"] == res[BENCHMARKS[name].metric]
         doc = json.loads((tmp_path / "eval" / "benchmarks" / f"{name}.json").read_text())
@@ -70,7 +71,7 @@ def test_periodic_runs_respect_every(tmp_path):
     assert run_due(None, cfg, tmp_path, "step_000001", 1) == {}  # none due: nothing touched
     adapter = get_adapter("qwen2_5_vl")
     model, processor = adapter.tiny()
-    policy = types.SimpleNamespace(model=model, processor=processor, adapter=adapter,
+    policy = types.SimpleNamespace(model=model, codec=Codec(adapter, processor),
                                    info=DistInfo(), full_params=contextlib.nullcontext)
     got = run_due(policy, cfg, tmp_path, "step_000002", 2)
     assert set(got) == {"bench/vstar", "time/benchmarks"} and got["time/benchmarks"] > 0
@@ -84,5 +85,5 @@ def test_a_row_outside_the_schema_is_one_line_naming_it(tmp_path):
     cfg = load(None, ["data.train=x"])
     why = r"row 0 of .* layout \(KeyError: 'label'\); columns: question_id, text"
     with pytest.raises(SystemExit, match=why):
-        run_benchmark(None, None, get_adapter("qwen2_5_vl"), cfg,
+        run_benchmark(None, Codec(get_adapter("qwen2_5_vl"), None), cfg,
                       BenchmarkSpec(name="vstar", path=str(tmp_path)), tmp_path)

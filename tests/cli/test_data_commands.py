@@ -86,18 +86,20 @@ def test_generate_names_the_generators_parameters_for_an_unknown_one(tmp_path, c
     assert "n_train, n_eval, seed" in message and not (tmp_path / "c").exists()
 
 
-def test_generate_reads_negative_numbers_and_lists(tmp_path):
+def test_generate_reads_negative_numbers_and_lists(tmp_path, monkeypatch):
     """k=v values parse as JSON: a negative number reached the generator as the text "-7"
-    (a TypeError deep inside); lists and booleans too, anything else stays text."""
-    import numpy as np
-    from mmrl.data.media import load_video
-    from mmrl.data.schema import load_samples
+    (a TypeError deep inside); lists and booleans too, anything else stays text. A user's own
+    generator ("module:function") shows exactly what it was given."""
+    (tmp_path / "my_gen.py").write_text(
+        "import json, pathlib\n"
+        "def make(out_dir, inset=0, at=None, tools=True, name='', n=0):\n"
+        "    kw = dict(inset=inset, at=at, tools=tools, name=name, n=n)\n"
+        "    pathlib.Path(out_dir).mkdir(parents=True)\n"
+        "    (pathlib.Path(out_dir) / 'kw.json').write_text(json.dumps(kw))\n"
+        "    return {}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "v"
-    assert cli.main(["data", "generate", "video_search", str(out), "n_train=2", "n_eval=0",
-                     "seconds=8", "fps=2", "size=28", "card_seconds=3", "flash_frames=1",
-                     "flash_inset=-7", "card_at=[0,4.5]", "tools=false"]) == 0
-    for s in load_samples(out / "train.jsonl"):
-        assert s.fields["card_span"][0] in (0, 4.5) and "tools" not in s.fields
-        frame = load_video(s.videos[0], fps=2.0).frames[round(s.fields["flash_span"][0] * 2)]
-        corner = frame[:5, :5].reshape(-1, 3).astype(float).mean(0)  # outside the card
-        assert np.abs(corner - 235).max() > 60  # -7 = -size/4: the flash fills the frame
+    assert cli.main(["data", "generate", "my_gen:make", str(out), "inset=-7", "at=[0,4.5]",
+                     "tools=false", "name=x", "n=3"]) == 0
+    assert json.loads((out / "kw.json").read_text()) == {
+        "inset": -7, "at": [0, 4.5], "tools": False, "name": "x", "n": 3}

@@ -1,5 +1,5 @@
 """`mmrl train` runs the memory plan for the device, process count and strategy before it loads
-the model (mmrl/bench/fit.py). Driven on CPU through the real plan (meta-device builds of the
+the model (mmrl/plan/fit.py). Driven on CPU through the real plan (meta-device builds of the
 recipes' 7B shapes) with the device-memory query answering a fake size."""
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from mmrl import cli
-from mmrl.bench import fit, plan
+from mmrl import plan
+from mmrl.plan import fit
 from mmrl.train import loop, run
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,15 +11,30 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from mmrl.models.codec import Codec
 from mmrl.data.media import fit_image, load_video
 from mmrl.data.schema import RecordError, load_samples, to_sample
 from mmrl.data.synthetic import GENERATORS
-from mmrl.data.synthetic_search import PATTERNS, search_image
+from mmrl.data.synthetic_search import (PATTERNS, VideoSearchSpec, VisualSearchSpec, search_image,
+                                        write_video_search, write_visual_search)
 from mmrl.tools import Toolbox, load_tool
 from mmrl.tools.base import ToolContext
 from mmrl.tools.builtin import crop, frames
 
 BUDGET = 56 * 56  # the generator's default budget_pixels (= data.image_max_pixels)
+
+
+def visual(out, **kw):
+    """A draw from the whole spec: the layout variants the learning rows use included (the
+    registered generator takes only the recipe's knobs; research/search_variants.py)."""
+    return write_visual_search(out, VisualSearchSpec(**kw))
+
+
+def video(out, **kw):
+    return write_video_search(out, VideoSearchSpec(**kw))
+
+
+SPEC_WRITERS = {"visual_search": visual, "video_search": video}
 
 
 def scenes(seed: int) -> dict[str, tuple[Image.Image, dict]]:
@@ -128,7 +143,7 @@ def test_records_name_tools_and_keep_full_resolution_originals(tmp_path):
     Image.new("RGB", (560, 560), "red").save(tmp_path / "big.png")
     with Image.open(tmp_path / "small.png") as small:
         prompt = adapter.prompt_features(processor, s, [small.convert("RGB")])
-    ctx = box.context(prompt, processor)
+    ctx = box.context(prompt, Codec(adapter, processor))
     assert ctx.images == [str(tmp_path / "big.png")] and ctx.input_sizes == [(56, 56)]
     out = crop(ctx, [0, 0, 28, 28])[0]  # the top-left quarter of the 560-px original
     assert out.size == (280, 280) and out.getpixel((0, 0)) == (255, 0, 0)
@@ -145,15 +160,15 @@ def test_generators_are_deterministic(tmp_path):
 def test_video_search_seen_records_show_the_flash_at_first_look(tmp_path):
     """`seen=1`: every training record's flash lands on a sampled frame (held-out ones never);
     the first look at data.video_fps shows the colour. `card_at` places the card."""
-    paths = GENERATORS.get("video_search")(tmp_path, n_train=2, n_eval=1, seed=0, seen=1.0,
-                                           seconds=8, fps=2, size=28, card_seconds=3,
-                                           flash_frames=1, card_at=[0.5, 4.5])
+    paths = video(tmp_path, n_train=2, n_eval=1, seed=0, seen=1.0,
+                  seconds=8, fps=2, size=28, card_seconds=3,
+                  flash_frames=1, card_at=[0.5, 4.5])
     train, held = list(load_samples(paths["train"])), list(load_samples(paths["eval"]))
     assert [s.fields["flash_seen"] for s in train + held] == [True, True, False]
     assert all(s.fields["card_span"][0] in (0.5, 4.5) for s in train + held)
     with pytest.raises(ValueError, match="a card at 6 s does not fit the 8 s clip"):
-        GENERATORS.get("video_search")(tmp_path / "x", n_train=1, n_eval=0, seconds=8, fps=2,
-                                       card_seconds=3, card_at=[6])
+        video(tmp_path / "x", n_train=1, n_eval=0, seconds=8, fps=2,
+              card_seconds=3, card_at=[6])
     for s in train:
         first = load_video(s.videos[0], fps=0.5)
         centre = first.frames[:, 13:15, 13:15].reshape(len(first), -1, 3).mean(1)
@@ -163,8 +178,8 @@ def test_video_search_seen_records_show_the_flash_at_first_look(tmp_path):
 def test_grid_places_the_patch_mid_cell_and_the_resized_box_holds_it(tmp_path):
     """grid=8 on a 448-px scene: 56-px cells, the 24-px patch 16 px in from the cell's corner; its
     box in the 56 x 56 input frame is the cell's middle, 7 px a cell, rounded outwards."""
-    made = GENERATORS.get("visual_search")(tmp_path, n_train=20, n_eval=0, size=448, patch=24,
-                                           cell=1, grid=8)
+    made = visual(tmp_path, n_train=20, n_eval=0, size=448, patch=24,
+                  cell=1, grid=8)
     import json
     for line in open(made["train"]):
         r = json.loads(line)
@@ -173,29 +188,29 @@ def test_grid_places_the_patch_mid_cell_and_the_resized_box_holds_it(tmp_path):
         assert r["patch_box_resized"] == [x1 // 8, y1 // 8, -(-x2 // 8), -(-y2 // 8)]
         assert r["patch_box_resized"][0] % 7 == 2 and r["patch_box_resized"][2] % 7 == 5
     with pytest.raises(ValueError, match="does not fit a cell"):
-        GENERATORS.get("visual_search")(tmp_path / "x", n_train=1, n_eval=0, size=448, patch=64,
-                                        cell=1, grid=8)
+        visual(tmp_path / "x", n_train=1, n_eval=0, size=448, patch=64,
+               cell=1, grid=8)
 
 
 def test_video_search_answers_are_balanced_and_the_flash_can_fill_the_card(tmp_path):
     """Each split holds every colour as often (a constant answer scores 1/4, not a skewed
     majority); `flash_inset=0` colours the whole grey card for the flash frame."""
     from collections import Counter
-    paths = GENERATORS.get("video_search")(tmp_path, n_train=8, n_eval=6, seed=1, seconds=8,
-                                           fps=2, size=28, card_seconds=3, flash_frames=1,
-                                           flash_inset=0)
+    paths = video(tmp_path, n_train=8, n_eval=6, seed=1, seconds=8,
+                  fps=2, size=28, card_seconds=3, flash_frames=1,
+                  flash_inset=0)
     train, held = list(load_samples(paths["train"])), list(load_samples(paths["eval"]))
     assert Counter(s.solution for s in train) == {"A": 2, "B": 2, "C": 2, "D": 2}
     counts = Counter(s.solution for s in held)
     assert sum(counts.values()) == 6 and max(counts.values()) - min(counts.values()) <= 1
     colours = {"A": (220, 30, 30), "B": (30, 170, 60), "C": (40, 70, 220), "D": (230, 200, 30)}
     for s in train[:3]:
-        video = load_video(s.videos[0], fps=2.0)  # the clip's own rate: every frame
+        clip = load_video(s.videos[0], fps=2.0)  # the clip's own rate: every frame
         k = round(s.fields["flash_span"][0] * 2)
-        card = video.frames[k, 8:20, 8:20].reshape(-1, 3).astype(float)  # the card is 7..21
+        card = clip.frames[k, 8:20, 8:20].reshape(-1, 3).astype(float)  # the card is 7..21
         assert np.abs(card.mean(0) - colours[s.solution]).max() < 40
     with pytest.raises(ValueError, match=r"flash_inset must be in \[-7, 7\) for 28-px frames"):
-        GENERATORS.get("video_search")(tmp_path / "x", n_train=1, n_eval=0, size=28, flash_inset=-8)
+        video(tmp_path / "x", n_train=1, n_eval=0, size=28, flash_inset=-8)
 
 
 def test_video_search_can_balance_where_the_card_starts(tmp_path):
@@ -204,12 +219,12 @@ def test_video_search_can_balance_where_the_card_starts(tmp_path):
     from collections import Counter
     kw = dict(n_train=8, n_eval=6, seed=3, seconds=8, fps=2, size=28, card_seconds=3,
               flash_frames=1, card_at=[0, 4])
-    paths = GENERATORS.get("video_search")(tmp_path / "b", balance_card_at=True, **kw)
+    paths = video(tmp_path / "b", balance_card_at=True, **kw)
     for split, n in (("train", 8), ("eval", 6)):
         starts = Counter(s.fields["card_span"][0] for s in load_samples(paths[split]))
         assert starts == {0.0: n // 2, 4.0: n // 2}, (split, starts)
     with pytest.raises(ValueError, match="balance_card_at needs card_at"):
-        GENERATORS.get("video_search")(tmp_path / "x", n_train=1, n_eval=0, balance_card_at=True)
+        video(tmp_path / "x", n_train=1, n_eval=0, balance_card_at=True)
 
 
 def test_visual_search_answers_are_balanced_and_the_mark_draws_the_answer(tmp_path):
@@ -217,8 +232,8 @@ def test_visual_search_answers_are_balanced_and_the_mark_draws_the_answer(tmp_pa
     the original image is the pattern the solution names: its ink cells, read back pixel by
     pixel, are the pattern's."""
     from collections import Counter
-    paths = GENERATORS.get("visual_search")(tmp_path, n_train=8, n_eval=6, seed=3, size=672,
-                                            patch=112, cell=1, budget_pixels=7056, grid=3)
+    paths = visual(tmp_path, n_train=8, n_eval=6, seed=3, size=672,
+                   patch=112, cell=1, budget_pixels=7056, grid=3)
     train, held = list(load_samples(paths["train"])), list(load_samples(paths["eval"]))
     assert Counter(s.solution for s in train) == {"A": 2, "B": 2, "C": 2, "D": 2}
     counts = Counter(s.solution for s in held)
@@ -238,9 +253,9 @@ def test_seen_records_show_what_the_crop_tool_returns_for_the_mark(tmp_path):
     pixel against the real tool on the same scene drawn unseen."""
     kw = dict(n_train=12, n_eval=4, seed=5, size=672, patch=112, cell=1, budget_pixels=7056,
               grid=3)
-    plain = {s.id: s for s in load_samples(GENERATORS.get("visual_search")(tmp_path / "a", **kw)
+    plain = {s.id: s for s in load_samples(visual(tmp_path / "a", **kw)
                                            ["train"])}
-    paths = GENERATORS.get("visual_search")(tmp_path / "b", seen=0.5, **kw)
+    paths = visual(tmp_path / "b", seen=0.5, **kw)
     train, held = list(load_samples(paths["train"])), list(load_samples(paths["eval"]))
     shown = [s for s in train if s.fields.get("mark_seen")]
     assert 0 < len(shown) < 12 and not any(s.fields.get("mark_seen") for s in held)
@@ -264,7 +279,7 @@ def test_video_search_can_hide_the_flash_from_a_look_at_the_whole_clip(tmp_path)
     wide = {"fps": 2.0, "start": 0.0, "end": 7.5, "max_frames": 8}
     kw = dict(n_train=6, n_eval=6, seed=4, seconds=8, fps=2, size=28, card_seconds=3,
               flash_frames=1, flash_inset=-7, card_at=[0, 0.5, 1, 4, 4.5, 5])
-    paths = GENERATORS.get("video_search")(tmp_path / "h", hide_from=[wide], **kw)
+    paths = video(tmp_path / "h", hide_from=[wide], **kw)
     colours = {"A": (220, 30, 30), "B": (30, 170, 60), "C": (40, 70, 220), "D": (230, 200, 30)}
     for s in load_samples(paths["eval"]):
         assert s.fields["flash_span"][0] in {0.5, 1.5, 3.5, 4.0, 6.0, 7.0}, s.fields
@@ -278,9 +293,9 @@ def test_video_search_can_hide_the_flash_from_a_look_at_the_whole_clip(tmp_path)
             mean = look.frames.reshape(len(look), -1, 3).mean(1)
             assert (np.abs(mean - target).max(-1) < 40).any() == shows, (s.fields, shows)
     with pytest.raises(ValueError, match="hide_from"):  # no frame escapes a look at every frame
-        GENERATORS.get("video_search")(tmp_path / "x", n_train=1, n_eval=0, seconds=8, fps=2,
-                                       size=28, card_seconds=2, flash_frames=1, card_at=[0],
-                                       hide_from=[{"fps": 2.0}])
+        video(tmp_path / "x", n_train=1, n_eval=0, seconds=8, fps=2,
+              size=28, card_seconds=2, flash_frames=1, card_at=[0],
+              hide_from=[{"fps": 2.0}])
 
 
 @pytest.mark.parametrize("task", ["visual_search", "video_search"])
@@ -290,8 +305,8 @@ def test_a_short_prompt_replaces_only_the_question_text(task, tmp_path):
     kw = dict(n_train=2, n_eval=1, seed=3)
     if task == "video_search":
         kw.update(seconds=8, fps=2, size=28, card_seconds=3, flash_frames=1)
-    long_ = GENERATORS.get(task)(tmp_path / "a", **kw)
-    short = GENERATORS.get(task)(tmp_path / "b", **kw, prompt="Which?")
+    long_ = SPEC_WRITERS[task](tmp_path / "a", **kw)
+    short = SPEC_WRITERS[task](tmp_path / "b", **kw, prompt="Which?")
     for split in ("train", "eval"):
         a = [json.loads(x) for x in open(long_[split])]
         b = [json.loads(x) for x in open(short[split])]

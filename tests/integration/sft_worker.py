@@ -25,13 +25,13 @@ def main(out_path: str, *config_args: str) -> None:
         loaded.append(len(indices))
         return load(indices)
 
-    def counting_draw(model, processor, adapter, samples, run_cfg):
+    def counting_draw(loop, samples, run_cfg):
         drawn.append(len(samples))
-        return draw_rows(model, processor, adapter, samples, run_cfg)
+        return draw_rows(loop, samples, run_cfg)
 
     trainer.prompts.load, ev._draw_rows = counting_load, counting_draw
     sft = sft_warmup(cfg, trainer.policy, trainer.prompts, trainer.log)
-    result = ev.evaluate(trainer.policy.model, trainer.policy.processor, trainer.policy.adapter,
+    result = ev.evaluate(trainer.policy.model, trainer.policy.codec,
                          trainer.eval_set, cfg, out_file=out.with_suffix(".jsonl"),
                          info=trainer.info)
     counts = dist.all_gather_object({"loaded": loaded, "drawn": drawn}, trainer.info)

@@ -53,11 +53,14 @@ def test_gpu_check_cpu_dry_run_writes_every_section(tmp_path):
     step = stages["grpo step"]
     assert step["stages"]["step"] > 0 and step["measured_peak"] > 0
     assert 0.7 < step["predicted_peak"] / step["measured_peak"] < 1.3
+    step_async = stages["async step"]
+    assert step_async["k0"]["steps_per_s"] > 0 and step_async["k1"]["steps_per_s"] > 0
     trl = stages["trl"]
     assert "skipped" in trl or trl["ratio"] > 0
     text = (out / "gpu.md").read_text()
     for title in ("## Environment", "## Correctness on the device", "## Update phase",
-                  "## Generation", "## Decode", "## One full GRPO step", "## TRL"):
+                  "## Generation", "## Decode", "## One full GRPO step", "## The step with rollout.max_staleness",
+                  "## TRL"):
         assert title in text
     assert "CPU dry run" in text
 

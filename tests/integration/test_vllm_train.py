@@ -100,9 +100,9 @@ def test_a_tool_step_on_vllm_trains_on_the_samplers_logprobs(tmp_path, monkeypat
         policy, toolbox = t.policy, t.envs.toolbox
         turns = [_call("crop", {"bbox_2d": [0, 0, 28, 28]}), "<answer>A</answer>"]
         prompt = t.prompts.features(t.prompts.dataset[0])
-        ids, observations, mask = _scripted(policy.adapter, policy.processor, toolbox, prompt,
+        ids, observations, mask = _scripted(policy.codec, toolbox, prompt,
                                             turns)
-        inputs = collate([prompt], ids[None], torch.ones_like(ids)[None], policy.pad_id,
+        inputs = collate([prompt], ids[None], torch.ones_like(ids)[None], policy.codec.pad_id,
                          observations=[observations])
         assert fit(policy.model, [(inputs, ids[None], mask[None])], 150) < 0.05
         t.rollout.sync()

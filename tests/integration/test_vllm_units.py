@@ -9,6 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
+from mmrl.models.codec import Codec
 from mmrl.config import RolloutConfig
 from mmrl.models import MODELS, get_adapter
 from mmrl.models.forward import generate
@@ -176,7 +177,7 @@ def test_hf_engine_is_forward_generate():
     sample = Sample(id="s", messages=[{"role": "user", "content": [{"type": "image"},
                                                                    {"type": "text", "text": "Hi"}]}])
     prompts = [adapter.prompt_features(processor, sample, [Image.new("RGB", (56, 56), "white")])]
-    engine = make_engine(RolloutConfig(backend="hf"), model, processor, adapter)
+    engine = make_engine(RolloutConfig(backend="hf"), model, Codec(adapter, processor))
     assert isinstance(engine, HFEngine) and isinstance(engine, RolloutEngine)
     kw = SamplingParams(num_generations=2, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0,
                         do_sample=True, suppress_ids=adapter.placeholder_token_ids(processor), seed=3)

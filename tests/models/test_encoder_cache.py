@@ -12,6 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
+from mmrl.models.codec import Codec
 from mmrl.models import get_adapter
 from mmrl.models.encoder_cache import EncoderCache, cacheable_kinds, media_order
 from mmrl.models.forward import collate, completion_logprobs
@@ -227,7 +228,7 @@ def test_fill_runs_every_encoder_equally_often_then_no_forward_encodes():
     hooks = [m.register_forward_hook(lambda *a: calls.append(1)) for m in (model.visual, model.audio_tower)]
     try:
         cache = EncoderCache(model)
-        cache.fill(model, rows, dummy_inputs(adapter, processor, ["images", "videos", "audios"]))
+        cache.fill(model, rows, dummy_inputs(Codec(adapter, processor), ["images", "videos", "audios"]))
         assert len(calls) == 2 * 3  # 2 prompts x 3 kinds, dummies included
         assert cache.encoded == 3  # the real media: audio + video, image
         with cache.serve(model, rows, True):

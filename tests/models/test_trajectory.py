@@ -12,6 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
+from mmrl.models.codec import Codec
 from mmrl.data.media import Video
 from mmrl.models import get_adapter
 from mmrl.models.forward import collate, completion_logprobs
@@ -84,7 +85,7 @@ def trajectory(family: str, turns=("Let me look. <tool_call>a</tool_call>",
             break
         content, items = observation_media(family, k)
         start = sum(len(p) for p in pieces)
-        obs_ids, obs = encode_observation(adapter, processor, [content], items, "<|im_end|>", start,
+        obs_ids, obs = encode_observation(Codec(adapter, processor), [content], items, "<|im_end|>", start,
                                           style)
         pieces.append(obs_ids)
         observations.append(obs)
@@ -217,7 +218,7 @@ def _audio_only(adapter, model, processor):
                                                                    {"type": "text", "text": "Sound?"}]}])
     prompt = adapter.prompt_features(processor, sample, audios=[sine(2.0)])
     first = torch.tensor(tok.encode("Listen <tool_call>x</tool_call>", add_special_tokens=False) + [eos])
-    obs_ids, obs = encode_observation(adapter, processor, [[{"type": "audio"}]],
+    obs_ids, obs = encode_observation(Codec(adapter, processor), [[{"type": "audio"}]],
                                       {"audios": [sine(0.5)]}, "<|im_end|>", len(first))
     last = torch.tensor(tok.encode("<answer>C</answer>", add_special_tokens=False) + [eos])
     completion = torch.cat([first, obs_ids, last])

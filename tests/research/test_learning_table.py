@@ -415,13 +415,14 @@ def test_generated_data_is_regenerated_when_the_rows_arguments_change(tmp_path, 
     log = tmp_path / "log.txt"
     small = {"n_train": 2, "n_eval": 2, "size": 672, "patch": 112, "cell": 1,
              "budget_pixels": 7056, "grid": 3, "tools": False}
-    monkeypatch.setitem(learning_table.GENERATED, "visual_search_no_tool", ("visual_search", small))
+    variant = learning_rows.SEARCH_VARIANTS + "visual_search"  # grid: a research knob
+    monkeypatch.setitem(learning_table.GENERATED, "visual_search_no_tool", (variant, small))
     train, _ = learning_table.prepare_generated("visual_search_no_tool", tmp_path, log)
     first, stamp = train.read_text(), train.stat().st_mtime_ns
     assert learning_table.prepare_generated("visual_search_no_tool", tmp_path, log)[0] == train
     assert train.stat().st_mtime_ns == stamp  # the same arguments: the cache
     monkeypatch.setitem(learning_table.GENERATED, "visual_search_no_tool",
-                        ("visual_search", {**small, "seed": 1}))
+                        (variant, {**small, "seed": 1}))
     train, _ = learning_table.prepare_generated("visual_search_no_tool", tmp_path, log)
     assert train.read_text() != first
     assert json.loads((train.parent / "generated_by.json").read_text())["seed"] == 1

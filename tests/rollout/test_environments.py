@@ -22,6 +22,7 @@ from mmrl.rollout.environments import Environments, make_environments
 from mmrl.train.evaluate import evaluate
 from mmrl.train.loop import Trainer
 from mmrl.types import SamplingParams, Trajectory
+from mmrl.validate import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 CLOSED: list[int] = []  # Counter.close: the count each closed trajectory's environment reached
@@ -74,7 +75,7 @@ def test_single_turn_rollout_is_the_engine_generation_bit_for_bit(single):
     t = single
     prompts = _prompts(t, 2)
     assert not t.envs.trajectories  # single_turn: the first generation, no trajectory layout
-    sampling = SamplingParams.from_rollout(t.cfg.rollout, suppress_ids=t.policy.placeholder_ids)
+    sampling = SamplingParams.from_rollout(t.cfg.rollout, suppress_ids=t.policy.codec.placeholder_ids)
     torch.manual_seed(5)
     batch = t.rollout.generate(prompts, group_offset=3)
     torch.manual_seed(5)
@@ -82,7 +83,7 @@ def test_single_turn_rollout_is_the_engine_generation_bit_for_bit(single):
     assert torch.equal(batch.completion_ids, ids) and torch.equal(batch.completion_mask, mask)
     assert torch.equal(batch.sampler_logp, slogp) and batch.sampler_logp.dtype == slogp.dtype
     assert torch.equal(batch.truncated, truncated)
-    tok = t.policy.processor.tokenizer
+    tok = t.policy.codec.tokenizer
     assert batch.texts == tok.batch_decode([r[m.bool()] for r, m in zip(ids, mask)],
                                            skip_special_tokens=True)
     assert batch.group_ids.tolist() == [3, 3, 3, 3, 4, 4, 4, 4]
@@ -94,16 +95,16 @@ def test_single_turn_evaluation_is_the_model_generate_bit_for_bit(single):
     t, policy = single, single.policy
     samples = t.eval_set[:3]
     out = Path(t.run_dir) / "eval.jsonl"
-    evaluate(policy.model, policy.processor, policy.adapter, samples, t.cfg, out_file=out)
+    evaluate(policy.model, policy.codec, samples, t.cfg, out_file=out)
     result_rows = [json.loads(x) for x in out.read_text().splitlines()]
     feats = [t.prompts.features(s) for s in samples]
     params = SamplingParams(num_generations=1, max_new_tokens=t.cfg.rollout.max_new_tokens,
                             temperature=1.0, top_p=1.0, top_k=0, do_sample=False,
-                            suppress_ids=policy.placeholder_ids)
+                            suppress_ids=policy.codec.placeholder_ids)
     policy.model.eval()
-    ids, mask, _, _ = generate(policy.model, policy.processor, feats, params)
-    want = policy.processor.tokenizer.batch_decode([r[m.bool()] for r, m in zip(ids, mask)],
-                                                   skip_special_tokens=True)
+    ids, mask, _, _ = generate(policy.model, policy.codec.processor, feats, params)
+    want = policy.codec.tokenizer.batch_decode([r[m.bool()] for r, m in zip(ids, mask)],
+                                               skip_special_tokens=True)
     assert [r["completion"] for r in result_rows] == want
 
 
@@ -195,10 +196,14 @@ def test_env_names_resolve(tiny_config, tmp_path):
     assert cfg.env_name == "single_turn" and not cfg.multi_turn
     assert config.load(path, ["tools.use=[{name: crop}]"]).env_name == "tools"
     user = config.load(path, [f"env.name={__name__}:Counter", "env.args={goal: 3}"])
-    envs = make_environments(user, None, None)
+    envs = make_environments(user, None)
     assert envs.trajectories and envs.make().goal == 3 and user.multi_turn
     with pytest.raises(ValueError, match="env.name"):
-        make_environments(config.load(path, ["env.name=nowhere_mod:Nope"]), None, None)
+        make_environments(config.load(path, ["env.name=nowhere_mod:Nope"]), None)
+    bad = config.load(path, [f"env.name={__name__}:Counter", "env.args={gaol: 3}"])
+    assert any(p.startswith("env: ") and "gaol" in p for p in validate(bad))
+    with pytest.raises(config.ConfigError, match="tools are their own environment"):
+        config.load(path, ["tools.use=[{name: crop}]", f"env.name={__name__}:Counter"])
 
 
 # ------------------------------------------------------------------ the single path ------------

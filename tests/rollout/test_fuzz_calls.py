@@ -17,6 +17,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from PIL import Image
 
+from mmrl.models.codec import Codec
 from mmrl.models import get_adapter
 from mmrl.models.forward import collate, completion_logprobs
 from mmrl.rollout.hf import HFEngine
@@ -117,7 +118,7 @@ def fuzz(tmp_path_factory):
 
 def _loop(fuzz, engine, max_turns=2):
     adapter, _, processor, box, _ = fuzz
-    return TrajectoryRollout(engine, processor, adapter, box, TrajectorySettings(
+    return TrajectoryRollout(engine, Codec(adapter, processor), box, TrajectorySettings(
         max_turns=max_turns, max_tokens=200_000, max_observation_tokens=20000))
 
 

@@ -14,6 +14,7 @@ import textwrap
 import pytest
 import torch
 
+from mmrl.models.codec import Codec
 from mmrl.models import get_adapter
 from mmrl.models.plain_text import markup_in, plain_ids
 from mmrl.models.trajectory import encode_observation
@@ -71,7 +72,7 @@ def run(family: str, word, tools, turns_extra: str = ""):
     sample = Sample(id="s", messages=[{"role": "user", "content": [
         {"type": "text", "text": "Go."}]}])
     prompt = adapter.prompt_features(processor, sample)
-    loop = TrajectoryRollout(engine, processor, adapter, tools,
+    loop = TrajectoryRollout(engine, Codec(adapter, processor), tools,
                              TrajectorySettings(max_turns=3, max_tokens=60000,
                                                 max_observation_tokens=50000))
     return loop.rollout([prompt], SamplingParams(num_generations=1, max_new_tokens=30000))
@@ -123,5 +124,5 @@ def test_clean_results_encode_exactly_as_before():
     adapter, processor = tiny("qwen2_5_vl")
     results = [[{"type": "text", "text": "Error (bad_box): box [1, 2] is empty"}],
                [{"type": "text", "text": " spaced \n text "}]]
-    ids, obs = encode_observation(adapter, processor, results, {}, "<|im_end|>", 0)
+    ids, obs = encode_observation(Codec(adapter, processor), results, {}, "<|im_end|>", 0)
     assert torch.equal(ids, adapter.encode(processor, obs.text)["input_ids"][0])

@@ -13,6 +13,7 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
+from mmrl.models.codec import Codec
 from mmrl.config import ToolSpec, ToolsConfig
 from mmrl.data.media import fit_image
 from mmrl.models import get_adapter
@@ -61,7 +62,7 @@ def _scripted(adapter, processor, toolbox, prompt):
     """TURNS with the real crop results between them: (ids [L], observations, policy mask)."""
     tok = processor.tokenizer
     eos = tok.convert_tokens_to_ids("<|im_end|>")
-    ctx = toolbox.context(prompt, processor)
+    ctx = toolbox.context(prompt, Codec(adapter, processor))
     pieces, observations, policy = [], [], []
     for k, turn in enumerate(TURNS):
         ids = torch.tensor(tok.encode(turn, add_special_tokens=False) + [eos])
@@ -69,7 +70,7 @@ def _scripted(adapter, processor, toolbox, prompt):
         policy.append(torch.ones_like(ids))
         if k < len(BOXES):
             content, media = as_content(crop(ctx, BOXES[k]))
-            obs_ids, obs = encode_observation(adapter, processor, [content], media, "<|im_end|>",
+            obs_ids, obs = encode_observation(Codec(adapter, processor), [content], media, "<|im_end|>",
                                               sum(len(p) for p in pieces))
             pieces.append(obs_ids)
             policy.append(torch.zeros_like(obs_ids))
@@ -97,7 +98,7 @@ def _teach(adapter, model, processor, toolbox, prompt):
 def rollout(setup, prompts, settings=TrajectorySettings(max_turns=3, max_tokens=600,
                                                         max_observation_tokens=300), **sampling):
     adapter, model, processor, toolbox, _ = setup
-    loop = TrajectoryRollout(HFEngine(model, processor), processor, adapter, toolbox, settings)
+    loop = TrajectoryRollout(HFEngine(model, processor), Codec(adapter, processor), toolbox, settings)
     params = dict(num_generations=1, max_new_tokens=80, do_sample=False, seed=0,
                   suppress_ids=adapter.placeholder_token_ids(processor))
     return loop.rollout(prompts, SamplingParams(**{**params, **sampling}))
@@ -126,7 +127,7 @@ def test_three_turns_with_the_real_crop_tool_and_the_loss_mask_by_hand(setup):
         ("crop", BOXES[0], None, 0), ("crop", BOXES[1], None, 1)]
     assert not t.hit_turn_cap and not bool(batch.truncated[0])
     # Each observation holds the crop of the ORIGINAL: box x8 (56 -> 448 px), under the budget.
-    ctx = toolbox.context(prompts[0], processor)
+    ctx = toolbox.context(prompts[0], Codec(adapter, processor))
     for obs, box in zip(t.observations, BOXES):
         expected = fit_image(Image.open(prompts[0].sample.images[0]).convert("RGB").crop(
             tuple(8 * v for v in box)), *ctx.image_pixels)
@@ -216,7 +217,7 @@ def test_the_turn_cap_ends_a_trajectory_that_still_calls(setup):
     tools = ToolsConfig(use=[ToolSpec(name="crop")], max_turns=2, eval_max_turns=6)
     assert TrajectorySettings.from_config(tools).max_turns == 2
     adapter, model, processor, _, _ = setup
-    loop = TrajectoryRollout.from_config(tools, HFEngine(model, processor), processor, adapter,
+    loop = TrajectoryRollout.from_config(tools, HFEngine(model, processor), Codec(adapter, processor),
                                          evaluation=True)
     assert loop.settings.max_turns == 6 and list(loop.toolbox.tools) == ["crop"]
 
@@ -246,7 +247,7 @@ def test_compiled_decode_gives_the_same_trajectories(setup, monkeypatch):
     engine = HFEngine(model, processor, compile_decode="compiled")
     params = SamplingParams(num_generations=1, max_new_tokens=80, do_sample=False, seed=0,
                             suppress_ids=adapter.placeholder_token_ids(processor))
-    compiled = TrajectoryRollout(engine, processor, adapter, toolbox, settings).rollout(
+    compiled = TrajectoryRollout(engine, Codec(adapter, processor), toolbox, settings).rollout(
         prompts[:1], params)
     eager = rollout(setup, prompts[:1])
     assert compiled.trajectories[0].turn_texts == eager.trajectories[0].turn_texts == TURNS

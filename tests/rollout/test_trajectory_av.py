@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from mmrl.models.codec import Codec
 from mmrl.data.media import load_audio, load_video
 from mmrl.data.synthetic_av import write_mp4, write_wav
 from mmrl.models import get_adapter
@@ -57,11 +58,11 @@ def case(request, tmp_path_factory):
              "<answer>B</answer>"]
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     first = torch.tensor(tok.encode(turns[0], add_special_tokens=False) + [eos])
-    outcome = toolbox.run([(ToolCall(tool, arguments), toolbox.context(prompt, processor),
+    outcome = toolbox.run([(ToolCall(tool, arguments), toolbox.context(prompt, Codec(adapter, processor)),
                             [tool])])[0]
     assert outcome.error is None, outcome.message
     content, items = as_content(outcome.items)
-    obs_ids, obs = encode_observation(adapter, processor, [content], items, "<|im_end|>", len(first))
+    obs_ids, obs = encode_observation(Codec(adapter, processor), [content], items, "<|im_end|>", len(first))
     last = torch.tensor(tok.encode(turns[1], add_special_tokens=False) + [eos])
     ids = torch.cat([first, obs_ids, last])[None]
     policy = torch.cat([torch.ones_like(first), torch.zeros_like(obs_ids), torch.ones_like(last)])[None]
@@ -74,7 +75,7 @@ def case(request, tmp_path_factory):
         loss.backward()
         opt.step()
     model.eval()
-    loop = TrajectoryRollout(HFEngine(model, processor), processor, adapter, toolbox,
+    loop = TrajectoryRollout(HFEngine(model, processor), Codec(adapter, processor), toolbox,
                              TrajectorySettings(max_turns=2, max_tokens=500,
                                                 max_observation_tokens=400))
     return adapter, model, processor, loop, prompt, turns, tool, key

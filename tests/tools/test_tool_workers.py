@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 
+from mmrl.models.codec import Codec
 from mmrl.data.media import Video
 from mmrl.models import get_adapter
 from mmrl.rollout.trajectory import TrajectoryRollout, TrajectorySettings
@@ -87,7 +88,7 @@ def step(box: Toolbox, turn: str, rows: int = 1, max_observation_tokens: int = 3
     engine = ScriptedEngine(processor.tokenizer, [[turn], ["<answer>A</answer>"]])
     prompt = adapter.prompt_features(processor, Sample(id="s", messages=[
         {"role": "user", "content": [{"type": "text", "text": "Go."}]}]))
-    loop = TrajectoryRollout(engine, processor, adapter, box, TrajectorySettings(
+    loop = TrajectoryRollout(engine, Codec(adapter, processor), box, TrajectorySettings(
         max_turns=2, max_tokens=1000, max_observation_tokens=max_observation_tokens))
     return loop.rollout([prompt], SamplingParams(num_generations=rows, max_new_tokens=200))
 
@@ -138,7 +139,7 @@ def test_media_from_a_user_tool_pass_the_records_guards(user_tools):
     calls = [ToolCall("big_image", {"w": 5000, "h": 4000}), ToolCall("big_image", {"w": 64, "h": 64}),
              ToolCall("long_clip", {"n": 65}), ToolCall("long_clip", {"n": 4}),
              ToolCall("wave", {"seconds": 3.0}), ToolCall("wave", {"seconds": 1.0})]
-    ctx = box.context(PromptFeatures(sample=Sample(id="s", messages=[]), tensors={}), tiny()[1])
+    ctx = box.context(PromptFeatures(sample=Sample(id="s", messages=[]), tensors={}), Codec(*tiny()))
     out = box.run([(c, ctx, list(box.tools)) for c in calls])
     assert [o.error for o in out] == ["bad_result", None] * 3
     assert "20.0 MP, over the 16.0 MP" in out[0].message

@@ -75,7 +75,7 @@ def test_tools_on_vllm_run_colocated_or_served_and_video_tools_only_where_verifi
         load(frames, "rollout.backend=vllm", "model.family=qwen3_vl")
     with pytest.raises(config.ConfigError, match="model.family=qwen2_5_omni cannot run on rollout."
                        "backend=vllm .vLLM's Qwen2.5-Omni processor expands a video to another "
-                       "size.*; video on vLLM: qwen2_vl, qwen2_5_vl.; use rollout.backend=hf"):
+                       "size.*; video on vLLM: qwen2_5_vl, qwen2_vl.; use rollout.backend=hf"):
         load(frames, "rollout.backend=vllm", "model.family=qwen2_5_omni")
     load(frames, "rollout.backend=vllm", "model.family=qwen2_vl")
     load(frames, "model.family=qwen3_vl")  # fine on HF

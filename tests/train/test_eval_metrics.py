@@ -4,6 +4,7 @@ import jiwer
 import pytest
 import sacrebleu
 
+from mmrl.models.codec import Codec
 from mmrl.train.evaluate import shuffle_media
 from mmrl.train.metrics import pass_at_k, summarize, task_metrics
 from mmrl.types import Sample
@@ -86,7 +87,7 @@ def test_an_evaluation_that_scores_nothing_says_why_instead_of_nan(tmp_path):
     samples = [Sample(id=f"e{i}", messages=[{"role": "user", "content": [
         {"type": "image"}, {"type": "text", "text": "How many?"}]}], solution="2",
         images=[str(tmp_path / "gone.png")], source=f"eval.jsonl:{i + 1}") for i in range(3)]
-    result = evaluate(model, processor, adapter, samples, cfg)
+    result = evaluate(model, Codec(adapter, processor), samples, cfg)
     assert result["n"] == 0 and result["failed"] == 3
     assert _accuracy_text(result) == (
         "n/a (reward 'accuracy' scored none of the 3 eval records: every one failed to load "

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mmrl.models.codec import Codec
 from mmrl import config
 from mmrl.models import get_adapter
 from mmrl.models.forward import collate
@@ -121,7 +122,7 @@ def test_touching_encoders_leaves_the_forward_unchanged(family):
     inputs = collate([adapter.prompt_features(processor, sample)],
                      pad_id=processor.tokenizer.pad_token_id)
     plain = model(**inputs).logits
-    touch = TowerToucher(model, adapter, processor)
+    touch = TowerToucher(model, Codec(adapter, processor))
     with touch():
         touched = model(**inputs).logits
     assert torch.equal(plain, touched)

@@ -40,7 +40,7 @@ def trainer(tiny_config, tmp_path_factory):
 
 
 def test_a_demonstration_is_the_targets_around_the_real_tools_answer(trainer):
-    tok, samples = trainer.policy.processor.tokenizer, trainer.prompts.dataset[:3]
+    tok, samples = trainer.policy.codec.tokenizer, trainer.prompts.dataset[:3]
     feats = [trainer.prompts.features(s) for s in samples]
     batch = Demonstrations(trainer.cfg, trainer.policy).demonstrate(feats)
     for i, s in enumerate(samples):

@@ -156,6 +156,27 @@ def test_no_file_reads_a_part_member_outside_its_public_list():
     assert private_reads(_sources()) == []
 
 
+def reads_of(trees: dict[str, ast.Module], part: str) -> set[str]:
+    """The members of `part` that files other than its own class read."""
+    types, found = Types(trees), set()
+    for rel, tree in trees.items():
+        for cls, fn in _functions(tree):
+            local = types.locals(fn, cls)
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Attribute) and cls != part and not (
+                        cls is not None and getattr(node.value, "id", None) == "self"):
+                    if types.of(node.value, local, cls) == part:
+                        found.add(node.attr)
+    return found
+
+
+def test_the_policys_surface_is_what_other_files_read_and_at_most_15_names():
+    """#58: the Policy was the hub (24 public names, 10 read by no product file)."""
+    trees = _sources()
+    public = public_lists(trees)["Policy"]
+    assert public == reads_of(trees, "Policy") and len(public) <= 15
+
+
 def test_every_part_declares_its_public_names():
     assert {"Policy", "Learner", "Rollout", "Scorer", "PromptSource", "Checkpointer",
             "Trainer"} <= set(public_lists(_sources()))

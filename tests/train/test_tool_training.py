@@ -54,11 +54,11 @@ def _trainer(tool_yaml, run_dir, *overrides) -> Trainer:
 def _teach_call(t: Trainer) -> None:
     """Teacher-force CALL as the first turn on a few training prompts (the model's own tool
     prompt included), until greedy decoding would write it."""
-    tok, policy = t.policy.processor.tokenizer, t.policy
+    tok, policy = t.policy.codec.tokenizer, t.policy
     feats = [t.prompts.features(t.prompts.dataset[i]) for i in range(4)]
     ids = torch.tensor([tok.encode(CALL, add_special_tokens=False) + [tok.eos_token_id]] * 4)
     mask = torch.ones_like(ids)
-    inputs = collate(feats, ids, mask, policy.pad_id)
+    inputs = collate(feats, ids, mask, policy.codec.pad_id)
     opt = torch.optim.Adam(policy.model.parameters(), lr=3e-3)
     policy.model.train()
     for _ in range(200):

@@ -1,4 +1,4 @@
-"""`mmrl train`'s memory check: the plan (plan.py) for this device's memory, the process count
+"""`mmrl train`'s memory check: the plan (memory.py) for this device's memory, the process count
 and the strategy, made before the model is loaded. A run predicted over the usable memory stops
 (train.memory_check=refuse) or is told so (warn), with the phase, the numbers and a fix: the
 recipe's 1-GPU overlay, more GPUs with a sharding strategy, or the knob that saves the most.
@@ -15,7 +15,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from mmrl.bench import plan
+from mmrl import plan
 
 # The trainer's timed stages (train/loop.py) and the plan's phases they hold.
 STAGE_PHASES = {"rollout": ("rollout",), "logprob": ("logprobs",),

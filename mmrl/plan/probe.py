@@ -1,6 +1,6 @@
 """What one block of a model keeps for backward, counted by autograd on the `meta` device.
 
-The memory model (plan.py) needs the bytes a text decoder layer, a vision block and an audio
+The memory model (memory.py) needs the bytes a text decoder layer, a vision block and an audio
 encoder layer save for backward per token. Rather than a hand formula per family (and per
 transformers version), this runs one real block of the real architecture on meta tensors (no
 memory, no compute) under `saved_tensors_hooks` and sums what autograd saves, excluding the

@@ -2,7 +2,7 @@
 section of a recipe README.
 
     mmrl plan recipes/vqa/config.yaml --gpu-gib 80 --gpus 8 --strategy zero2 --media-tokens 1024
-    python -m mmrl.bench.plan_report --readmes        # rewrite every recipe README's fit section
+    python -m mmrl.plan.report --readmes        # rewrite every recipe README's fit section
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from mmrl.bench import fit, plan, plan_time
+from mmrl import plan
+from mmrl.plan import fit, timing
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 # Vision tokens assumed for a recipe whose config sets no image budget (its README says so).
@@ -77,7 +78,7 @@ def main(argv=None) -> int:
                     help="vision tokens of the largest prompt (default: the data budgets)")
     ap.add_argument("--text-tokens", type=int, default=plan.TEXT_TOKENS)
     ap.add_argument("--device", default="H100", help="peaks for the time prediction: cpu "
-                    "(measured here) or a GPU name: " + ", ".join(plan_time.speed.PEAK_FLOPS))
+                    "(measured here) or a GPU name: " + ", ".join(timing.speed.PEAK_FLOPS))
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--readmes", action="store_true",
                     help="rewrite the fit section of every recipe README")
@@ -95,8 +96,8 @@ def main(argv=None) -> int:
                                     text_tokens=args.text_tokens)
     best_mb = plan.largest_micro_batch(facts, p.workload, cluster)
     best_g = plan.largest_group(facts, p.workload, cluster)
-    peaks = plan_time.peaks(args.device)
-    times = plan_time.times(facts, p.workload, peaks)
+    peaks = timing.peaks(args.device)
+    times = timing.times(facts, p.workload, peaks)
     if args.json:
         print(json.dumps({"terms": p.terms, "phases": p.phases, "peak": p.peak, "fits": p.fits,
                           "usable": p.usable, "largest_micro_batch": best_mb,
@@ -106,7 +107,7 @@ def main(argv=None) -> int:
         print(describe(p, facts, what, media))
         print(f"largest micro-batch that fits: {best_mb or 'none'} rows; largest G at micro-batch "
               f"{p.workload.micro_batch}: {best_g or 'none'}")
-        print(plan_time.describe(times, p.workload, peaks))
+        print(timing.describe(times, p.workload, peaks))
     return 0 if p.fits else 1
 
 

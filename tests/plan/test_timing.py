@@ -1,4 +1,4 @@
-"""`mmrl plan`'s time prediction (mmrl/bench/plan_time.py) held to a measured CPU run: the bytes
+"""`mmrl plan`'s time prediction (mmrl/plan/timing.py) held to a measured CPU run: the bytes
 a decode step reads are the run's own count, exactly; each phase's measured seconds lie above
 the roofline floor, and the best of 3 steps within a stated factor of the expected time (the
 floor over an efficiency, plus launch costs)."""
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from mmrl import config
-from mmrl.bench import plan, plan_time
+from mmrl import config, plan
+from mmrl.plan import timing as plan_time
 from mmrl.train import speed
 from mmrl.train.loop import Trainer
 

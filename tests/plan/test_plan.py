@@ -4,12 +4,14 @@ micro-batch runs, the CLI, and the recipe READMEs' fit sections are current."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-from mmrl.bench import fit, plan, plan_report, probe
+from mmrl import plan
+from mmrl.plan import fit, memory, probe, report as plan_report
 
 GIB = 2 ** 30
 
@@ -70,11 +72,11 @@ def test_static_terms_per_strategy_by_hand():
 def test_micro_batch_tokens_count_every_group_it_touches():
     # G = 6, micro-batches of 4 rows over 12 rows: rows 4..7 touch both groups.
     w = _work(prompt_tokens=100, completion=10, group=6, prompts=2, micro_batch=4)
-    assert plan._tokens(w, 4) == (2 * 100 + 4 * 9, 2, 2)
+    assert memory._tokens(w, 4) == (2 * 100 + 4 * 9, 2, 2)
     aligned = _work(prompt_tokens=100, completion=10, group=4, prompts=2, micro_batch=4)
-    assert plan._tokens(aligned, 4) == (100 + 4 * 9, 1, 1)
+    assert memory._tokens(aligned, 4) == (100 + 4 * 9, 1, 1)
     naive = _work(prompt_tokens=100, completion=10, shared_prefix=False)
-    assert plan._tokens(naive, 4) == (4 * 110, 4, 4)
+    assert memory._tokens(naive, 4) == (4 * 110, 4, 4)
 
 
 def test_more_gpus_and_sharding_lower_the_peak_and_the_largest_knobs_fit():
@@ -84,9 +86,9 @@ def test_more_gpus_and_sharding_lower_the_peak_and_the_largest_knobs_fit():
     assert sharded.peak < one.peak
     best = plan.largest_micro_batch(f, w, plan.Cluster(80, 8, "zero3"))
     assert best >= 1
-    assert plan.predict(f, plan.replace(w, micro_batch=best), plan.Cluster(80, 8, "zero3")).fits
+    assert plan.predict(f, replace(w, micro_batch=best), plan.Cluster(80, 8, "zero3")).fits
     if best < w.prompts * w.group:
-        assert not plan.predict(f, plan.replace(w, micro_batch=best + 1),
+        assert not plan.predict(f, replace(w, micro_batch=best + 1),
                                 plan.Cluster(80, 8, "zero3")).fits
 
 
@@ -113,7 +115,7 @@ def test_recipe_readme_states_the_current_prediction(config):
     text = (config.parent / "README.md").read_text()
     section = plan_report.readme_section(config, text)
     assert section in text, (f"{config.parent / 'README.md'} is stale: run "
-                             f"python -m mmrl.bench.plan_report --readmes")
+                             f"python -m mmrl.plan.report --readmes")
 
 
 def test_sequence_parallel_divides_each_ranks_activations_not_its_rollout():

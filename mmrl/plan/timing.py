@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mmrl.bench.plan import Facts, Workload
+from mmrl.plan.memory import Facts, Workload
 from mmrl.train import speed
 
 # The expected time of a phase is its floor over an efficiency plus a fixed cost per decoder
@@ -31,7 +31,7 @@ EFFICIENCY = {"prefill": 0.5, "decode": 0.6, "update": 0.4}
 # Seconds per decoder layer per eager pass, by device type. cuda: gpu.md's eager HF decode on an
 # H200 at 3B, 49.6 ms a step over 36 layers with a 1.3 ms bandwidth floor; cpu: the tiny
 # model's decode step here, 5-28 ms over 4 layers by load (docs/performance.md's table, and
-# tests/bench/test_plan_time.py: 50-100 ms for 11 steps when the machine is quiet).
+# tests/plan/test_timing.py: 50-100 ms for 11 steps when the machine is quiet).
 LAYER_OVERHEAD_S = {"cuda": 1.4e-3, "cpu": 2e-3}
 # Passes' worth of launches a prefill runs: the text layers, and the vision or audio encoder and
 # HF generate's setup (positions, expanding the rows, the cache) about as much again twice.
