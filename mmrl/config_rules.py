@@ -222,9 +222,10 @@ def problems(cfg, world: int = 1) -> list[str]:
         out.append(f"sft.stop_metric={metric}: no reward {metric[:-len('_mean')]!r} in `rewards` "
                    f"to read it from (its keys: {', '.join(keys)}); add it (weight 0 logs it "
                    f"only) or stop on accuracy")
-    if cfg.sft.turn_targets and not cfg.tools.enabled:
-        out.append("sft.turn_targets: a demonstration trajectory needs tools (tools.use is "
-                   "empty); use sft.target for a one-turn warm-up")
+    if cfg.sft.turn_targets and not cfg.multi_turn:
+        out.append("sft.turn_targets: a demonstration trajectory needs tools or a multi-turn "
+                   "env.name (tools.use is empty, env single_turn); use sft.target for a "
+                   "one-turn warm-up")
     out += _env_problems(cfg)
     if cfg.tools.enabled:
         out += _not_with_tools(cfg)

@@ -66,6 +66,10 @@ ROWS: dict[str, tuple[str, list[str]]] = {
         "sft.target='<answer>{solution}</answer>'", "sft.turn_targets=[]",
         "rewards=[{name: accuracy, weight: 1.0, params: {mode: choice}},"
         " {name: format, weight: 0.5, params: {think: optional}}]"]),
+    # Issue #58 item 2: walk a corridor of 6 right/down moves, a new 28-px view after each move
+    # (the grid_nav environment); the control withholds every view after the first.
+    "grid_nav": ("grid_nav", []),
+    "grid_nav_blank": ("grid_nav", ["env.args={blank: true}"]),
 }
 # Rows whose records a generator writes directly (mmrl records, no anchor conversion):
 # row -> (generator, arguments). The search rows' generators are research's own
@@ -162,6 +166,24 @@ def video_wide(record: dict, tight: float = 0.4) -> str:
     return _span_call(0, record["duration"])  # the whole clip, 0-7.5 s
 
 
+# grid_nav: 6 moves, right or down, no slack (a wrong move crashes into the corridor's wall); a
+# 2 x 2 window of 14-px cells (one visual token); 100 held-out walks are evaluated.
+_GRID = {"n_train": 600, "n_eval": 200, "length": 6, "moves": "right_down", "window": 2,
+         "cell": 14, "slack": 0, "prompt": "Move."}
+
+
+def grid_walk(record: dict, tight: float = 0.4) -> dict:
+    """The grid_nav warm-up's moves (CRUTCH, research/layers/grid_nav.yaml; visual_search's
+    `warmup_box` for a walk): for each turn, the solution's move on a `tight` share drawn from
+    the record's id, else "right" (a demonstration ends at its first crash). So the warm-up
+    teaches the answer shape and a lean to "right" that greedy decoding follows whatever the
+    view (before RL it succeeds only on all-right corridors), while the samples go down where
+    the view shows the way down on some draws: RL makes the reading the policy."""
+    rng = random.Random(f"walk {record['id']}")
+    return {f"walk_{k}": move if rng.random() < tight else "right"
+            for k, move in enumerate(record["moves"])}
+
+
 def search_warmup(record: dict, tight: float = 0.4) -> list[int]:
     """The visual_search warm-up's box (CRUTCH, research/README.md): the record's mark (a crop
     that reads it) on a `tight` share of the training records, drawn from the record's id, and
@@ -176,6 +198,7 @@ def search_warmup(record: dict, tight: float = 0.4) -> list[int]:
 # visual_search's `warmup_box`; video_search's call in the `<tool_call>` form (`warmup`) and in
 # the json_span form (`warmup_span`), and the look-again targets (`look_first`, `look_second`).
 WARMUP = {"visual_search": lambda r: {"warmup_box": search_warmup(r)},
+          "grid_nav": grid_walk, "grid_nav_blank": grid_walk,
           "video_search": lambda r: {"warmup": video_warmup(r),
                                      "warmup_span": video_warmup(r, "json_span"),
                                      "warmup_mixed": video_mixed(r),
@@ -190,7 +213,8 @@ GENERATED = {"visual_search": (SEARCH_VARIANTS + "visual_search", _SEARCH),
              # flash at first look (`seen`: the warm-up's answers).
              "video_search": (SEARCH_VARIANTS + "video_search", _VIDEO),
              "video_search_no_tool": (SEARCH_VARIANTS + "video_search",
-                                      {**_VIDEO, "tools": False})}
+                                      {**_VIDEO, "tools": False}),
+             "grid_nav": ("grid_nav", _GRID), "grid_nav_blank": ("grid_nav", _GRID)}
 # Rows launched on more than one process (data-parallel through torchrun, one thread each, the
 # warm-up's batches, RL's groups and the evaluations split between them). None yet: visual_search
 # on 2 processes with 50 RL steps (round 6, research/README.md) missed on seed 0.
@@ -198,6 +222,9 @@ PROCESSES: dict[str, int] = {}
 # Tool rows and their single-turn no-tool controls (issue #26's bar on top of the usual one:
 # the tool row ends >= 0.15 above its control, which stays within 0.05 of chance).
 CONTROLS = {"visual_search": "visual_search_no_tool", "video_search": "video_search_no_tool"}
+# Environment rows and their no-view controls (issue #58): the same environment with every view
+# after the first withheld; the control ends within 0.05 of its own before-RL value.
+ENV_CONTROLS = {"grid_nav": "grid_nav_blank"}
 # Rows whose data is a pretext task built from a folder of unlabelled media, as a user runs it
 # (`mmrl data generate TASK OUT source=FOLDER`), instead of the recipe's anchor task:
 # row -> (folder painted as the user's media: "photos" or "videos", generator arguments).

@@ -9,8 +9,8 @@ None means "not applicable to this sample". Parameters are keyword arguments wit
 them with functools.partial); `REWARDS.params(name)` lists them. This package imports nothing
 from `mmrl`.
 """
-from rewards import (choice, counting, detection, format, label_free, looked_at, numeric, order,
-                     sets, speech, temporal, text, thinking, tool_use)
+from rewards import (choice, counting, detection, env_info, format, label_free, looked_at,
+                     numeric, order, sets, speech, temporal, text, thinking, tool_use)
 from rewards.core import combine, extract_answer
 from rewards.metrics import (corpus_bleu, corpus_cer, corpus_error_rate, corpus_wer, map50,
                              mean_average_precision, mean_relative_accuracy,
@@ -21,6 +21,6 @@ __all__ = [
     "REWARDS", "RewardRegistry", "get_reward", "register", "extract_answer", "combine",
     "corpus_bleu", "corpus_error_rate", "corpus_wer", "corpus_cer", "mean_average_precision",
     "map50", "mean_relative_accuracy", "temporal_grounding_metrics",
-    "choice", "counting", "detection", "format", "label_free", "looked_at", "numeric", "order", "sets", "speech", "temporal", "text", "thinking",
+    "choice", "counting", "detection", "env_info", "format", "label_free", "looked_at", "numeric", "order", "sets", "speech", "temporal", "text", "thinking",
     "tool_use",
 ]

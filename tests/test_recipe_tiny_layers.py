@@ -47,6 +47,8 @@ def test_tiny_prompts_ask_for_what_format_scores_and_the_warmup_target_scores_on
     cfg = _load(tiny, "data.generate_kwargs={n_train: 4, n_eval: 2}")
     train, evals = build_datasets(cfg, get_adapter(cfg.model.family).image_factor)
     samples = [train[i] for i in range(len(train))] + [evals[i] for i in range(len(evals))]
+    if cfg.multi_turn and not cfg.tools.enabled:
+        return _walk_the_demonstrations(cfg, samples)
     fmt = next(spec for spec in cfg.rewards if spec.name == "format")
     asks_think = _think_mode(fmt.params.get("think", True)) == "true"
     assert all(("<think>" in _prompt(s)) == asks_think for s in samples), _prompt(samples[0])
@@ -54,3 +56,22 @@ def test_tiny_prompts_ask_for_what_format_scores_and_the_warmup_target_scores_on
     _, per = rewards.score(samples, [target_text(cfg.sft, s) for s in samples])
     assert per["format"] == [1.0] * len(samples)
     assert row_metrics(rewards, cfg.eval.metric_reward, per) == [1.0] * len(samples)
+
+
+def _walk_the_demonstrations(cfg, samples):
+    """An environment recipe (env.name): its metric is the environment's verdict, so the
+    warm-up's demonstration, turn by turn through the environment, must score 1.0 on it."""
+    from mmrl.envs import ENVIRONMENTS
+    from mmrl.train.sft import fill
+
+    rewards = RewardSet(cfg.rewards)
+    for s in samples:
+        env = ENVIRONMENTS.get(cfg.env.name)(**cfg.env.args)
+        env.reset(s)
+        for target in cfg.sft.turn_targets:
+            step = env.step(None, fill(target, s))
+            if step.done:
+                break
+        assert step.done, s.id
+        _, per = rewards.score([s], ["-"], {"info": [step.info]})
+        assert row_metrics(rewards, cfg.eval.metric_reward, per) == [1.0], (s.id, step.info)

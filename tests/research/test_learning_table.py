@@ -426,3 +426,34 @@ def test_generated_data_is_regenerated_when_the_rows_arguments_change(tmp_path, 
     train, _ = learning_table.prepare_generated("visual_search_no_tool", tmp_path, log)
     assert train.read_text() != first
     assert json.loads((train.parent / "generated_by.json").read_text())["seed"] == 1
+
+
+def test_env_rows_are_judged_by_their_gain_and_their_no_view_control():
+    """grid_nav: the gain alone (no shuffled-media rule: its control is the blank-view row),
+    and the control must end within 0.05 of its own before-RL value."""
+    def res(row, seed, before, after):
+        return dict(row=row, seed=seed, metric="success", before=before, after=after,
+                    shuffled=0.4, chance=None)
+    assert learning_render.verdict(res("grid_nav", 0, 0.03, 0.18))
+    assert not learning_render.verdict(res("grid_nav", 0, 0.03, 0.17))
+    results = [res("grid_nav", 0, 0.03, 0.9), res("grid_nav_blank", 0, 0.03, 0.08),
+               res("grid_nav", 1, 0.03, 0.9), res("grid_nav_blank", 1, 0.03, 0.09),
+               res("grid_nav", 2, 0.03, 0.1), res("grid_nav_blank", 2, 0.03, 0.03)]
+    text = "\n".join(learning_render.env_lines(results))
+    assert "| 0 | 0.03 | 0.90 | 0.03 | 0.08 | meets |" in text
+    assert "| 1 | 0.03 | 0.90 | 0.03 | 0.09 | misses |" in text  # the control rose 0.06
+    assert "| 2 | 0.03 | 0.10 | 0.03 | 0.03 | misses |" in text  # the row gained 0.07
+
+
+def test_grid_nav_warmup_walks_lean_right_and_show_the_way_on_a_share(tmp_path):
+    out = GENERATORS.get("grid_nav")(tmp_path, **{**learning_rows._GRID, "n_train": 200,
+                                                 "n_eval": 0})
+    records = [json.loads(x) for x in Path(out["train"]).read_text().splitlines()]
+    walks = [learning_rows.WARMUP["grid_nav"](r) for r in records]
+    assert walks[0] == learning_rows.grid_walk(records[0])  # a function of the record
+    assert set(walks[0]) == {f"walk_{k}" for k in range(6)}
+    # "down" only where the solution goes down, on about 40% of those turns; else "right".
+    pairs = [(w[f"walk_{k}"], m) for w, r in zip(walks, records) for k, m in enumerate(r["moves"])]
+    assert all(w == "right" for w, m in pairs if m == "right")
+    downs = [w == "down" for w, m in pairs if m == "down"]
+    assert 0.33 <= sum(downs) / len(downs) <= 0.47
