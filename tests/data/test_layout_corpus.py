@@ -375,7 +375,7 @@ def counted(feats) -> dict[str, int]:
 
 def _inspect_messages(path: Path, cfg) -> tuple[str, list[str]]:
     """(format, every message) of `mmrl data inspect FILE --config CONFIG` on the file."""
-    from mmrl.cli import _config_checks
+    from mmrl.cli_data import _config_checks
     from mmrl.data.inspect import inspect_file
 
     report = inspect_file(path, configured=cfg.data.format)
