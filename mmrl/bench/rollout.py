@@ -26,7 +26,7 @@ def _generate(mode: str, model, processor, prompts, *, group: int, completion_to
                               suppress_ids=suppress, seed=0, eos_ids=[suppress[0]])
     if mode == "hf_generate":
         return generate(model, processor, prompts, sampling)
-    return generate_shared(model, codec.processor, prompts, sampling, stats=stats,
+    return generate_shared(model, processor, prompts, sampling, stats=stats,
                            rounds_of=rounds_of if mode == "shared_rounds" else None)
 
 

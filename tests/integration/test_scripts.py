@@ -28,9 +28,11 @@ def test_every_script_is_run_by_a_test():
     scripts = [p for d in (SCRIPTS, ROOT / "research") for p in d.rglob("*")
                if p.suffix in (".sh", ".sbatch", ".py")]
     assert len(scripts) >= 10
-    # Run by name, or imported and called (the learning table's harness)
+    # Run by name, imported and called (the learning table's harness), or named as a
+    # "research.module:function" the CLI loads (the search rows' generators)
     unrun = [str(p.relative_to(ROOT)) for p in scripts
-             if f'"{p.name}"' not in tests and f"import {p.stem}  " not in tests]
+             if f'"{p.name}"' not in tests and f"import {p.stem}  " not in tests
+             and f"research.{p.stem}:" not in tests]
     assert not unrun, f"no test runs {unrun}"
 
 

@@ -24,7 +24,8 @@ def small_model():
 
 
 def test_no_shard_bar_while_a_run_logs_and_the_setting_comes_back(small_model, tmp_path, capfd):
-    assert hf_logging.is_progress_bar_enabled()
+    hf_logging.enable_progress_bar()  # as a fresh process has it (a test before may have run a
+    assert hf_logging.is_progress_bar_enabled()  # trainer in this worker that raised mid-run)
     small_model.save_pretrained(tmp_path / "before")
     assert "Writing model shards" in capfd.readouterr().err  # what tore the bar
     log = RunLogger(tmp_path / "run", tensorboard=False, progress="lines")
