@@ -236,8 +236,10 @@ class Trainer:
         self.checkpointer.save(self.step, self.learner, self.prompts, self.state_extra)
 
     def close(self) -> None:
-        if self.sampler is not None:
-            self.sampler.close()
-        self.rollout.close()
-        self.log.close()
+        try:
+            if self.sampler is not None:
+                self.sampler.close()
+            self.rollout.close()
+        finally:  # the logger gives transformers' progress bars back even then
+            self.log.close()
 
