@@ -68,13 +68,15 @@ def budget(cfg: RunConfig) -> dict:
 
 def run_benchmark(model, codec: Codec, cfg: RunConfig, spec: BenchmarkSpec, out_dir: Path,
                   stage: str = "eval", step: int | None = None,
-                  info: dist.DistInfo | None = None) -> dict:
+                  info: dist.DistInfo | None = None, envs=None) -> dict:
     """Run one benchmark; every rank calls it with `info`, each drawing its share. -> metrics
-    (`score`: the headline metric, `n`, `failed`, `seconds`, the task's metrics)."""
+    (`score`: the headline metric, `n`, `failed`, `seconds`, the task's metrics). `envs`: the
+    run's environment kind (its tools, built once per run), used by a benchmark with tools."""
     started, info = time.perf_counter(), info or dist.DistInfo()
     bench, root = get(spec.name), root_of(spec, out_dir)
     if not spec.tools:  # the tool-less setting of a run with tools (V*: both are reported)
         cfg = dataclasses.replace(cfg, tools=dataclasses.replace(cfg.tools, use=[]))
+        envs = None  # single_turn, built by draw_texts
     rows = bench.rows(root)
     rows = rows[:spec.limit] if spec.limit else rows
     ctx = Context(box_coords=codec.box_coords if spec.family_coords else "norm1",
@@ -84,7 +86,7 @@ def run_benchmark(model, codec: Codec, cfg: RunConfig, spec: BenchmarkSpec, out_
     n = len(samples)
     mine = samples[n * info.rank // info.world:n * (info.rank + 1) // info.world]
     max_new = spec.max_new_tokens or bench.max_new_tokens
-    texts = draw_texts(model, codec, mine, cfg, max_new)
+    texts = draw_texts(model, codec, mine, cfg, max_new, envs)
     if info.enabled:
         texts = [t for part in dist.all_gather_object(texts, info) for t in part]
     # Scored in row order on every rank: lmms-eval's random fallback draws from one stream.
@@ -161,10 +163,11 @@ def check_copies_of(specs: list) -> None:
             get(spec.name).rows(root_of(spec, Path(".")))
 
 
-def run_due(policy, cfg: RunConfig, run_dir: Path, stage: str, step: int) -> dict:
+def run_due(policy, cfg: RunConfig, run_dir: Path, stage: str, step: int, envs=None) -> dict:
     """In training: the configured benchmarks due at `stage` (before_rl and after_rl: all;
     a step: those whose `every` divides it) on the Policy's model -> {"bench/NAME": headline,
-    "time/benchmarks": seconds}, empty when none is due. Every rank calls it."""
+    "time/benchmarks": seconds}, empty when none is due. Every rank calls it. `envs`: the
+    trainer's environment kind (Trainer.envs), so a benchmark builds no Toolbox of its own."""
     due = [s for s in cfg.eval.benchmarks
            if not stage.startswith("step_") or (s.every and step % s.every == 0)]
     if not due:
@@ -173,7 +176,7 @@ def run_due(policy, cfg: RunConfig, run_dir: Path, stage: str, step: int) -> dic
     with policy.full_params():  # sharded weights: gathered on every rank
         for spec in due:
             res = run_benchmark(policy.model, policy.codec, cfg, spec,
-                                run_dir, stage=stage, step=step, info=policy.info)
+                                run_dir, stage=stage, step=step, info=policy.info, envs=envs)
             out[f"bench/{spec.key}"] = res["score"]
     out["time/benchmarks"] = time.perf_counter() - started
     return out

@@ -49,6 +49,14 @@ class Codec:
         return self.adapter.placeholder_token_ids(self.processor)
 
     # ---- image facts -----------------------------------------------------------------------
+    @cached_property
+    def token_chars(self) -> int:
+        """The most characters one token stands for (byte-level: a vocabulary entry's length is
+        its bytes): text longer than N x this cannot fit in N tokens, so the trajectory loop
+        refuses an observation by its length before the tokenizer spends time and memory on it.
+        A scan of the vocabulary, once per run."""
+        return max(map(len, self.tokenizer.get_vocab()), default=1)
+
     @property
     def image_factor(self) -> int:
         """Pixels per merged patch side: what image budgets round to."""

@@ -112,7 +112,7 @@ def encode_tool_turn(loop, row, answered: list[tuple[ToolCall, Outcome]]) -> Non
     s, turn = loop.settings, row.record.turns - 1
     after = loop.tokenizer.decode(row.ids[-1][-1:])
     chars = sum(len(x) for _, o in answered for x in o.items or () if isinstance(x, str))
-    if chars > s.max_observation_tokens * loop.token_chars:
+    if chars > s.max_observation_tokens * loop.codec.token_chars:
         answered = _instead(answered, "too_long", f"the result is {chars} characters, more "
                             f"than {s.max_observation_tokens} tokens can hold; ask for less")
     try:

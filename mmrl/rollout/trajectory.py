@@ -104,10 +104,6 @@ class TrajectoryRollout:
         self.envs, self.settings, self.limits = envs, settings, limits
         self.tokenizer = codec.tokenizer
         self.style: ObservationStyle = observation_style(codec.processor)
-        # The most characters one token stands for (byte-level: a vocabulary entry's length is
-        # its bytes): text longer than max_observation_tokens x this cannot fit, so it is
-        # refused by its length before the tokenizer spends time and memory on it.
-        self.token_chars = max(map(len, self.tokenizer.get_vocab()), default=1)
 
     @property
     def toolbox(self) -> Toolbox | None:
@@ -254,7 +250,7 @@ def encode_user_turn(loop: TrajectoryRollout, row: _Row, observation: list) -> N
     except TypeError as e:
         raise TypeError(f"env {getattr(loop.envs, 'name', '')}: its observation: {e}") from None
     chars = sum(len(x) for x in items if isinstance(x, str))
-    if chars <= s.max_observation_tokens * loop.token_chars:
+    if chars <= s.max_observation_tokens * loop.codec.token_chars:
         content, media = as_content(items)
         after = loop.tokenizer.decode(row.ids[-1][-1:])
         ids, obs = loop.encode([content], media, after, row.length, USER_TURN)

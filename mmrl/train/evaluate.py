@@ -196,7 +196,7 @@ def _result(rows: list[dict], trajectories: list[Trajectory], failed: int,
               "reward_mean": sum(r["reward"] for r in firsts) / max(1, len(firsts))}
     if trajectories:
         result.update(trajectory_metrics([t for r, t in zip(rows, trajectories)
-                                           if r["draw"] == 0]))
+                                           if r["draw"] == 0], cfg.tools.enabled))
     if not scored:  # say why accuracy is NaN instead of printing a bare nan
         result["unscored_reason"] = _unscored_reason(ec.metric_reward, len(firsts), failed)
     for key in rewards.keys:

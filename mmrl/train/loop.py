@@ -100,8 +100,11 @@ class Trainer:
             config=asdict(cfg))
         if main and not (self.run_dir / "config.yaml").is_file():  # a resume keeps the original
             save_config(cfg, self.run_dir / "config.yaml")
+            # the answer is one turn's text for single_turn and tools; a stateful environment's
+            # solution (grid_nav's walk) is spread over its turns
             cut = answer_budget(train_set, self.policy.codec.tokenizer, cfg.sft.target,
-                                cfg.rollout.max_new_tokens)
+                                cfg.rollout.max_new_tokens) \
+                if cfg.env_name in ("single_turn", "tools") else None
             if cut:
                 self.log.warn(format_answer_budget(cut, cfg.rollout.max_new_tokens))
             for warning in data_warnings:

@@ -130,7 +130,8 @@ def _stages(trainer: Trainer, stop: StopSignals, started: float, single: bool) -
         summary["accuracy_before_rl"] = summary["eval_before_rl"]["accuracy"]
         log.print(f"accuracy before RL: {_accuracy_text(summary['eval_before_rl'])}")
     if cfg.eval.benchmarks and "benchmarks_before_rl" not in summary:
-        summary["benchmarks_before_rl"] = run_due(policy, cfg, trainer.run_dir, "before_rl", 0)
+        summary["benchmarks_before_rl"] = run_due(policy, cfg, trainer.run_dir, "before_rl", 0,
+                                                  trainer.envs)
     policy.fix_reference()
     _rl_steps(trainer, run_eval if evals else None, summary, asked, halt)
     if asked():
@@ -147,7 +148,7 @@ def _stages(trainer: Trainer, stop: StopSignals, started: float, single: bool) -
         summary["accuracy_after_rl"] = summary["eval_after_rl"]["accuracy"]
     if cfg.eval.benchmarks:
         summary["benchmarks_after_rl"] = run_due(policy, cfg, trainer.run_dir, "after_rl",
-                                                 trainer.step)
+                                                 trainer.step, trainer.envs)
     summary["steps"] = trainer.step
     summary["wall_seconds"] = summary.get("wall_seconds", 0.0) + time.perf_counter() - started
     summary["skipped_records"] = trainer.prompts.skip_summary()
@@ -217,7 +218,7 @@ def _finish_step(trainer: Trainer, metrics: dict, run_eval) -> None:
             raise
         metrics.update({f"eval/{k}": v for k, v in res.items() if k != "n"})
     metrics.update(run_due(trainer.policy, trainer.cfg, trainer.run_dir,
-                           f"step_{trainer.step:06d}", trainer.step))
+                           f"step_{trainer.step:06d}", trainer.step, trainer.envs))
     trainer.log.log(trainer.step, metrics, total=tc.steps)
     trainer.check_finite()
     if tc.save_every and trainer.step % tc.save_every == 0 and trainer.step < tc.steps:

@@ -76,8 +76,8 @@ class StepMetrics:
         metrics.update(methods.label_free_metrics(cfg, batch))
         metrics.update(methods.think_metrics(cfg, batch))
         metrics.update(rollout_metrics(sb, self.scorer.keys))
-        if batch.trajectories is not None:  # turns, calls per tool, errors, turn-cap share
-            metrics.update(trajectory_metrics(batch.trajectories))
+        if batch.trajectories is not None:  # turns, turn-cap share; with tools calls, errors
+            metrics.update(trajectory_metrics(batch.trajectories, cfg.tools.enabled))
         metrics.update(self.scorer.step_metrics())
         self.watchers(metrics, self.log.warn)
         metrics.update(timer.metrics())

@@ -77,6 +77,37 @@ def test_periodic_runs_respect_every(tmp_path):
     assert set(got) == {"bench/vstar", "time/benchmarks"} and got["time/benchmarks"] > 0
 
 
+def test_a_tool_benchmark_in_training_uses_the_runs_tools(tmp_path, monkeypatch):
+    """With tools, the benchmark draws through the trainer's environment kind (its Toolbox,
+    built once per run); the tool-less setting builds no Toolbox either."""
+    import contextlib
+    import types
+
+    from mmrl.benchmarks.runner import run_due
+    from mmrl.rollout.environments import make_environments
+    from mmrl.tools import Toolbox
+    from mmrl.train.dist import DistInfo
+
+    cfg = load(None, ["data.train=x", "tools.use=[{name: crop}]", "tools.max_turns=2",
+                      "eval.benchmarks=[{name: vstar, every: 1, path: fixture, limit: 2, "
+                      "max_new_tokens: 4}, {name: vstar, every: 1, path: fixture, limit: 2, "
+                      "max_new_tokens: 4, tools: false}]"])
+    adapter = get_adapter("qwen2_5_vl")
+    model, processor = adapter.tiny()
+    codec = Codec(adapter, processor)
+    envs = make_environments(cfg, codec)
+    built = []
+    real = Toolbox.__init__
+    monkeypatch.setattr(Toolbox, "__init__", lambda self, *a, **k: (built.append(1),
+                                                                   real(self, *a, **k))[1])
+    policy = types.SimpleNamespace(model=model, codec=codec, info=DistInfo(),
+                                   full_params=contextlib.nullcontext)
+    got = run_due(policy, cfg, tmp_path, "step_000001", 1, envs)
+    assert {"bench/vstar", "bench/vstar_no_tools"} <= set(got) and built == []
+    doc = json.loads((tmp_path / "eval" / "benchmarks" / "vstar.json").read_text())
+    assert len(doc["rows"]) == 2
+
+
 def test_a_row_outside_the_schema_is_one_line_naming_it(tmp_path):
     from mmrl.benchmarks.base import write_parquet
 

@@ -56,5 +56,5 @@ def test_two_processes_warm_up_and_evaluate_as_one(tmp_path):
     assert [r["id"] for r in rows["two"]] == [r["id"] for r in rows["one"]]
     assert all(r["turns"] for r in rows["two"])
     assert two["result"]["n"] == one["result"]["n"] == 4
-    assert two["result"]["tools/turns_mean"] == one["result"]["tools/turns_mean"]
+    assert two["result"]["turns/mean"] == one["result"]["turns/mean"]
     assert two["result"]["accuracy"] == one["result"]["accuracy"]

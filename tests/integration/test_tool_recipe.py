@@ -25,7 +25,7 @@ def test_visual_search_tiny_through_train_sh(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     assert "tools: crop (qwen calls, up to 2 turns" in done.stderr
     (row,) = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert row["tools/turns_mean"] >= 1 and 0 <= row["tools/called_frac"] <= 1
+    assert row["turns/mean"] >= 1 and 0 <= row["tools/called_frac"] <= 1
     assert {f"tools/errors/{k}" for k in ("malformed", "bad_box", "timeout")} <= set(row)
     assert "reward/tool_use_mean" in row
     records = [json.loads(ln) for ln in
@@ -33,4 +33,4 @@ def test_visual_search_tiny_through_train_sh(tmp_path):
     assert len(records) == 4 and all(r["turns"] and isinstance(r["calls"], list) for r in records)
     assert all(r["completion"] == r["turns"][-1] for r in records)  # rewards score the last turn
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["eval_after_rl"]["tools/turns_mean"] >= 1
+    assert summary["eval_after_rl"]["turns/mean"] >= 1

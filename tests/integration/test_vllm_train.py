@@ -112,6 +112,6 @@ def test_a_tool_step_on_vllm_trains_on_the_samplers_logprobs(tmp_path, monkeypat
         mask = batch.policy_mask.bool()
         assert float((t.policy.logprobs(batch) - batch.sampler_logp)[mask].abs().max()) <= TOL
         metrics = t.learn(batch, scores, per, extra)
-        assert metrics["rollout/logp_gap_max"] <= TOL and metrics["tools/turns_mean"] > 1
+        assert metrics["rollout/logp_gap_max"] <= TOL and metrics["turns/mean"] > 1
     finally:
         t.close()

@@ -147,8 +147,8 @@ def test_three_turns_with_the_real_crop_tool_and_the_loss_mask_by_hand(setup):
     assert [o.start for o in t.observations] == [turn_lengths[0],
                                                  turn_lengths[0] + obs_lengths[0] + turn_lengths[1]]
     m = trajectory_metrics(batch.trajectories)
-    assert (m["tools/turns_mean"], m["tools/calls/crop"], m["tools/error_rate"]) == (3.0, 2.0, 0.0)
-    assert m["tools/observation_tokens_mean"] == sum(obs_lengths)
+    assert (m["turns/mean"], m["tools/calls/crop"], m["tools/error_rate"]) == (3.0, 2.0, 0.0)
+    assert m["turns/observation_tokens_mean"] == sum(obs_lengths)
 
 
 @pytest.fixture(scope="module")

@@ -157,9 +157,9 @@ def test_metrics_count_turns_calls_errors_and_the_turn_cap():
                        calls=[ToolCallRecord("", {}, 0, error="malformed")]),
             Trajectory(turns=1)]
     m = trajectory_metrics(rows)
-    assert m["tools/turns_mean"] == 2.0 and m["tools/calls_mean"] == 1.0
+    assert m["turns/mean"] == 2.0 and m["tools/calls_mean"] == 1.0
     assert m["tools/called_frac"] == pytest.approx(2 / 3)
-    assert m["tools/turn_cap_frac"] == pytest.approx(1 / 3)
+    assert m["turns/cap_frac"] == pytest.approx(1 / 3)
     assert m["tools/error_rate"] == pytest.approx(2 / 3)
     assert m["tools/calls/crop"] == pytest.approx(2 / 3)
     assert m["tools/errors/bad_box"] == m["tools/errors/malformed"] == pytest.approx(1 / 3)

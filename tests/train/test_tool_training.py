@@ -94,11 +94,11 @@ def test_trajectories_call_the_tool_with_different_turn_counts(stepped):
     turns = {t.turns for t in batch.trajectories}
     assert turns == {1, 2}, turns
     assert any(t.observations for t in batch.trajectories)
-    assert metrics["tools/calls/crop"] > 0 and metrics["tools/observation_tokens_mean"] > 0
-    for key in ("tools/turns_mean", "tools/error_rate", "tools/turn_cap_frac",
+    assert metrics["tools/calls/crop"] > 0 and metrics["turns/observation_tokens_mean"] > 0
+    for key in ("turns/mean", "tools/error_rate", "turns/cap_frac",
                 "tools/errors/malformed"):
         assert key in metrics
-    assert metrics["tools/turns_mean"] == sum(t.turns for t in batch.trajectories) / batch.n
+    assert metrics["turns/mean"] == sum(t.turns for t in batch.trajectories) / batch.n
 
 
 def test_rollout_records_carry_each_trajectory_turn_by_turn(stepped):
@@ -237,13 +237,13 @@ def test_a_run_resumed_mid_way_equals_the_uninterrupted_one(tool_yaml, tmp_path)
     cfg = config.load(tool_yaml, [f"log.run_dir={tmp_path / 'resumed'}"])
     resumed = Trainer(cfg, resume=ckpt)
     again = resumed.train_step()
-    for key in ("loss/loss", "reward/total_mean", "tools/turns_mean", "tools/calls_mean",
-                "tools/observation_tokens_mean"):
+    for key in ("loss/loss", "reward/total_mean", "turns/mean", "tools/calls_mean",
+                "turns/observation_tokens_mean"):
         assert again[key] == second[key], key
     for k, v in resumed.policy.model.state_dict().items():
         assert torch.equal(v, weights[k]), k
     resumed.close()
-    assert json.loads(json.dumps(second["tools/turns_mean"])) > 0
+    assert json.loads(json.dumps(second["turns/mean"])) > 0
 
 
 def test_turn_capped_rows_leave_the_loss_when_asked(stepped):
@@ -277,7 +277,7 @@ def test_tool_trajectories_run_async_at_k1(tool_yaml, tmp_path):
         for _ in range(3):
             metrics = t.train_step()
             calls += metrics.get("tools/calls/crop", 0.0)  # absent in a step without a call
-            assert metrics["tools/turns_mean"] >= 1
+            assert metrics["turns/mean"] >= 1
             seen.append(metrics["async/staleness"])
             assert torch.isfinite(torch.tensor(metrics["loss/loss"]))
         assert calls > 0 and max(seen) <= 1 and metrics["async/requeued"] == 0
