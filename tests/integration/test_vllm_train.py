@@ -115,3 +115,40 @@ def test_a_tool_step_on_vllm_trains_on_the_samplers_logprobs(tmp_path, monkeypat
         assert metrics["rollout/logp_gap_max"] <= TOL and metrics["turns/mean"] > 1
     finally:
         t.close()
+
+
+def test_a_user_environment_on_vllm_trains_on_the_samplers_logprobs(tmp_path, monkeypatch):
+    """recipes/grid_nav/tiny.yaml (a stateful environment: a new rendered view after each move)
+    on colocated vLLM: the recipe's own warm-up (the solution's walk against the environment's
+    real views) runs first, then one step samples walks on vLLM whose observation turns carry the
+    environment's images mid-sequence. The trainer's forward over each whole walk equals vLLM's
+    sampled logprobs on the model's tokens, before the update and in the logged gap; the step
+    logs the walks' turns and no tool-call metrics."""
+    from tests.integration.test_vllm_trajectory import TOL
+
+    from mmrl.train.sft import sft_warmup
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    recipe = "recipes/grid_nav/"
+    cfg = config.load(recipe + "config.yaml", [
+        recipe + "tiny.yaml", f"log.run_dir={tmp_path / 'run'}", "log.tensorboard=false",
+        f"data.train={tmp_path / 'train.jsonl'}", f"data.eval={tmp_path / 'eval.jsonl'}",
+        "rollout.backend=vllm", "train.steps=1", "log.progress=off"])
+    t = Trainer(cfg)
+    try:
+        sft_warmup(cfg, t.policy, t.prompts, t.log)
+        t.sync_engine()
+        for _ in range(6):  # 60 warm-up steps: a batch of 16 walks has had 0-4 second turns
+            batch, scores, per, extra = t.sample_batch()
+            views = [o for tr in batch.trajectories for o in tr.observations]
+            if views:
+                break
+        assert views and all(o.media["images"] for o in views)  # the world's views came back
+        assert any(tr.turns > 1 for tr in batch.trajectories)
+        mask = batch.policy_mask.bool()
+        assert float((t.policy.logprobs(batch) - batch.sampler_logp)[mask].abs().max()) <= TOL
+        metrics = t.learn(batch, scores, per, extra)
+        assert metrics["rollout/logp_gap_max"] <= TOL and metrics["turns/mean"] > 1
+        assert "reward/success_mean" in metrics and not any(k.startswith("tools/") for k in metrics)
+    finally:
+        t.close()
