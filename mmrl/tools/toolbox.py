@@ -36,6 +36,15 @@ class Tool:
     in_process: bool = True  # a built-in (bounded work); user tools run in worker processes
 
 
+def _max_frames(tool: Tool) -> int:
+    """The frames `tool` is set to return at most: its `max_frames` setting, else the
+    function's default for it; 0 when it has none."""
+    if "max_frames" in tool.params:
+        return int(tool.params["max_frames"])
+    p = inspect.signature(tool.fn).parameters.get("max_frames")
+    return int(p.default) if p is not None and isinstance(p.default, int) else 0
+
+
 def load_tool(name: str, params: dict | None = None, where: str = "tools.use") -> Tool:
     """A built-in tool by name, or a user function "pkg.mod:fn" (called by its own name). The
     settings in `params` must be keyword-only parameters of the function (ValueError naming
@@ -87,7 +96,11 @@ class Toolbox:
                  for i, spec in enumerate(tc.use)]
         box = cls(tools, tc.timeout_s, tc.workers, tc.instructions)
         if data is not None:
-            box.max_frames, box.max_audio_seconds = data.video_max_frames, data.audio_max_seconds
+            # A tool set to return N frames (its `max_frames`, given or its default) may: a look
+            # closer in time than the records' first look (video_search: 8 frames of a span
+            # against a 4-frame overview) is what `frames` is for.
+            box.max_frames = max([data.video_max_frames, *map(_max_frames, tools)])
+            box.max_audio_seconds = data.audio_max_seconds
         return box
 
     def offered(self, sample) -> list[str]:

@@ -160,3 +160,31 @@ def test_a_group_resizes_and_decodes_a_repeated_call_once(tmp_path, video, monke
         with pytest.raises(OSError):
             group.cached(("x",), fails)
     assert failing["n"] == 2 and group.cached(("x",), lambda: 5) == 5
+
+
+def test_frames_set_above_the_records_frame_budget_come_back_whole(tmp_path, video):
+    """A `frames` tool set to return more frames than a record's first look holds (the
+    video_search layer: 8 frames of a span, data.video_max_frames 4) returns them: its own
+    `max_frames` (given, or its default 16) is the frames guard of its results; over every
+    tool's setting and the records' budget, a result is still refused."""
+    from mmrl import config
+    from mmrl.tools import ToolCall, Toolbox
+    from mmrl.tools.base import as_items
+    from mmrl.data.media import Video
+
+    cfg = config.load(None, ["data.train=x", "data.video_max_frames=4",
+                             "tools.use=[{name: frames, params: {fps: 4.0, max_frames: 8}}]"])
+    box = Toolbox.from_config(cfg.tools, cfg.data)
+    assert box.max_frames == 8
+    ctx = context(tmp_path, videos=[video])
+    ctx.max_frames = box.max_frames
+    (out,) = box.run([(ToolCall("frames", {"start": 0, "end": 4}), ctx, ["frames"])])
+    assert out.error is None, out.message
+    assert [len(v) for v in out.items if isinstance(v, Video)] == [8]
+    default = Toolbox.from_config(config.load(None, ["data.train=x", "data.video_max_frames=4",
+                                                     "tools.use=[{name: frames}]"]).tools, cfg.data)
+    assert default.max_frames == 16  # the tool's own default
+    nine = Video(frames=np.zeros((9, 8, 8, 3), np.uint8), fps=1.0, timestamps=list(range(9)),
+                 duration=9.0)
+    with pytest.raises(TypeError, match="9 frames, over the 8"):
+        as_items(nine, ctx.limits)
