@@ -88,12 +88,10 @@ class Demonstrations:
     def demonstrate(self, feats: list[PromptFeatures],
                     keys: list[int] | None = None) -> RolloutBatch:
         if keys is None or self.cache_size <= 0:
-            self.turn = 0
-            return self.loop.rollout(feats, self.params)
+            return self._rollout(feats)
         todo = list({k: i for i, k in enumerate(keys) if k not in self._rows}.values())
         if todo:
-            self.turn = 0
-            made = self.loop.rollout([feats[i] for i in todo], self.params)
+            made = self._rollout([feats[i] for i in todo])
             for j, i in enumerate(todo):
                 self._rows[keys[i]] = _trimmed(made.select([j]))
         rows = [self._rows[k] for k in keys]
@@ -103,6 +101,21 @@ class Demonstrations:
             self._rows.popitem(last=False)
         batch = RolloutBatch.cat(rows, self.pad_id)
         return dataclasses.replace(batch, group_ids=torch.arange(batch.n))
+
+    def _rollout(self, feats: list[PromptFeatures]) -> RolloutBatch:
+        """The demonstrations of `feats`; a call its tool answered with an error is a
+        ValueError naming the record: the warm-up would teach the model to read that error."""
+        self.turn = 0
+        batch = self.loop.rollout(feats, self.params)
+        for p, t in zip(feats, batch.trajectories or []):
+            bad = next((c for c in t.calls if c.error), None)
+            if bad is not None:
+                raise ValueError(f"sft.turn_targets: {p.sample.source or p.sample.id}'s "
+                                 f"demonstration called {bad.name or 'a tool'} at turn "
+                                 f"{bad.turn + 1}, which answered {bad.error}: "
+                                 f"{bad.message[:300]} -- a warm-up on it would teach reading "
+                                 f"that error; fix the target or the tool's settings")
+        return batch
 
     def generate(self, prompts: list[PromptFeatures], params: SamplingParams) -> RolloutBatch:
         """The engine contract (one turn of every row still going)."""

@@ -6,9 +6,11 @@ each warned about once, on the progress display and in warnings.txt, with what t
     SignalWatch       groups whose samples all scored alike (no advantage to learn from): most
                       of them for many steps ("little signal left"), or every advantage 0
     SilentRewards     a reward that scored none of its samples (returns None) for many steps
+    FailingTools      every tool call of a step an error, for many steps (a tool's settings,
+                      not the policy: the model reads only errors and learns nothing of the tool)
     SampledVsGreedy   the rollouts' metric reward far below what greedy scored before RL
 
-`Watchers` runs the first three on every RL step's metrics (loop.Trainer._metrics, before they
+`Watchers` runs the first four on every RL step's metrics (loop.Trainer._metrics, before they
 are averaged over ranks); run.py feeds SampledVsGreedy, which needs the greedy score before RL.
 A watcher only reads metrics: the parts report facts (Scorer: `adv/all_zero`, rollout_metrics:
 `groups/zero_std_frac`, `groups/solved_frac`, `completion/cut_after_answer_frac`), the
@@ -181,11 +183,31 @@ class SilentRewards:
                      f"--config CONFIG`)")
 
 
+class FailingTools:
+    """Every call of a step answered with an error (`tools/error_rate` 1 with calls made) for
+    SILENT_STEPS steps in a row: usually the run's settings (a tool's result over a guard, a call
+    format the warm-up did not teach), named by the most frequent error kind."""
+
+    def __init__(self):
+        self.streak = Streak(SILENT_STEPS)
+
+    def __call__(self, metrics: dict, warn: Warn) -> None:
+        calls = metrics.get("tools/calls_mean") or 0.0
+        if self.streak.update(calls > 0 and metrics.get("tools/error_rate") == 1.0):
+            kinds = {k[len("tools/errors/"):]: v for k, v in metrics.items()
+                     if k.startswith("tools/errors/") and v}
+            kind = max(kinds, key=kinds.get) if kinds else "unknown"
+            warn(f"every tool call failed for {self.streak.run} steps (most often {kind}): the "
+                 f"model reads only errors; the messages are in rollouts.jsonl (calls[].message) "
+                 f"-- check the tools' settings against the data.* guards (docs/tools.md)")
+
+
 class Watchers:
     """The watchers that read every RL step's metrics."""
 
     def __init__(self, max_new_tokens: int, algo: AlgoConfig):
-        self.parts = [CutWatch(max_new_tokens), SignalWatch(algo), SilentRewards()]
+        self.parts = [CutWatch(max_new_tokens), SignalWatch(algo), SilentRewards(),
+                      FailingTools()]
 
     def __call__(self, metrics: dict, warn: Warn) -> None:
         for watch in self.parts:

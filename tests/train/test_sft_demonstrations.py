@@ -106,6 +106,20 @@ def test_a_last_target_that_calls_again_is_an_error(trainer):
         demos.demonstrate([trainer.prompts.features(trainer.prompts.dataset[0])])
 
 
+def test_a_demonstrated_call_the_tool_refuses_stops_the_warm_up(trainer):
+    """A target whose call the tool answers with an error (here a box outside the image) is a
+    broken demonstration: the warm-up would teach reading the error. It names the record."""
+    cfg = copy.deepcopy(trainer.cfg)
+    cfg.sft.turn_targets = ['{{"bbox_2d": [90, 90, 99, 99]}}', ANSWER]  # a 56-px frame
+    demos = Demonstrations(cfg, trainer.policy)
+    demos.loop.settings = dataclasses.replace(demos.loop.settings, max_tokens=400)  # the error
+    sample = trainer.prompts.dataset[0]
+    with pytest.raises(ValueError, match=r"demonstration called crop at turn 1, which answered "
+                                         r"bad_box") as e:
+        demos.demonstrate([trainer.prompts.features(sample)])
+    assert (sample.source or sample.id) in str(e.value)
+
+
 def test_a_demonstration_may_look_again_past_rls_turn_cap(trainer):
     """Three targets under tools.max_turns=2: a record whose second target answers ends after
     2 turns, one whose second target calls again looks twice and answers at turn 3."""

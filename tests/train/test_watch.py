@@ -7,7 +7,8 @@ import torch
 from mmrl import algos, config
 from mmrl.train.rollout_utils import cut_after_answer_frac, rollout_metrics
 from mmrl.train.watch import (CUT_FRAC, CUT_RISE, CUT_STEPS, SIGNAL_FRAC, SIGNAL_STEPS,
-                              SILENT_STEPS, CutWatch, SignalWatch, SilentRewards)
+                              SILENT_STEPS, CutWatch, FailingTools, SignalWatch,
+                              SilentRewards)
 from mmrl.types import RolloutBatch, ScoredBatch
 
 
@@ -146,3 +147,19 @@ def test_a_reward_that_scores_nothing_for_ten_steps_is_named_once():
     said = _feed(SilentRewards(), rows)
     assert len(said) == 1
     assert "'tiou_v2' scored none of its samples for 10 steps" in said[0]
+
+
+def test_every_tool_call_failing_for_many_steps_warns_once_with_the_kind():
+    """The video_search layer's 8-frame results over the frames guard came back as bad_result
+    on every call for 100 steps, and the run said nothing: this watcher says it at step 10."""
+    failing = {"tools/calls_mean": 0.7, "tools/error_rate": 1.0, "tools/errors/bad_result": 0.69,
+               "tools/errors/malformed": 0.01, "tools/errors/timeout": 0.0}
+    said = _feed(FailingTools(), [failing] * (SILENT_STEPS - 1))
+    assert said == []
+    said = _feed(FailingTools(), [failing] * (SILENT_STEPS + 5))
+    assert len(said) == 1 and "every tool call failed for 10 steps (most often bad_result)" in said[0]
+    # a step with one working call, or with no call at all, breaks the streak
+    some_work = dict(failing, **{"tools/error_rate": 0.9})
+    no_calls = {"tools/calls_mean": 0.0, "tools/error_rate": 0.0}
+    rows = ([failing] * (SILENT_STEPS - 1) + [some_work]) * 2 + [no_calls] * SILENT_STEPS
+    assert _feed(FailingTools(), rows) == []
