@@ -317,6 +317,16 @@ def answer_budget(samples, tokenizer, target: str, max_new_tokens: int,
     return {"over": over, "of": len(lengths), "longest": max(lengths)} if over else None
 
 
+def answer_budget_warning(cfg, samples, tokenizer) -> str | None:
+    """The run's start warning when rollout.max_new_tokens cuts gold answers (answer_budget),
+    else None. Only where the answer is one model turn's text (single_turn, tools): a stateful
+    environment's solution is spread over its turns (grid_nav's walk, one move a turn)."""
+    if cfg.env_name not in ("single_turn", "tools"):
+        return None
+    found = answer_budget(samples, tokenizer, cfg.sft.target, cfg.rollout.max_new_tokens)
+    return format_answer_budget(found, cfg.rollout.max_new_tokens) if found else None
+
+
 def format_answer_budget(found: dict, max_new_tokens: int) -> str:
     return (f"rollout.max_new_tokens {max_new_tokens} cuts the gold answer of {found['over']} of "
             f"{found['of']} records (longest {found['longest']} tokens with sft.target and "

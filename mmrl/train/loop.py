@@ -30,7 +30,7 @@ import torch
 
 from mmrl import algos
 from mmrl.config import RunConfig, save as save_config
-from mmrl.data.inspect import answer_budget, format_answer_budget
+from mmrl.data.inspect import answer_budget_warning
 from mmrl.data.prepare import build_datasets, check_datasets
 from mmrl.models import get_adapter
 from mmrl.rollout.environments import make_environments
@@ -100,14 +100,8 @@ class Trainer:
             config=asdict(cfg))
         if main and not (self.run_dir / "config.yaml").is_file():  # a resume keeps the original
             save_config(cfg, self.run_dir / "config.yaml")
-            # the answer is one turn's text for single_turn and tools; a stateful environment's
-            # solution (grid_nav's walk) is spread over its turns
-            cut = answer_budget(train_set, self.policy.codec.tokenizer, cfg.sft.target,
-                                cfg.rollout.max_new_tokens) \
-                if cfg.env_name in ("single_turn", "tools") else None
-            if cut:
-                self.log.warn(format_answer_budget(cut, cfg.rollout.max_new_tokens))
-            for warning in data_warnings:
+            cut = answer_budget_warning(cfg, train_set, self.policy.codec.tokenizer)
+            for warning in ([cut] if cut else []) + data_warnings:
                 self.log.warn(warning)
         self.prompts.say = self.log.warn  # skipped records: on the terminal and in warnings.txt
         self.report = StepMetrics(cfg, self.layout, self.policy, self.rollout, self.scorer,

@@ -96,6 +96,16 @@ def test_answer_budget_names_gold_answers_the_rollout_budget_cuts():
     assert cut == {"over": 1, "of": 3, "longest": 21}
     assert "raise rollout.max_new_tokens to at least 21" in format_answer_budget(cut, 16)
     assert answer_budget(samples, tok, target, 21) is None
+    # As the run's start warns: for single-turn and tools runs; a stateful environment's
+    # solution is spread over its turns (grid_nav's walk), so it has no one-turn budget.
+    from mmrl import config
+    from mmrl.data.inspect import answer_budget_warning
+
+    base = ["data.train=x", "rollout.max_new_tokens=16"]
+    for extra, warned in [([], True), (["tools.use=[{name: crop}]"], True),
+                          (["env.name=grid_nav"], False)]:
+        said = answer_budget_warning(config.load(None, base + extra), samples, tok)
+        assert (said is not None and "at least 21" in said) == warned, extra
 
 
 # ---------------------------------------------- sampled rollouts far below greedy decoding -----
