@@ -139,15 +139,21 @@ def _use(r: dict, when: str) -> str:
     return f"{use['called']:.0%} / {found}"
 
 
+def _paired(results: list[dict], controls: dict[str, str]):
+    """(row, control, [(seed, the row's run, the control's run or None)]) for each row of
+    `controls` that has runs."""
+    ok = {(r["row"], r["seed"]): r for r in results if "error" not in r}
+    for row, control in controls.items():
+        seeds = sorted(s for (name, s) in ok if name == row)
+        if seeds:
+            yield row, control, [(s, ok[(row, s)], ok.get((control, s))) for s in seeds]
+
+
 def tool_lines(results: list[dict]) -> list[str]:
     """Each tool row beside its no-tool control, seed by seed, with tool use before and after RL
     (share of held-out trajectories that called the tool / whose crop held the target)."""
-    ok = {(r["row"], r["seed"]): r for r in results if "error" not in r}
     lines = []
-    for row, control in CONTROLS.items():
-        seeds = sorted(s for (name, s) in ok if name == row)
-        if not seeds:
-            continue
+    for row, control, runs in _paired(results, CONTROLS):
         lines += ["", f"## `{row}`: the tool row against its single-turn control", "",
                   f"`{control}` is the same task with no tool offered (single turn); it must stay "
                   f"within {BAR_CHANCE} of chance, and `{row}` must end >= {BAR_GAIN} above it "
@@ -157,8 +163,7 @@ def tool_lines(results: list[dict]) -> list[str]:
                   "the flash, in the span of frames asked for).",
                   "", "| seed | before | after | no-tool after | chance | shuffled | tool use "
                   "before RL | tool use after RL | bar |", "|---|---|---|---|---|---|---|---|---|"]
-        for seed in seeds:
-            r, c = ok[(row, seed)], ok.get((control, seed))
+        for seed, r, c in runs:
             met = (c is not None and verdict(r) and r["after"] >= c["after"] + BAR_GAIN - 1e-9
                    and abs(c["after"] - c["chance"]) <= BAR_CHANCE)
             lines.append(
@@ -172,20 +177,15 @@ def tool_lines(results: list[dict]) -> list[str]:
 def env_lines(results: list[dict]) -> list[str]:
     """Each environment row beside its no-view control, seed by seed: the row must gain >= 0.15
     and the control end within 0.05 of its own before-RL value (issue #58)."""
-    ok = {(r["row"], r["seed"]): r for r in results if "error" not in r}
     lines = []
-    for row, control in ENV_CONTROLS.items():
-        seeds = sorted(s for (name, s) in ok if name == row)
-        if not seeds:
-            continue
+    for row, control, runs in _paired(results, ENV_CONTROLS):
         lines += ["", f"## `{row}`: the environment row against its no-view control", "",
                   f"`{control}` is the same environment with every view after the first withheld "
                   f"(a blank image after each move); it must end within {BAR_CHANCE} of its own "
                   f"before-RL value, and `{row}` must gain >= {BAR_GAIN} (issue #58).", "",
                   "| seed | before | after | control before | control after | bar |",
                   "|---|---|---|---|---|---|"]
-        for seed in seeds:
-            r, c = ok[(row, seed)], ok.get((control, seed))
+        for seed, r, c in runs:
             flat = c is not None and None not in (c["before"], c["after"]) \
                 and abs(c["after"] - c["before"]) <= BAR_CHANCE + 1e-9
             lines.append(
