@@ -109,6 +109,7 @@ def _stages(trainer: Trainer, stop: StopSignals, started: float, single: bool) -
         log.stop()
         if save:
             trainer.save()
+        dist.destroy(trainer.info)  # the ranks stop together here: leave the group before exit
         kept = (f"checkpoint saved in {trainer.run_dir / 'checkpoints'} (step {trainer.step})"
                 if save else f"nothing saved{why}")
         raise RunInterrupted(f"{stop.name or 'interrupt'}: stopped {what}; {kept}. Resume with: "

@@ -14,6 +14,7 @@ def main(config_path: str, out_path: str) -> None:
     import torch
 
     from mmrl import config
+    from mmrl.train import dist
     from mmrl.train.loop import Trainer
 
     cfg = config.load(config_path, [f"log.run_dir={os.path.dirname(out_path)}/run",
@@ -65,6 +66,10 @@ def main(config_path: str, out_path: str) -> None:
         torch.save({"params": {k: v.detach().cpu() for k, v in params.items() if k in names},
                     "grads": grads, "metrics": metrics, "strategy": learner.strategy.name, "needs": needs},
                    out_path)
+    # Every rank leaves the group before exiting: a gloo group left to interpreter shutdown can
+    # abort the process (SIGABRT, "terminate called without an active exception").
+    dist.barrier(trainer.info)
+    dist.destroy(trainer.info)
 
 
 def full_grads(learner) -> dict:

@@ -39,6 +39,8 @@ def main(out_path: str, *config_args: str) -> None:
         params = {k: v.detach().clone() for k, v in trainer.policy.model.named_parameters()}
         torch.save({"params": params, "counts": counts, "result": result, "sft": sft}, out)
     trainer.close()
+    dist.barrier(trainer.info)  # leave the group before exiting (see dist_worker.py)
+    dist.destroy(trainer.info)
 
 
 if __name__ == "__main__":
