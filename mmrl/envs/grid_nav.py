@@ -19,6 +19,11 @@ reaching the goal ends it with `success` 1.0.
 `blank=True` is the control: after each move the view is withheld (a uniform grey image of the
 same size), so only the first image shows the world; a policy that learns there learned from the
 views. Everything is a function of the record and the moves: same moves, same images.
+
+`view="video"`: each view after a move is a clip instead of an image, the move as it happened:
+two frames at 2 fps, the view from the cell left (the trail as it was), then the view from the
+cell reached (the image view's picture). Qwen2.5-VL encodes the two as one temporal patch. The
+record's own first view stays an image; with `blank`, both frames are grey.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import re
 from collections import deque
 from typing import Any
 
+import numpy as np
 from PIL import Image, ImageDraw
 
 from mmrl.envs.base import ENVIRONMENTS, Environment, Step
@@ -104,8 +110,13 @@ def blank_view(grid: dict) -> Image.Image:
 class GridNav(Environment):
     """One trajectory's walk (state: the agent's cell, the cells walked, the moves made)."""
 
-    def __init__(self, blank: bool = False):
-        self.blank = bool(blank)
+    VIEWS = ("image", "video")
+    CLIP_FPS = 2.0
+
+    def __init__(self, blank: bool = False, view: str = "image"):
+        if view not in self.VIEWS:
+            raise ValueError(f"grid_nav: view {view!r}; one of {', '.join(self.VIEWS)} (env.args)")
+        self.blank, self.view = bool(blank), view
         self.grid: dict[str, Any] = {}
 
     def reset(self, sample: Sample) -> Sample:
@@ -143,13 +154,23 @@ class GridNav(Environment):
         self.moves += 1
         if not is_floor(self.grid, nxt):
             return Step(done=True, info=self.info(crashed=True))
-        self.at = nxt
+        left, self.at = self.at, nxt
         self.best = min(self.best, self.dist.get(nxt, self.best))
         if nxt == tuple(self.grid["goal"]) or self.moves >= self.grid["max_moves"]:
             return Step(done=True, info=self.info())
-        view = blank_view(self.grid) if self.blank else render(self.grid, nxt, self.trail)
+        view = self._view(nxt)
+        if self.view == "video":  # the move as a clip: from the cell left, trail as it was
+            from mmrl.data.video_plan import Video  # mmrl.data's generators import this module
+            frames = [self._view(left, self.trail - {left}), view]
+            view = Video(frames=np.stack([np.asarray(f) for f in frames]), fps=self.CLIP_FPS,
+                         timestamps=[0.0, 1 / self.CLIP_FPS], duration=2 / self.CLIP_FPS)
         self.trail.add(nxt)
         return Step(observation=[view], info=self.info())
+
+    def _view(self, at: tuple[int, int], trail: set | None = None) -> Image.Image:
+        if self.blank:
+            return blank_view(self.grid)
+        return render(self.grid, at, self.trail if trail is None else trail)
 
 
 ENVIRONMENTS.add("grid_nav", GridNav)

@@ -106,6 +106,27 @@ def test_blank_control_withholds_every_view():
         assert len(np.unique(np.asarray(a.observation[0]).reshape(-1, 3), axis=0)) > 1
 
 
+def test_video_view_is_the_move_as_a_two_frame_clip():
+    image, video, blank = GridNav(), GridNav(view="video"), GridNav(blank=True, view="video")
+    for env in (image, video, blank):
+        env.reset(sample())
+    before = render(GRID, (0, 0))  # the record's own first view
+    for text in ("right", "right", "down"):
+        a, v, b = image.step(None, text), video.step(None, text), blank.step(None, text)
+        assert v.info == a.info and v.done == a.done and b.info == a.info
+        if a.done:
+            break
+        (clip,) = v.observation
+        assert clip.frames.shape == (2, 12, 12, 3) and clip.frames.dtype == np.uint8
+        assert clip.fps == 2.0 and clip.timestamps == [0.0, 0.5]
+        assert np.array_equal(clip.frames[0], np.asarray(before))  # where it stood
+        assert np.array_equal(clip.frames[1], np.asarray(a.observation[0]))  # where it is
+        assert np.all(b.observation[0].frames == COLOURS["blank"])
+        before = a.observation[0]
+    with pytest.raises(ValueError, match="view 'clip'; one of image, video"):
+        GridNav(view="clip")
+
+
 def test_reset_refuses_a_record_without_a_world():
     with pytest.raises(ValueError, match="grid"):
         GridNav().reset(Sample(id="x", messages=[]))
