@@ -70,6 +70,10 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     # (the grid_nav environment); the control withholds every view after the first.
     "grid_nav": ("grid_nav", []),
     "grid_nav_blank": ("grid_nav", ["env.args={blank: true}"]),
+    # The same walks with each view after a move a 2-frame clip (the view left, then the view
+    # reached: one temporal patch, one visual token at 28 px), settings otherwise grid_nav's.
+    "grid_nav_video": ("grid_nav", ["env.args={view: video}"]),
+    "grid_nav_video_blank": ("grid_nav", ["env.args={view: video, blank: true}"]),
 }
 # Rows whose records a generator writes directly (mmrl records, no anchor conversion):
 # row -> (generator, arguments). The search rows' generators are research's own
@@ -199,6 +203,7 @@ def search_warmup(record: dict, tight: float = 0.4) -> list[int]:
 # the json_span form (`warmup_span`), and the look-again targets (`look_first`, `look_second`).
 WARMUP = {"visual_search": lambda r: {"warmup_box": search_warmup(r)},
           "grid_nav": grid_walk, "grid_nav_blank": grid_walk,
+          "grid_nav_video": grid_walk, "grid_nav_video_blank": grid_walk,
           "video_search": lambda r: {"warmup": video_warmup(r),
                                      "warmup_span": video_warmup(r, "json_span"),
                                      "warmup_mixed": video_mixed(r),
@@ -214,7 +219,8 @@ GENERATED = {"visual_search": (SEARCH_VARIANTS + "visual_search", _SEARCH),
              "video_search": (SEARCH_VARIANTS + "video_search", _VIDEO),
              "video_search_no_tool": (SEARCH_VARIANTS + "video_search",
                                       {**_VIDEO, "tools": False}),
-             "grid_nav": ("grid_nav", _GRID), "grid_nav_blank": ("grid_nav", _GRID)}
+             "grid_nav": ("grid_nav", _GRID), "grid_nav_blank": ("grid_nav", _GRID),
+             "grid_nav_video": ("grid_nav", _GRID), "grid_nav_video_blank": ("grid_nav", _GRID)}
 # Rows launched on more than one process (data-parallel through torchrun, one thread each, the
 # warm-up's batches, RL's groups and the evaluations split between them). None yet: visual_search
 # on 2 processes with 50 RL steps (round 6, research/README.md) missed on seed 0.
@@ -224,7 +230,7 @@ PROCESSES: dict[str, int] = {}
 CONTROLS = {"visual_search": "visual_search_no_tool", "video_search": "video_search_no_tool"}
 # Environment rows and their no-view controls (issue #58): the same environment with every view
 # after the first withheld; the control ends within 0.05 of its own before-RL value.
-ENV_CONTROLS = {"grid_nav": "grid_nav_blank"}
+ENV_CONTROLS = {"grid_nav": "grid_nav_blank", "grid_nav_video": "grid_nav_video_blank"}
 # Rows whose data is a pretext task built from a folder of unlabelled media, as a user runs it
 # (`mmrl data generate TASK OUT source=FOLDER`), instead of the recipe's anchor task:
 # row -> (folder painted as the user's media: "photos" or "videos", generator arguments).
