@@ -181,7 +181,7 @@ def env_lines(results: list[dict]) -> list[str]:
     for row, control, runs in _paired(results, ENV_CONTROLS):
         lines += ["", f"## `{row}`: the environment row against its no-view control", "",
                   f"`{control}` is the same environment with every view after the first withheld "
-                  f"(a blank image after each move); it must end within {BAR_CHANCE} of its own "
+                  f"(a grey view after each move: an image, or a clip of two grey frames); it must end within {BAR_CHANCE} of its own "
                   f"before-RL value, and `{row}` must gain >= {BAR_GAIN} (issue #58).", "",
                   "| seed | before | after | control before | control after | bar |",
                   "|---|---|---|---|---|---|"]
