@@ -1,8 +1,9 @@
-"""A trajectory with tools, turn by turn: each model turn's text, then each call it made with
-what the call read, drawn on the original media from the call's `seen` record (tooldraw.py):
-the crop box on its image beside the crop that came back, the returned frames on the video's
-timeline, the clip's span on the audio's waveform. A failed call shows its error kind and the
-message the model read."""
+"""A trajectory, turn by turn: each model turn's text, then each call it made with what the call
+read, drawn on the original media from the call's `seen` record (tooldraw.py): the crop box on
+its image beside the crop that came back, the returned frames on the video's timeline, the
+clip's span on the audio's waveform. A failed call shows its error kind and the message the
+model read. An environment's turns (no calls) are each followed by the observation its world
+answered with: the images, clips (frames left to right) and audio the run wrote for it."""
 from __future__ import annotations
 
 import json
@@ -30,6 +31,8 @@ def trajectory_html(r: dict, roots: list[Path]) -> str:
         made = [c for c in calls if c.get("turn") == k]
         body = f'<pre class="completion">{esc(text if isinstance(text, str) else repr(text))}</pre>'
         body += "".join(call_html(c, roots) for c in made)
+        if not calls and k < len(observations):  # an environment: its world's answer
+            body += observation_html(observations[k], roots)
         if made:
             if answered < len(observations):
                 body += (f'<div class="obs">observation: {esc(observations[answered].get("length"))}'
@@ -40,6 +43,37 @@ def trajectory_html(r: dict, roots: list[Path]) -> str:
         last = " · final" if k == len(turns) - 1 else ""
         parts.append(f'<div class="turn"><div class="tlabel">turn {k + 1}{last}</div>{body}</div>')
     return f'<div class="turns">{"".join(parts)}</div>'
+
+
+def observation_html(o: dict, roots: list[Path]) -> str:
+    """An environment's observation: its size, and each media item the run wrote for it."""
+    items = [m for m in o.get("media") or [] if isinstance(m, dict) and isinstance(m.get("path"), str)]
+    pictures = [guarded(m["path"], roots, lambda path, m=m: _observed_html(m, path)) for m in items]
+    head = f'<div class="obs">observation: {esc(o.get("length"))} tokens back to the model</div>'
+    return head + (f'<div class="tool-pics">{"".join(pictures)}</div>' if pictures else "")
+
+
+def _observed_html(item: dict, path: Path) -> str:
+    kind = item.get("kind")
+    if kind == "image":
+        shown, _ = draw.display(media.load_image(path), DISPLAY_SIDE // 2)
+        caption = "the image it was shown"
+    elif kind == "video":
+        strip = media.load_image(path)
+        n = max(1, int(item.get("frames") or 1))
+        width = strip.width // n
+        frames = [strip.crop((i * width, 0, (i + 1) * width, strip.height)) for i in range(n)]
+        shown = draw.fit_width(draw.frame_strip([draw.display(f, DISPLAY_SIDE // 2)[0]
+                                                 for f in frames]), min(n, 4) * DISPLAY_SIDE // 2)
+        caption = f"the clip it was shown: {n} frames at {item.get('fps')} fps, left to right"
+    elif kind == "audio":
+        samples, sr = media.load_audio(path)
+        shown = draw.audio_picture(samples, sr)
+        caption = f"the {samples.size / sr:.1f}s audio it heard: waveform + spectrogram"
+    else:
+        return placeholder(f"an observation item of kind {kind!r}, which the report cannot draw")
+    return (f'<figure>{img(draw.png_data_uri(shown), "obs-" + str(kind), str(path))}'
+            f'<figcaption>{esc(caption)}</figcaption></figure>')
 
 
 def call_html(c: dict, roots: list[Path]) -> str:

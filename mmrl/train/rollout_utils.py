@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import json
 import statistics
+from pathlib import Path
 
+import numpy as np
 import torch
+from PIL import Image
 
 from mmrl import algos
 from mmrl.types import RolloutBatch, ScoredBatch
@@ -59,9 +62,10 @@ def cut_after_answer_frac(texts: list[str], truncated: list[bool]) -> float:
     return hits / len(texts) if texts else 0.0
 
 
-def rollout_records(sb: ScoredBatch, limit: int) -> list[dict]:
+def rollout_records(sb: ScoredBatch, limit: int, media_dir: Path | None = None) -> list[dict]:
     """The first `limit` rows (whole groups first) as JSON-able records for rollouts.jsonl.
-    Media are referenced by path, never copied."""
+    Media are referenced by path, never copied; an environment's observations, which have no
+    original file, are written under `media_dir` (when given) for the report to draw."""
     b = sb.rollout
     out = []
     for i in range(min(limit, b.n)):
@@ -76,23 +80,54 @@ def rollout_records(sb: ScoredBatch, limit: int) -> list[dict]:
             "length": int(b.completion_mask[i].sum()), "truncated": bool(b.truncated[i]),
         })
         if b.trajectories is not None:  # turn by turn: what the model said, called and read
-            out[-1].update(_trajectory_record(b.trajectories[i]))
+            out[-1].update(_trajectory_record(
+                b.trajectories[i], media_dir and media_dir / f"row{i:03d}"))
     return out
 
 
-def _trajectory_record(t) -> dict:
+def _trajectory_record(t, media_dir: Path | None = None) -> dict:
     """A trajectory's turns, calls (with their arguments, errors and what of the original media
-    each read: `seen`, paths and boxes/spans) and observation texts (the returned media stay
-    out: the report redraws them from the originals and `seen`), and the environment's info
-    when it said any."""
+    each read: `seen`, paths and boxes/spans) and observation texts, and the environment's info
+    when it said any. A tool's returned media stay out (the report redraws them from the
+    originals and `seen`); an environment's (a trajectory without calls: its world drew them)
+    are written to `media_dir` and listed as each observation's `media`."""
     record = {"turns": list(t.turn_texts), "hit_turn_cap": t.hit_turn_cap,
             "calls": [{"name": c.name, "arguments": c.arguments, "turn": c.turn,
                        "error": c.error, "message": c.message, "seen": c.seen} for c in t.calls],
             "observations": [{"start": o.start, "length": o.length, "text": o.text}
                              for o in t.observations]}
+    if media_dir is not None and not t.calls:
+        for j, (o, rec) in enumerate(zip(t.observations, record["observations"])):
+            rec["media"] = save_media(o.media, media_dir / f"obs{j}")
     if t.info:  # what JSON cannot hold is written as its str
         record["info"] = json.loads(json.dumps(t.info, default=str))
     return record
+
+
+def save_media(media: dict, stem: Path) -> list[dict]:
+    """An observation's media as files: each image a PNG, each clip its frames side by side in
+    one PNG, each waveform a 16 kHz WAV -> [{"kind", "path", ...}] in that order."""
+    from mmrl.data.synthetic_av import write_wav
+
+    out = []
+    if any(media.get(k) for k in ("images", "videos", "audios")):
+        stem.parent.mkdir(parents=True, exist_ok=True)
+    for k, image in enumerate(media.get("images") or []):
+        path = stem.with_name(f"{stem.name}_image{k}.png")
+        image.convert("RGB").save(path)
+        out.append({"kind": "image", "path": str(path)})
+    for k, video in enumerate(media.get("videos") or []):
+        path = stem.with_name(f"{stem.name}_video{k}.png")
+        frames = np.asarray(video.frames)
+        Image.fromarray(np.concatenate(list(frames), axis=1)).save(path)
+        out.append({"kind": "video", "path": str(path), "frames": len(frames),
+                    "fps": float(video.fps)})
+    for k, wave in enumerate(media.get("audios") or []):
+        path = stem.with_name(f"{stem.name}_audio{k}.wav")
+        wave = np.asarray(wave, dtype=np.float32)
+        write_wav(path, wave, 16000)
+        out.append({"kind": "audio", "path": str(path), "seconds": len(wave) / 16000})
+    return out
 
 
 def _prompt_text(messages: list[dict]) -> str:

@@ -24,7 +24,7 @@ from mmrl.train import checkpoint, resume_config
 LOGS = ("metrics.jsonl", "rollouts.jsonl")
 # What a run writes; `train.overwrite=true` removes exactly these, nothing the user put there.
 RUN_FILES = (*LOGS, "config.yaml", "summary.json", "checkpoints", "tensorboard", "eval",
-             "reference", "merged", "wandb")
+             "reference", "merged", "wandb", "rollout_media")
 
 
 class RunDirError(RuntimeError):

@@ -95,5 +95,6 @@ class StepMetrics:
             metrics["loss/loss"] *= data.world
         self.phases.observe(metrics)
         if cfg.log.rollouts_every and step % cfg.log.rollouts_every == 0:
-            self.log.log_rollouts(step, rollout_records(sb, cfg.log.rollouts_per_step))
+            media = self.log.run_dir / "rollout_media" / f"step_{step:06d}"  # environments'
+            self.log.log_rollouts(step, rollout_records(sb, cfg.log.rollouts_per_step, media))
         return metrics
