@@ -7,11 +7,39 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 # Every audio waveform in mmrl is mono float32 at this rate: Whisper-style feature extractors
 # (Qwen2-Audio, Qwen2.5-Omni) assume 16 kHz, and another rate is misread silently.
 AUDIO_SAMPLING_RATE = 16000
+
+
+@dataclass
+class Video:
+    """Sampled frames of one video (a record's decoded clip, a tool's or an environment's).
+
+    `fps` is the SAMPLING rate (frames of `frames` per second of video time), which the processor
+    needs for M-RoPE time alignment (Qwen2.5-VL: second_per_grid_ts = 2 / fps); it is not the
+    file's native rate. `timestamps` are the shown frames' times in seconds from the file start.
+    """
+
+    frames: np.ndarray  # [T, H, W, 3] uint8, T even
+    fps: float
+    timestamps: list[float]
+    duration: float  # seconds, whole file
+    path: str = ""
+
+    def __len__(self) -> int:
+        return int(self.frames.shape[0])
+
+    def processor_metadata(self) -> dict:
+        """`video_metadata` entry for a transformers video processor called with
+        `do_sample_frames=False`: its `sampled_fps` then equals `self.fps` (without metadata,
+        transformers 5.19 assumes 24 fps and time positions come out wrong)."""
+        t, h, w = self.frames.shape[:3]
+        return {"total_num_frames": int(t), "fps": float(self.fps), "frames_indices": list(range(t)),
+                "duration": t / self.fps, "width": int(w), "height": int(h)}
 
 
 @dataclass(frozen=True)

@@ -1,45 +1,19 @@
 """What a video decode yields and which frames it takes: `Video` (the sampled frames and their
-rate), `plan_frames` (qwen-vl-utils' frame choice) and the `DecodeCache` protocol. Decoding
-itself is in mmrl.data.media, which re-exports these names."""
+rate; defined in mmrl.types, where an environment can name it), `plan_frames` (qwen-vl-utils'
+frame choice) and the `DecodeCache` protocol. Decoding itself is in mmrl.data.media, which
+re-exports these names."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import numpy as np
 
 from mmrl.data.media_errors import MediaError
+from mmrl.types import Video  # defined with the shared records, where environments name it
 
 TEMPORAL_PATCH = 2  # Qwen-VL: 2 frames per temporal patch -> even frame counts
 DEFAULT_FPS = 2.0
-
-
-@dataclass
-class Video:
-    """Sampled frames of one video.
-
-    `fps` is the SAMPLING rate (frames of `frames` per second of video time), which the processor
-    needs for M-RoPE time alignment (Qwen2.5-VL: second_per_grid_ts = 2 / fps); it is not the
-    file's native rate. `timestamps` are the shown frames' times in seconds from the file start.
-    """
-
-    frames: np.ndarray  # [T, H, W, 3] uint8, T even
-    fps: float
-    timestamps: list[float]
-    duration: float  # seconds, whole file
-    path: str = ""
-
-    def __len__(self) -> int:
-        return int(self.frames.shape[0])
-
-    def processor_metadata(self) -> dict:
-        """`video_metadata` entry for a transformers video processor called with
-        `do_sample_frames=False`: its `sampled_fps` then equals `self.fps` (without metadata,
-        transformers 5.19 assumes 24 fps and time positions come out wrong)."""
-        t, h, w = self.frames.shape[:3]
-        return {"total_num_frames": int(t), "fps": float(self.fps), "frames_indices": list(range(t)),
-                "duration": t / self.fps, "width": int(w), "height": int(h)}
 
 
 class DecodeCache(Protocol):

@@ -34,7 +34,7 @@ ENVIRONMENTS: Registry[Callable[..., "Environment"]] = Registry("environment")
 class Step:
     """An environment's answer to one model turn.
 
-    `observation`: the next user turn's items in order -- str, PIL.Image, mmrl.data.media.Video
+    `observation`: the next user turn's items in order -- str, PIL.Image, mmrl.types.Video
     (frames + fps) or a 1-D float waveform at 16 kHz, as a tool returns them (tools/base.py
     as_items checks them against the records' media guards). Ignored when `done`.
     `info`: merged into the trajectory's info, which the rewards receive (`info=` keyword).

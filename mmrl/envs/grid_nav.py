@@ -35,7 +35,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from mmrl.envs.base import ENVIRONMENTS, Environment, Step
-from mmrl.types import Sample, Trajectory
+from mmrl.types import Sample, Trajectory, Video
 
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 COLOURS = {"wall": (40, 40, 40), "floor": (235, 235, 235), "trail": (160, 160, 160),
@@ -160,7 +160,6 @@ class GridNav(Environment):
             return Step(done=True, info=self.info())
         view = self._view(nxt)
         if self.view == "video":  # the move as a clip: from the cell left, trail as it was
-            from mmrl.data.video_plan import Video  # mmrl.data's generators import this module
             frames = [self._view(left, self.trail - {left}), view]
             view = Video(frames=np.stack([np.asarray(f) for f in frames]), fps=self.CLIP_FPS,
                          timestamps=[0.0, 1 / self.CLIP_FPS], duration=2 / self.CLIP_FPS)

@@ -15,11 +15,10 @@ import soundfile as sf
 import torch
 from PIL import Image
 
-from mmrl.data.video_plan import Video
 from mmrl.report import build_report
 from mmrl.train.rollout_utils import rollout_records
 from mmrl.types import (Observation, PromptFeatures, RolloutBatch, Sample, ScoredBatch,
-                        ToolCallRecord, Trajectory)
+                        ToolCallRecord, Trajectory, Video)
 
 RED, DARK, LIGHT = (220, 30, 30), (20, 20, 20), (240, 240, 240)
 TURNS = ["<answer>right</answer>", "<answer>down</answer>", "<answer>down</answer>"]
