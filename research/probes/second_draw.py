@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,18 +29,14 @@ sys.path.insert(0, str(ROOT / "research"))
 
 
 def mmrl_eval(run: Path, checkpoint: Path, eval_file: Path, shuffled: bool) -> dict:
-    """`mmrl eval` of `checkpoint` with `run`'s own config on `eval_file` -> its metrics."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    """`mmrl eval` of `checkpoint` with `run`'s own config on `eval_file` -> its metrics (run as
+    the learning table runs the CLI: learning_table._mmrl, its output in a log)."""
+    import learning_table as lt
+
     with tempfile.TemporaryDirectory() as out:
-        proc = subprocess.run(
-            [sys.executable, "-m", "mmrl.cli", "eval", str(run / "config.yaml"),
-             f"data.eval={eval_file}", f"eval.shuffled_images={str(shuffled).lower()}",
-             "--checkpoint", str(checkpoint), "--out", out],
-            cwd=ROOT, env=env, capture_output=True, text=True)
-        if proc.returncode:
-            raise RuntimeError(f"mmrl eval {checkpoint} failed (rc {proc.returncode}):\n"
-                               f"{proc.stderr[-2000:]}")
+        lt._mmrl(["eval", str(run / "config.yaml"), f"data.eval={eval_file}",
+                  f"eval.shuffled_images={str(shuffled).lower()}",
+                  "--checkpoint", str(checkpoint), "--out", out], Path(out) / "eval.log")
         return json.loads((Path(out) / "metrics.json").read_text())
 
 
