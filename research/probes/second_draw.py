@@ -1,8 +1,8 @@
 """Do finished learning-table runs hold on a second held-out draw?
 
 A row's cells are read on 100 held-out records, so a control that is blind still moves by the
-draw: a fixed 4-way guess scores 0.25 +- 0.043 (one standard error), and the table's band of
-0.05 around chance is about 1.2 of them. This probe takes the runs the table already trained
+draw: a 4-way guess that varies with the record scores 0.25 +- 0.043 (one standard error), and
+ends above the table's band of 0.05 around chance one time in ten (`blind_band`). This probe takes the runs the table already trained
 (runs/learning/ROW_sSEED, settings and weights unchanged), draws the row's held-out records
 again from another seed (learning_table.prepare_generated; generated rows only) and evaluates
 with `mmrl eval`, as a user would:
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -51,6 +52,14 @@ def cell(run: Path, eval_file: Path) -> dict:
               if reference.is_dir() and not cfg.algo.ref_reset_every else None)
     return {"before": before["accuracy"] if before else None, "after": after["accuracy"],
             "shuffled": after.get("accuracy_shuffled_images"), "n": after["n"]}
+
+
+def blind_band(n: int, chance: float = 0.25, band: float = 0.05) -> dict:
+    """A blind guess that varies with the record, on `n` balanced records: its reading's
+    standard error, and the probability it ends above `chance + band` (binomial)."""
+    over = math.floor(n * (chance + band) + 1e-9) + 1  # the fewest right answers past the band
+    above = sum(math.comb(n, k) * chance ** k * (1 - chance) ** (n - k) for k in range(over, n + 1))
+    return {"se": math.sqrt(chance * (1 - chance) / n), "above": above}
 
 
 def table(results: dict, eval_seed: int) -> str:
@@ -91,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             results.setdefault(row, {})[seed] = cell(run, eval_file.resolve())
             print(f"{row} seed {seed}: {results[row][seed]}", flush=True)
     print(table(results, args.eval_seed))
+    n = max(c["n"] for seeds in results.values() for c in seeds.values())
+    blind = blind_band(n)
+    print(f"a blind 4-way guess on {n} records: 0.25 +- {blind['se']:.3f}; above the 0.05 band "
+          f"with probability {blind['above']:.2f}")
     if args.out:
         Path(args.out).write_text(json.dumps({"eval_seed": args.eval_seed, "cells": results},
                                              indent=2) + "\n")

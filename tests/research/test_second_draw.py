@@ -46,3 +46,12 @@ def test_cells_of_a_finished_run_on_its_own_draw_are_its_summary(tmp_path, tiny_
     assert text.splitlines()[0] == "eval seed 202"
     assert text.splitlines()[-1].startswith("| counting | 0 | 6 | - | ")
 
+
+
+def test_blind_band_is_the_binomial_tail_past_the_band():
+    # 4 records at chance 0.25: past 0.30 means 2 or more right, 1 - 0.75^4 - 4 * 0.25 * 0.75^3
+    assert second_draw.blind_band(4) == pytest.approx({"se": (0.25 * 0.75 / 4) ** 0.5,
+                                                       "above": 1 - 0.75 ** 4 - 0.75 ** 3})
+    hundred = second_draw.blind_band(100)  # 31 or more of 100 (0.30 itself is inside the band)
+    assert hundred["se"] == pytest.approx(0.0433, abs=1e-4)
+    assert hundred["above"] == pytest.approx(0.1038, abs=1e-4)
